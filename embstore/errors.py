@@ -1,0 +1,92 @@
+"""Errors raised by embstore.
+
+Every error derives from :class:`EmbstoreError` and also from the builtin that
+describes it best, so callers can catch either (``except IndexError`` keeps
+working for bad ids).  Messages say what was expected, what came and where;
+the raw values are kept as attributes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EmbstoreError",
+    "InvalidIdError",
+    "KeyNotFoundError",
+    "CorruptStoreError",
+    "ReadOnlyError",
+    "FormatError",
+    "ShapeMismatchError",
+    "DestinationExistsError",
+]
+
+
+class EmbstoreError(Exception):
+    """Base class of every error embstore raises on purpose."""
+
+
+class InvalidIdError(EmbstoreError, IndexError):
+    """An id that is negative, too large or not an integer.
+
+    ``id`` is the first bad id (as given), ``position`` its index tuple in the
+    id array, ``vocab_size`` the table's row count.
+    """
+
+    def __init__(self, message: str, *, id=None, position=None, vocab_size=None):
+        super().__init__(message)
+        self.id = id
+        self.position = position
+        self.vocab_size = vocab_size
+
+
+class KeyNotFoundError(EmbstoreError, KeyError):
+    """A key that is not in the table's vocabulary."""
+
+    def __init__(self, message: str, *, key=None, position=None):
+        super().__init__(message)
+        self.key = key
+        self.position = position
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CorruptStoreError(EmbstoreError, OSError):
+    """Stored bytes fail their checksum, or the store's metadata is broken."""
+
+    def __init__(self, message: str, *, path=None):
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ReadOnlyError(EmbstoreError, PermissionError):
+    """A write to a table opened read-only (or wrapping a read-only array)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class FormatError(EmbstoreError, ValueError):
+    """A malformed input file.  ``path`` and ``line`` (1-based) say where."""
+
+    def __init__(self, message: str, *, path=None, line=None):
+        where = ""
+        if path is not None:
+            where = f"{path}, line {line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = path
+        self.line = line
+        self.reason = message
+
+
+class ShapeMismatchError(EmbstoreError, ValueError):
+    """Vectors or an output buffer whose shape or dtype does not fit."""
+
+
+class DestinationExistsError(EmbstoreError, FileExistsError):
+    """A destination that exists, written without ``overwrite=True``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

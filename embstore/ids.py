@@ -1,0 +1,112 @@
+"""Id validation, written once for every backend.
+
+``as_ids(ids, vocab_size)`` turns anything the contract calls an id array
+(a Python int, a list, an N-D NumPy array of any integer dtype) into an int64
+array of the same shape, or raises :class:`InvalidIdError` naming the first bad
+id and its position.  It makes one min/max pass and no copy when the ids are
+already int64 (or intp) and valid.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+import numpy as np
+
+from .errors import InvalidIdError
+
+__all__ = ["as_ids", "position_of"]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index tuple of element ``flat_index`` of a C-ordered array of ``shape``."""
+    if shape == ():
+        return ()
+    return tuple(int(i) for i in np.unravel_index(int(flat_index), shape))
+
+
+def _bad_type(ids, arr=None, kind=None) -> InvalidIdError:
+    if arr is not None and arr.size:
+        first = arr.reshape(-1)[0]
+        pos = position_of(0, arr.shape)
+        return InvalidIdError(
+            f"ids must be integers, got {kind or arr.dtype} (first id {first!r} at position {pos})",
+            id=first, position=pos)
+    return InvalidIdError(f"ids must be integers, got {kind or type(ids).__name__}: {ids!r}",
+                          id=ids, position=())
+
+
+def _to_array(ids) -> np.ndarray:
+    if isinstance(ids, np.ndarray):
+        return ids
+    if isinstance(ids, (bool, np.bool_)):
+        raise _bad_type(ids, kind="bool")
+    if isinstance(ids, numbers.Integral):
+        try:
+            return np.asarray(operator.index(ids), dtype=np.int64)
+        except OverflowError:
+            raise InvalidIdError(f"id {ids} at position () is out of range", id=ids,
+                                 position=()) from None
+    if isinstance(ids, (str, bytes, float, complex, numbers.Real)):
+        raise _bad_type(ids)
+    try:
+        arr = np.asarray(ids)
+    except (OverflowError, ValueError) as exc:  # ragged lists, Python ints beyond int64
+        if isinstance(exc, OverflowError) or "int" in str(exc):
+            return _python_int_array(ids)
+        raise InvalidIdError(f"ids must form a rectangular integer array: {exc}", id=None,
+                             position=None) from None
+    if arr.dtype.kind in "OUSb" or (arr.dtype.kind == "f" and arr.size):
+        return _python_int_array(ids)  # mixed lists: name the first element that is no int
+    if arr.size == 0 and arr.dtype.kind == "f":  # an empty list
+        return arr.astype(np.int64)
+    return arr
+
+
+def _python_int_array(ids) -> np.ndarray:
+    """Lists holding huge Python ints or mixed objects: find the first offender."""
+    try:
+        obj = np.asarray(ids, dtype=object)
+    except ValueError as exc:
+        raise InvalidIdError(f"ids must form a rectangular integer array: {exc}", id=None,
+                             position=None) from None
+    flat = obj.reshape(-1)
+    for i, v in enumerate(flat):  # error path only: the array is already not integer-typed
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            pos = position_of(i, obj.shape)
+            raise InvalidIdError(
+                f"ids must be integers, got {type(v).__name__} {v!r} at position {pos}",
+                id=v, position=pos)
+        if v < 0 or v > _INT64_MAX:
+            pos = position_of(i, obj.shape)
+            raise InvalidIdError(f"id {v} at position {pos} is out of range", id=v, position=pos)
+    return obj.astype(np.int64)
+
+
+def as_ids(ids, vocab_size: int) -> np.ndarray:
+    """Validate ``ids`` against ``0 <= id < vocab_size``; return int64 of the same shape."""
+    arr = _to_array(ids)
+    kind = arr.dtype.kind
+    if kind not in "iu":
+        raise _bad_type(ids, arr, kind=str(arr.dtype))
+    if arr.size == 0:
+        return arr.astype(np.int64, copy=False)
+    lo = arr.min()
+    hi = arr.max()
+    if lo < 0 or hi >= vocab_size:
+        flat = arr.reshape(-1)
+        bad = (flat < 0) | (flat >= vocab_size)
+        i = int(np.argmax(bad))
+        pos = position_of(i, arr.shape)
+        v = flat[i].item()
+        raise InvalidIdError(
+            f"id {v} at position {pos} is out of range for a table of {vocab_size} rows"
+            f" (valid ids: 0..{vocab_size - 1})" if vocab_size else
+            f"id {v} at position {pos} is out of range: the table has no rows",
+            id=v, position=pos, vocab_size=vocab_size)
+    if arr.dtype == np.int64:
+        return arr
+    return arr.astype(np.int64)

@@ -1,0 +1,336 @@
+"""The contract every backend shares.
+
+A :class:`Table` is a ``(vocab_size, dim)`` matrix of floats, optionally with
+one string key per row.  Subclasses implement a handful of primitives
+(``_gather``, ``_read_rows``, ``_write_rows``, ``_append_rows``, and a
+vocabulary object); everything the user calls - id validation, shapes,
+``out=`` buffers, slices, keys - is written once here.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from .cache import CacheInfo
+from .errors import (EmbstoreError, InvalidIdError, KeyNotFoundError, ReadOnlyError,
+                     ShapeMismatchError)
+from .ids import as_ids, position_of
+
+__all__ = ["Table", "Vocab", "as_key_array"]
+
+
+class Vocab(abc.ABC):
+    """Keys <-> ids.  Backends provide one; :class:`Table` builds the key API on it."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """Row ids (int64) of a 1-D array of ``str`` keys, -1 where absent."""
+
+    @abc.abstractmethod
+    def key_at(self, ids: np.ndarray) -> list[str]:
+        """Keys of the given (validated, 1-D int64) row ids."""
+
+    def keys_between(self, start: int, stop: int) -> list[str]:
+        return self.key_at(np.arange(start, stop, dtype=np.int64))
+
+
+class KeySequence(Sequence):
+    """The read-only, lazy ``Table.keys`` view: ``len``, index, slice, iteration in blocks."""
+
+    _BLOCK = 65536
+
+    def __init__(self, vocab: Vocab):
+        self._vocab = vocab
+
+    def __len__(self) -> int:
+        return len(self._vocab)
+
+    def __getitem__(self, index):
+        n = len(self._vocab)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step == 1:
+                return self._vocab.keys_between(start, max(start, stop))
+            return self._vocab.key_at(np.arange(start, stop, step, dtype=np.int64))
+        ids = as_ids(index, n)
+        if ids.ndim == 0:
+            return self._vocab.key_at(ids.reshape(1))[0]
+        return self._vocab.key_at(ids.reshape(-1))
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self._vocab)
+        for start in range(0, n, self._BLOCK):
+            yield from self._vocab.keys_between(start, min(n, start + self._BLOCK))
+
+    def __contains__(self, key) -> bool:
+        if not isinstance(key, str):
+            return False
+        return bool(self._vocab.find(np.array([key], dtype=object))[0] >= 0)
+
+    def index(self, key, start=0, stop=None) -> int:  # O(log n), not a scan
+        i = int(self._vocab.find(np.array([key], dtype=object))[0])
+        if i < 0:
+            raise ValueError(f"{key!r} is not in the keys")
+        return i
+
+    def __repr__(self) -> str:
+        n = len(self)
+        head = ", ".join(repr(k) for k in self[: min(n, 5)])
+        return f"KeySequence([{head}{', ...' if n > 5 else ''}], len={n})"
+
+
+def as_key_array(keys) -> np.ndarray:
+    """Keys of any shape as an object array of ``str`` (a bare ``str`` gives shape ())."""
+    if isinstance(keys, str):
+        out = np.empty((), dtype=object)
+        out[()] = keys
+        return out
+    arr = np.asarray(keys, dtype=object) if not isinstance(keys, np.ndarray) else keys
+    if arr.dtype.kind in "US":
+        arr = arr.astype(object)
+    elif arr.dtype != object:
+        raise KeyNotFoundError(f"keys must be strings, got an array of {arr.dtype}",
+                               key=None, position=None)
+    flat = arr.reshape(-1)
+    if flat.size:
+        is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
+        if not is_str.all():
+            i = int(np.argmin(is_str))
+            v = flat[i]
+            if isinstance(v, str):  # str subclasses are fine
+                pass
+            else:
+                raise KeyNotFoundError(
+                    f"keys must be strings, got {type(v).__name__} {v!r} at position "
+                    f"{position_of(i, arr.shape)}", key=v, position=position_of(i, arr.shape))
+    return arr
+
+
+class Table(abc.ABC):
+    """An embedding table: ``vocab_size`` rows of ``dim`` values, optional keys."""
+
+    # -- what a backend provides -------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def shape(self) -> tuple[int, int]: ...
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def writable(self) -> bool:
+        return False
+
+    def _vocab(self) -> Vocab | None:
+        return None
+
+    @abc.abstractmethod
+    def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (shape ``(len(ids), dim)``, C-contiguous) with rows ``ids``.
+
+        ``ids`` is a validated 1-D int64 array (any order, duplicates allowed).
+        """
+
+    def _read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start..stop-1`` as a new array (backends override with a contiguous read)."""
+        out = np.empty((stop - start, self.dim), dtype=self.dtype)
+        self._gather(np.arange(start, stop, dtype=np.int64), out)
+        return out
+
+    def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        raise ReadOnlyError(f"{self!r} is read-only")
+
+    def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> None:
+        raise ReadOnlyError(f"{self!r} is read-only")
+
+    # -- geometry ---------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.vocab_size * self.dim * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(vocab_size={self.vocab_size}, dim={self.dim}, "
+                f"dtype={self.dtype}, keys={'yes' if self._vocab() is not None else 'no'})")
+
+    # -- lookup -------------------------------------------------------------------------
+    def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows for ``ids`` of any shape: an array of shape ``ids.shape + (dim,)``."""
+        ids = as_ids(ids, self.vocab_size)
+        out = self._check_out(out, ids.shape)
+        self._gather(ids.reshape(-1), out.reshape(-1, self.dim))
+        return out
+
+    def _check_out(self, out, shape) -> np.ndarray:
+        want = tuple(shape) + (self.dim,)
+        if out is None:
+            return np.empty(want, dtype=self.dtype)
+        if not isinstance(out, np.ndarray):
+            raise ShapeMismatchError(f"out must be a NumPy array, got {type(out).__name__}")
+        if out.shape != want or out.dtype != self.dtype:
+            raise ShapeMismatchError(
+                f"out must have shape {want} and dtype {self.dtype}, got shape {out.shape} "
+                f"and dtype {out.dtype}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ShapeMismatchError("out must be a writeable C-contiguous array")
+        return out
+
+    def __call__(self, ids, out: np.ndarray | None = None) -> np.ndarray:
+        return self.lookup(ids, out=out)
+
+    def __getitem__(self, ids) -> np.ndarray:
+        if isinstance(ids, slice):
+            start, stop, step = ids.indices(self.vocab_size)
+            if step == 1:
+                return self._read_rows(start, max(start, stop))
+            return self.lookup(np.arange(start, stop, step, dtype=np.int64))
+        return self.lookup(ids)
+
+    def iter_blocks(self, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, rows)`` for consecutive blocks of at most ``block_rows`` rows."""
+        if block_rows < 1:
+            raise ValueError(f"block_rows must be >= 1, got {block_rows}")
+        for start in range(0, self.vocab_size, block_rows):
+            yield start, self._read_rows(start, min(self.vocab_size, start + block_rows))
+
+    def to_numpy(self) -> np.ndarray:
+        """The whole table as one in-memory array."""
+        return self._read_rows(0, self.vocab_size)
+
+    # -- keys -------------------------------------------------------------------------
+    @property
+    def keys(self) -> KeySequence | None:
+        vocab = self._vocab()
+        return None if vocab is None else KeySequence(vocab)
+
+    def _require_vocab(self) -> Vocab:
+        vocab = self._vocab()
+        if vocab is None:
+            raise KeyNotFoundError("this table has no keys", key=None, position=None)
+        return vocab
+
+    def ids_of(self, keys, missing="error") -> np.ndarray:
+        """int64 row ids for ``keys`` of any shape; ``missing=-1`` puts -1 for unknown keys."""
+        if not (isinstance(missing, str) and missing == "error") and not (
+                isinstance(missing, int) and missing == -1):
+            raise ValueError(f"missing must be 'error' or -1, got {missing!r}")
+        arr = as_key_array(keys)
+        vocab = self._require_vocab()
+        ids = vocab.find(arr.reshape(-1)).reshape(arr.shape)
+        if missing == "error" and ids.size and (ids < 0).any():
+            i = int(np.argmax(ids.reshape(-1) < 0))
+            key = arr.reshape(-1)[i]
+            pos = position_of(i, arr.shape)
+            raise KeyNotFoundError(f"key {key!r} at position {pos} is not in the table",
+                                   key=key, position=pos)
+        return ids
+
+    def lookup_keys(self, keys, oov: str = "error", unk_id: int | None = None) -> np.ndarray:
+        """Vectors by key; unknown keys: ``oov="error"``, ``"zero"`` or ``"unk"`` (row ``unk_id``)."""
+        if oov not in ("error", "zero", "unk"):
+            raise ValueError(f"oov must be 'error', 'zero' or 'unk', got {oov!r}")
+        if oov == "error":
+            return self.lookup(self.ids_of(keys))
+        ids = self.ids_of(keys, missing=-1)
+        missing = ids < 0
+        if oov == "unk":
+            if unk_id is None:
+                raise ValueError("oov='unk' needs unk_id")
+            unk = as_ids(unk_id, self.vocab_size)
+            ids = np.where(missing, unk, ids)
+            return self.lookup(ids)
+        out = self.lookup(np.where(missing, 0, ids) if self.vocab_size else ids)
+        out[missing] = 0
+        return out
+
+    # -- updates ------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise ReadOnlyError(f"{self!r} is read-only (open it with mode='r+')")
+
+    def _check_vectors(self, vectors, lead_shape, what: str) -> np.ndarray:
+        vec = np.asarray(vectors)
+        want = tuple(lead_shape) + (self.dim,)
+        if vec.shape != want:
+            raise ShapeMismatchError(f"{what}: expected vectors of shape {want}, got {vec.shape}")
+        if vec.dtype.kind not in "fiu":
+            raise ShapeMismatchError(f"{what}: expected numeric vectors, got dtype {vec.dtype}")
+        vec = np.ascontiguousarray(vec, dtype=self.dtype)
+        if vec.dtype.kind == "f" and vec.size and not np.isfinite(vec).all():
+            flat = np.isfinite(vec).reshape(-1, self.dim).all(axis=1)
+            i = int(np.argmin(flat))
+            raise ShapeMismatchError(
+                f"{what}: vector {position_of(i, tuple(lead_shape))} holds NaN or infinity")
+        return vec
+
+    def write(self, ids, vectors) -> None:
+        """Overwrite rows ``ids`` (any shape) with ``vectors`` (shape ``ids.shape + (dim,)``)."""
+        self._check_writable()
+        ids = as_ids(ids, self.vocab_size)
+        vec = self._check_vectors(vectors, ids.shape, "write")
+        self._write_rows(ids.reshape(-1), vec.reshape(-1, self.dim))
+
+    def append(self, vectors, keys=None) -> np.ndarray:
+        """Add rows at the end; returns their new ids (int64)."""
+        self._check_writable()
+        vec = np.asarray(vectors)
+        if vec.ndim == 1:
+            vec = vec.reshape(1, -1)
+        vec = self._check_vectors(vec, (vec.shape[0],) if vec.ndim == 2 else vec.shape[:-1],
+                                  "append")
+        n = vec.shape[0]
+        vocab = self._vocab()
+        key_list = None
+        if vocab is not None:
+            if keys is None:
+                raise KeyNotFoundError("this table has keys: append needs one key per row",
+                                       key=None, position=None)
+            key_list = [str(k) for k in as_key_array(keys).reshape(-1)] if not isinstance(
+                keys, str) else [keys]
+            if len(key_list) != n:
+                raise ShapeMismatchError(f"append: got {n} vectors but {len(key_list)} keys")
+            if len(set(key_list)) != n:
+                raise ShapeMismatchError("append: the new keys hold duplicates")
+            found = vocab.find(np.array(key_list, dtype=object))
+            if (found >= 0).any():
+                i = int(np.argmax(found >= 0))
+                raise ShapeMismatchError(
+                    f"append: key {key_list[i]!r} already exists at row {int(found[i])}")
+        elif keys is not None:
+            raise ShapeMismatchError("append: this table has no keys, so keys cannot be given")
+        start = self.vocab_size
+        self._append_rows(vec, key_list)
+        return np.arange(start, start + n, dtype=np.int64)
+
+    # -- housekeeping ---------------------------------------------------------------------
+    def cache_info(self) -> CacheInfo:
+        return CacheInfo()
+
+    def cache_clear(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
