@@ -63,7 +63,22 @@ def _to_array(ids) -> np.ndarray:
         return _python_int_array(ids)  # mixed lists: name the first element that is no int
     if arr.size == 0 and arr.dtype.kind == "f":  # an empty list
         return arr.astype(np.int64)
+    if arr.dtype.kind in "iu" and _holds_bool(ids):  # [1, True] becomes [1, 1] in NumPy
+        return _python_int_array(ids)
     return arr
+
+
+def _holds_bool(seq) -> bool:
+    """Whether a (nested) list or tuple holds a Python or NumPy bool."""
+    stack = [seq]
+    while stack:
+        s = stack.pop()
+        for v in s:
+            if isinstance(v, (list, tuple)):
+                stack.append(v)
+            elif isinstance(v, (bool, np.bool_)):
+                return True
+    return False
 
 
 def _python_int_array(ids) -> np.ndarray:
