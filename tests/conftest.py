@@ -1,0 +1,56 @@
+"""Shared fixtures: one contract suite runs on every backend and layout."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import embstore
+
+# name -> keyword arguments of embstore.save (None: the in-memory backend)
+BACKENDS = {
+    "memory": None,
+    "zarr": {},
+    "zarr-small-chunks": {"chunk_rows": 4, "shard_rows": 16},
+    "zarr-zstd": {"compression": "zstd", "chunk_rows": 8, "shard_rows": 32},
+    "zarr-blosc-nocache": {"compression": "blosc", "chunk_rows": 8, "shard_rows": 32,
+                           "cache_bytes": 0},
+}
+
+_counter = itertools.count()
+
+
+@pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))
+def make_table(request, tmp_path):
+    """``make_table(array, keys=None, mode="r+")``: a table of that backend holding ``array``."""
+    layout = BACKENDS[request.param]
+    opened = []
+
+    def make(array, keys=None, mode="r+"):
+        array = np.ascontiguousarray(array)
+        if layout is None:
+            t = embstore.MemoryTable(array.copy(), keys=keys)
+            if mode == "r":
+                t.array.flags.writeable = False
+            return t
+        if not hasattr(embstore, "save"):
+            pytest.skip("the on-disk backend is not built yet")
+        kw = dict(layout)
+        cache = kw.pop("cache_bytes", "1MiB")
+        path = tmp_path / f"table{next(_counter)}"
+        embstore.save(path, array, keys=keys, **kw).close()
+        t = embstore.open(path, mode=mode, cache_bytes=cache)
+        opened.append(t)
+        return t
+
+    make.backend = request.param
+    yield make
+    for t in opened:
+        t.close()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
