@@ -58,6 +58,9 @@ class KeySequence(Sequence):
             if step == 1:
                 return self._vocab.keys_between(start, max(start, stop))
             return self._vocab.key_at(np.arange(start, stop, step, dtype=np.int64))
+        if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)) \
+                and -n <= index < 0:
+            index = int(index) + n  # Python sequence semantics for a single negative index
         ids = as_ids(index, n)
         if ids.ndim == 0:
             return self._vocab.key_at(ids.reshape(1))[0]
