@@ -1,0 +1,257 @@
+"""Offline batch lookup jobs: a file of ids (or tokenised text) in, a file of vectors out.
+
+``lookup_file(table, input, output)`` streams the input block by block along
+its leading axis: each block of ids is read (memory-mapped ``.npy``, or lines of
+a key file), looked up in the table (which reads each needed chunk once and
+keeps a row cache) and written to its place in the output (a ``.npy`` file or
+a Zarr v3 array chunked by block).  Neither the input nor the output is ever
+held in memory whole.  On one machine a small thread pipeline overlaps reading
+the next block and writing the previous one with the lookup of the current
+one; with ``scheduler=`` every block is a Dask task run by a worker that opens
+the table by path and writes its own part of the output.
+
+The output is written beside ``output`` and renamed into place when complete.
+A Zarr output records each finished block, so a killed job re-run with
+``resume=True`` only computes the blocks that are missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .batch_io import (Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into, move_into_place,
+                       open_sink, output_kind, read_block, remove_path)
+from .errors import DestinationExistsError, EmbstoreError, KeyNotFoundError
+from .ids import as_ids
+from .memory import MemoryTable
+from .progress import progress
+from .table import Table
+
+__all__ = ["lookup_file", "open_table", "DEFAULT_BLOCK_BYTES", "DEFAULT_CACHE_BYTES"]
+
+DEFAULT_BLOCK_BYTES = 16 << 20  # output bytes per block when batch_rows is not given
+DEFAULT_CACHE_BYTES = "64MiB"   # row cache of the table opened for a job
+
+
+def open_table(path, *, cache_bytes=DEFAULT_CACHE_BYTES) -> Table:
+    """A table by path: a store directory (``embstore.open``) or a 2-D ``.npy`` (memory-mapped)."""
+    path = os.fspath(path)
+    if os.path.isfile(path) and path.lower().endswith(".npy"):
+        return MemoryTable(np.load(path, mmap_mode="r", allow_pickle=False))
+    from . import zarrtable
+
+    return zarrtable.open(path, mode="r", cache_bytes=cache_bytes)
+
+
+def _check_dest(path: str | None, overwrite: bool) -> None:
+    if path is not None and os.path.lexists(path) and not overwrite:
+        raise DestinationExistsError(f"{path} exists (use --overwrite to replace it)")
+
+
+def _auto_rows(shape: tuple[int, ...], dim: int, itemsize: int) -> int:
+    inner = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
+    ids_per_block = max(1, DEFAULT_BLOCK_BYTES // max(1, dim * itemsize))
+    return max(1, ids_per_block // max(1, inner))
+
+
+def _starts(rows: int, batch_rows: int) -> tuple[int, ...]:
+    return tuple(range(0, rows, batch_rows)) + (rows,) if rows else (0,)
+
+
+def _tmp_path(output: str, kind: str) -> str:
+    parent, name = os.path.split(os.path.abspath(output.rstrip("/\\")))
+    if kind == "zarr":  # a fixed name, so that a re-run can find it and resume
+        return os.path.join(parent, f".{name}.partial")
+    return os.path.join(parent, f".{name}.{os.getpid()}.partial")
+
+
+def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
+                unk_id: int | None = None, batch_rows: int | None = None,
+                scheduler: str | None = None, overwrite: bool = False, resume: bool = False,
+                lengths=None, quiet: bool = True, cache_bytes=DEFAULT_CACHE_BYTES,
+                n_workers: int = 2, threads: bool = True) -> dict:
+    """Look up every id of ``input`` in ``table`` and write the vectors to ``output``.
+
+    ``table`` is a :class:`Table` or a path (a store, or a 2-D ``.npy``); with a
+    ``scheduler`` it must be a path the workers can open.  ``input`` is a
+    ``.npy`` of integer ids of any shape or, with ``keys=True``, a text file of
+    whitespace-separated keys, one sequence a line (output shape ``(lines,
+    longest line, dim)``; padding positions are zero rows, unknown keys follow
+    ``oov`` = ``"error"``, ``"zero"`` or ``"unk"`` with ``unk_id``; ``lengths``
+    names a ``.npy`` file to receive each line's length).  ``output`` ends in
+    ``.npy`` or ``.zarr``; its shape is ``ids.shape + (dim,)``.
+
+    ``batch_rows`` is the number of leading rows of the input per block (by
+    default about 16 MiB of output).  ``scheduler`` is ``"local"`` (a
+    ``LocalCluster`` of ``n_workers`` processes) or a Dask scheduler address.
+    ``resume=True`` (Zarr output) continues a killed job from its finished blocks.
+    ``threads=False`` turns the read/lookup/write pipeline off.
+
+    Returns a summary dict: ``output``, ``shape``, ``dtype``, ``ids``, ``blocks``,
+    ``resumed_blocks``, ``seconds``, ``scheduler``, ``lengths``.
+    """
+    t0 = time.perf_counter()
+    input, output = os.fspath(input), os.fspath(output)
+    lengths = None if lengths is None else os.fspath(lengths)
+    if oov not in ("error", "zero", "unk"):
+        raise ValueError(f"oov must be 'error', 'zero' or 'unk', got {oov!r}")
+    if lengths is not None and not keys:
+        raise ValueError("lengths= needs keys=True (a key file has lines of different lengths)")
+    if batch_rows is not None and (isinstance(batch_rows, bool) or int(batch_rows) < 1):
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows!r}")
+    kind = output_kind(output)
+    if resume and kind != "zarr":
+        raise ValueError("resume=True needs a Zarr output (.zarr): a .npy job restarts")
+    _check_dest(output, overwrite)
+    _check_dest(lengths, overwrite)
+    if not os.path.exists(input):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), input)
+
+    if isinstance(table, Table):
+        tab, table_path, owned = table, getattr(table, "path", None), False
+        if scheduler is not None and table_path is None:
+            raise ValueError("a Dask job needs a table on disk: pass its path")
+    else:
+        table_path = os.path.abspath(os.fspath(table))
+        tab, owned = open_table(table_path, cache_bytes=cache_bytes), True
+    try:
+        return _run(tab, None if table_path is None else os.fspath(table_path), input, output,
+                    kind, keys=keys, oov=oov, unk_id=unk_id, batch_rows=batch_rows,
+                    scheduler=scheduler, overwrite=overwrite, resume=resume, lengths=lengths,
+                    quiet=quiet, cache_bytes=cache_bytes, n_workers=n_workers,
+                    threads=threads, t0=t0)
+    finally:
+        if owned:
+            tab.close()
+
+
+def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows, cache_bytes):
+    """The job's geometry and blocks; validates the whole input first (ids, or key lines)."""
+    dim, dtype = tab.dim, np.dtype(tab.dtype)
+    line_lengths = None
+    if keys:
+        if tab.keys is None:
+            raise KeyNotFoundError(f"{table_path or 'the table'} has no keys: --keys needs a "
+                                   "table with keys", key=None, position=None)
+        line_lengths, line_bytes = KeyLines(input).scan(65536)
+        shape = (len(line_lengths), int(line_lengths.max()) if len(line_lengths) else 0)
+        rows_per_block = batch_rows or _auto_rows(shape, dim, dtype.itemsize)
+        starts = _starts(shape[0], int(rows_per_block))
+        ends = np.concatenate([[0], np.cumsum(line_bytes)])
+        offsets = tuple(int(ends[a]) for a in starts[:-1])
+    else:
+        src = NpyIds(input)
+        shape = src.shape
+        rows_per_block = batch_rows or _auto_rows(shape, dim, dtype.itemsize)
+        starts = _starts(shape[0] if shape else 1, int(rows_per_block))
+        src.validate(tab.vocab_size, starts)
+        offsets = ()
+    if keys and oov == "unk":
+        if unk_id is None:
+            raise ValueError("oov='unk' needs unk_id")
+        unk_id = int(as_ids(unk_id, tab.vocab_size))
+    job = Job(table=table_path or "", cache_bytes=cache_bytes, input=os.path.abspath(input),
+              keys=bool(keys), oov=oov, unk_id=unk_id, shape=tuple(int(s) for s in shape),
+              dim=int(dim), dtype=dtype.str, starts=starts, offsets=offsets, out_kind=kind,
+              tmp="")
+    return job, line_lengths
+
+
+def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows, scheduler,
+         overwrite, resume, lengths, quiet, cache_bytes, n_workers, threads, t0) -> dict:
+    job, line_lengths = _plan(tab, table_path, input, kind, keys=keys, oov=oov, unk_id=unk_id,
+                              batch_rows=batch_rows, cache_bytes=cache_bytes)
+    tmp = _tmp_path(output, kind)
+    job = dataclasses.replace(job, tmp=tmp)
+    if kind == "zarr":
+        if not (resume and os.path.isdir(tmp) and ZarrSink.resumable(job)):
+            if resume and os.path.lexists(tmp):
+                raise EmbstoreError(
+                    f"cannot resume {output}: {tmp} holds the partial output of a different "
+                    "job (other table, input, options or batch rows); run without --resume "
+                    "to start over")
+            remove_path(tmp)
+            ZarrSink.create(job)
+    else:
+        job = dataclasses.replace(job, header_len=NpySink.create(tmp, job.shape + (job.dim,),
+                                                                 job.dtype))
+    sink = open_sink(job)
+    done = sink.done()
+    todo = [i for i in range(job.n_blocks) if i not in done]
+    lengths_tmp = None
+    try:
+        with progress(job.rows, "lookup", quiet=quiet) as bar:
+            bar.update(sum(job.starts[i + 1] - job.starts[i] for i in done))
+            if scheduler is not None:
+                from .batch_dask import run_dask
+
+                sink.close()
+                run_dask(job, todo, scheduler, n_workers=n_workers, bar=bar)
+            else:
+                _run_local(job, tab, sink, todo, bar, threads=threads)
+        sink.close()
+        if lengths is not None:
+            lengths_tmp = _tmp_path(lengths, "npy")
+            with open(lengths_tmp, "wb") as f:
+                np.save(f, line_lengths, allow_pickle=False)
+    except BaseException as exc:
+        sink.close()
+        if kind == "npy" or isinstance(exc, EmbstoreError):  # a Zarr job stays resumable
+            remove_path(tmp)
+        if lengths_tmp is not None:
+            remove_path(lengths_tmp)
+        raise
+    if kind == "zarr":
+        ZarrSink.finish(tmp)
+    move_into_place(tmp, output)
+    if lengths_tmp is not None:
+        move_into_place(lengths_tmp, lengths)
+    return {"output": output, "shape": job.shape + (job.dim,), "dtype": str(np.dtype(job.dtype)),
+            "ids": int(np.prod(job.shape, dtype=np.int64)), "blocks": job.n_blocks,
+            "resumed_blocks": len(done), "seconds": time.perf_counter() - t0,
+            "scheduler": scheduler, "lengths": lengths}
+
+
+def _run_local(job: Job, tab: Table, sink, todo: list[int], bar, *, threads: bool) -> None:
+    """Read block k+1 and write block k-1 in threads while block k is looked up."""
+    if not todo:
+        return
+    source = KeyLines(job.input) if job.keys else NpyIds(job.input)
+    per_row = int(np.prod(job.inner, dtype=np.int64)) * job.dim
+    most = max(job.starts[i + 1] - job.starts[i] for i in todo)
+    bufs = [np.empty(most * per_row, dtype=job.dtype) for _ in range(2 if threads else 1)]
+
+    def compute(k: int, ids: np.ndarray) -> np.ndarray:
+        out = bufs[k % len(bufs)][: ids.size * job.dim].reshape(ids.shape + (job.dim,))
+        lookup_into(tab, ids, out, pads=source.pads)
+        return out
+
+    def rows(i: int) -> int:
+        return job.starts[i + 1] - job.starts[i]
+
+    if not threads:
+        for k, i in enumerate(todo):
+            sink.write(i, compute(k, read_block(job, source, i, tab)))
+            bar.update(rows(i))
+        return
+    with ThreadPoolExecutor(1, "embstore-read") as reader, \
+            ThreadPoolExecutor(1, "embstore-write") as writer:
+        nxt = reader.submit(read_block, job, source, todo[0], tab)
+        pending, last = None, None
+        for k, i in enumerate(todo):
+            ids = nxt.result()
+            if k + 1 < len(todo):
+                nxt = reader.submit(read_block, job, source, todo[k + 1], tab)
+            out = compute(k, ids)
+            if pending is not None:  # the buffer of block k-1 is free again after this
+                pending.result()
+                bar.update(rows(last))
+            pending, last = writer.submit(sink.write, i, out), i
+        pending.result()
+        bar.update(rows(last))

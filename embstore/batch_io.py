@@ -1,0 +1,341 @@
+"""Inputs and outputs of batch lookup jobs (see :mod:`embstore.batch`).
+
+A job is described by a small, picklable :class:`Job`: the paths, the output
+geometry and the block boundaries along the leading axis.  Everything here can
+be rebuilt from a ``Job`` in another process (a Dask worker), so every block
+can be read, looked up and written by whoever runs it:
+
+- :class:`NpyIds` reads ``.npy`` ids memory-mapped, one block of leading rows
+  at a time; :class:`KeyLines` reads a text file of whitespace-separated keys,
+  one sequence a line, starting at a block's byte offset.
+- :class:`NpySink` writes blocks at their byte offset in a pre-sized ``.npy``
+  file; :class:`ZarrSink` writes them as whole chunks of a Zarr v3 array and
+  records each finished block, so that an interrupted job can resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from itertools import islice
+
+import numpy as np
+
+from .errors import EmbstoreError, FormatError, InvalidIdError, KeyNotFoundError
+from .ids import position_of
+
+__all__ = ["Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
+           "read_block", "lookup_into", "move_into_place", "remove_path", "output_kind"]
+
+_MARKERS = ".embstore-lookup"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Everything a process needs to run any block of a lookup job."""
+
+    table: str                    # path of the table (a store directory or a 2-D .npy)
+    cache_bytes: int | str        # row cache of each process that opens the table
+    input: str                    # .npy ids or, with keys=True, a text file
+    keys: bool
+    oov: str                      # keys only: "error", "zero" or "unk"
+    unk_id: int | None
+    shape: tuple[int, ...]        # ids shape (keys: (lines, longest line)); output adds dim
+    dim: int
+    dtype: str
+    starts: tuple[int, ...]       # block i covers leading rows starts[i]:starts[i + 1]
+    offsets: tuple[int, ...]      # keys only: byte offset of each block's first line
+    out_kind: str                 # "npy" or "zarr"
+    tmp: str                      # the output being written (renamed when complete)
+    header_len: int = 0           # npy only
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def rows(self) -> int:
+        """Leading rows (1 for 0-d ids)."""
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def inner(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    def block(self, i: int) -> tuple[int, int]:
+        return self.starts[i], self.starts[i + 1]
+
+    def identity(self) -> dict:
+        """The fields that must match for a partial output to be resumed."""
+        d = dataclasses.asdict(self)
+        for k in ("tmp", "cache_bytes", "header_len"):
+            d.pop(k)
+        d["shape"], d["starts"], d["offsets"] = list(self.shape), list(self.starts), list(
+            self.offsets)
+        return d
+
+
+def output_kind(path: str) -> str:
+    name = os.fspath(path).rstrip("/\\").lower()
+    if name.endswith(".zarr"):
+        return "zarr"
+    if name.endswith(".npy"):
+        return "npy"
+    raise FormatError("the output must be a .npy file or a .zarr directory", path=path)
+
+
+# -- inputs ------------------------------------------------------------------------------
+class NpyIds:
+    """Integer ids of any shape in a ``.npy`` file, read memory-mapped block by block."""
+
+    pads = False  # every position is a real id
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
+                raise
+            raise FormatError(f"not a readable .npy file ({exc})", path=path) from None
+        if not isinstance(arr, np.ndarray):
+            raise FormatError("expected one array in a .npy file", path=path)
+        if arr.dtype.kind not in "iu":
+            raise InvalidIdError(f"{path}: ids must be integers, got an array of {arr.dtype}",
+                                 id=None, position=None)
+        self.array = arr
+        self.shape = tuple(arr.shape)
+        self._lead = arr.reshape(1) if arr.ndim == 0 else arr
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Leading rows ``start:stop`` as a C-contiguous int64 array."""
+        return np.ascontiguousarray(self._lead[start:stop], dtype=np.int64)
+
+    def validate(self, vocab_size: int, starts) -> None:
+        """One min/max pass per block; the first bad id is named with its position."""
+        for a, b in zip(starts[:-1], starts[1:]):
+            block = self._lead[a:b]
+            if block.size == 0:
+                continue
+            lo, hi = block.min(), block.max()
+            if lo >= 0 and hi < vocab_size:
+                continue
+            flat = np.ascontiguousarray(block).reshape(-1)
+            i = int(np.argmax((flat < 0) | (flat >= vocab_size)))
+            local = position_of(i, block.shape)
+            pos = () if not self.shape else (a + local[0],) + local[1:]
+            v = flat[i].item()
+            valid = f"valid ids: 0..{vocab_size - 1}" if vocab_size else "the table has no rows"
+            raise InvalidIdError(
+                f"{self.path}: id {v} at position {pos} is out of range for a table of "
+                f"{vocab_size} rows ({valid})", id=v, position=pos, vocab_size=vocab_size)
+
+
+class KeyLines:
+    """A text file of keys: one whitespace-tokenised sequence a line, padded to the longest."""
+
+    pads = True  # id -1 marks a zero row (padding, or an unknown key with oov="zero")
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _decode(self, lines: list[bytes], first_line: int) -> list[str]:
+        try:
+            return [line.decode("utf-8") for line in lines]
+        except UnicodeDecodeError:
+            for j, line in enumerate(lines):  # error path: find the line
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                                      path=self.path, line=first_line + j + 1) from None
+            raise
+
+    def scan(self, block_lines: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+        """First pass, streamed: tokens and bytes of every line (two int64 arrays)."""
+        tokens, sizes, n = [], [], 0
+        with open(self.path, "rb") as f:
+            while True:
+                lines = list(islice(f, block_lines))
+                if not lines:
+                    break
+                sizes.append(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
+                tokens.append(np.fromiter(map(len, map(str.split, self._decode(lines, n))),
+                                          dtype=np.int64, count=len(lines)))
+                n += len(lines)
+        if not tokens:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(tokens), np.concatenate(sizes)
+
+    def read(self, offset: int, n_lines: int, width: int, first_line: int, table, oov: str,
+             unk_id: int | None) -> np.ndarray:
+        """Ids of ``n_lines`` lines from byte ``offset``: shape ``(n_lines, width)``, -1 = zero row."""
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            lines = self._decode(list(islice(f, n_lines)), first_line)
+        if len(lines) != n_lines:
+            raise EmbstoreError(f"{self.path} changed while the job was running")
+        tokens = [line.split() for line in lines]
+        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n_lines)
+        if lengths.size and lengths.max() > width:
+            raise EmbstoreError(f"{self.path} changed while the job was running")
+        flat = np.empty(int(lengths.sum()), dtype=object)
+        flat[:] = [t for line in tokens for t in line]
+        ids = table.ids_of(flat, missing=-1)
+        unknown = ids < 0
+        if unknown.any():
+            if oov == "error":
+                i = int(np.argmax(unknown))
+                ends = np.cumsum(lengths)
+                row = int(np.searchsorted(ends, i, side="right"))
+                col = i - (int(ends[row - 1]) if row else 0)
+                raise KeyNotFoundError(
+                    f"{self.path}, line {first_line + row + 1}: key {flat[i]!r} (token "
+                    f"{col + 1}) is not in the table (use --oov zero or --oov unk)",
+                    key=flat[i], position=(first_line + row, col))
+            if oov == "unk":
+                ids[unknown] = unk_id
+        out = np.full((n_lines, width), -1, dtype=np.int64)
+        out[np.arange(width) < lengths[:, None]] = ids
+        return out
+
+
+def open_source(job: Job):
+    return KeyLines(job.input) if job.keys else NpyIds(job.input)
+
+
+def read_block(job: Job, source, i: int, table) -> np.ndarray:
+    a, b = job.block(i)
+    if job.keys:
+        return source.read(job.offsets[i], b - a, job.inner[0], a, table, job.oov, job.unk_id)
+    return source.read(a, b)
+
+
+def lookup_into(table, ids: np.ndarray, out: np.ndarray, *, pads: bool) -> None:
+    """Fill ``out`` with the rows of ``ids``; with ``pads``, id -1 gives a zero row."""
+    if pads and ids.size:
+        valid = ids >= 0
+        if not valid.all():
+            out[~valid] = 0
+            if valid.any():
+                out[valid] = table.lookup(ids[valid])
+            return
+    table.lookup(ids, out=out)
+
+
+# -- outputs -----------------------------------------------------------------------------
+class NpySink:
+    """A ``.npy`` file pre-sized to its full length; blocks go to their byte offset."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.row_bytes = int(np.prod(job.inner, dtype=np.int64)) * job.dim * np.dtype(
+            job.dtype).itemsize
+        self._f = None
+
+    @staticmethod
+    def create(tmp: str, shape: tuple[int, ...], dtype) -> int:
+        """Write the header and size the (sparse) file; returns the header length."""
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                  "fortran_order": False, "shape": tuple(int(s) for s in shape)}
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            header_len = f.tell()
+            f.truncate(header_len + int(np.prod(shape, dtype=np.int64)) * np.dtype(
+                dtype).itemsize)
+        return header_len
+
+    def done(self) -> set[int]:
+        return set()
+
+    def write(self, i: int, block: np.ndarray) -> None:
+        if self._f is None:
+            self._f = open(self.job.tmp, "r+b")  # noqa: SIM115 - closed in close()
+        self._f.seek(self.job.header_len + self.job.starts[i] * self.row_bytes)
+        self._f.write(memoryview(np.ascontiguousarray(block)).cast("B"))
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+class ZarrSink:
+    """A Zarr v3 array chunked by block along the leading axis, with a record of done blocks."""
+
+    def __init__(self, job: Job):
+        import zarr
+
+        self.job = job
+        self.array = zarr.open_array(job.tmp, mode="r+")
+        self._done_dir = os.path.join(job.tmp, _MARKERS, "done")
+
+    @staticmethod
+    def create(job: Job) -> None:
+        import zarr
+
+        shape = job.shape + (job.dim,)
+        rows = max(1, max((b - a for a, b in zip(job.starts[:-1], job.starts[1:])), default=1))
+        if job.shape:
+            chunks = (rows,) + tuple(max(1, s) for s in shape[1:])
+        else:  # 0-d ids: one vector
+            chunks = (max(1, job.dim),)
+        zarr.create_array(store=job.tmp, shape=shape, dtype=job.dtype, chunks=chunks,
+                          compressors=None, fill_value=0, zarr_format=3, overwrite=True)
+        os.makedirs(os.path.join(job.tmp, _MARKERS, "done"))
+        with open(os.path.join(job.tmp, _MARKERS, "job.json"), "w") as f:
+            json.dump(job.identity(), f)
+
+    @staticmethod
+    def resumable(job: Job) -> bool:
+        """Whether ``job.tmp`` holds a partial output of this very job."""
+        try:
+            with open(os.path.join(job.tmp, _MARKERS, "job.json")) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return False
+        return saved == json.loads(json.dumps(job.identity()))
+
+    def done(self) -> set[int]:
+        return {int(n) for n in os.listdir(self._done_dir) if n.isdigit()}
+
+    def write(self, i: int, block: np.ndarray) -> None:
+        a, b = self.job.block(i)
+        if self.job.shape:
+            self.array[a:b] = block
+        else:
+            self.array[...] = block.reshape(self.job.dim)
+        open(os.path.join(self._done_dir, str(i)), "wb").close()  # after the chunk is complete
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def finish(tmp: str) -> None:
+        shutil.rmtree(os.path.join(tmp, _MARKERS))
+
+
+def open_sink(job: Job):
+    return ZarrSink(job) if job.out_kind == "zarr" else NpySink(job)
+
+
+# -- files -------------------------------------------------------------------------------
+def remove_path(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def move_into_place(tmp: str, dest: str) -> None:
+    """Rename ``tmp`` to ``dest``, replacing what was there (checked by the caller)."""
+    if os.path.lexists(dest) and (os.path.isdir(dest) or os.path.isdir(tmp)):
+        old = os.path.join(os.path.dirname(dest) or ".",
+                           f".{os.path.basename(dest)}.old-{os.getpid()}")
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        remove_path(old)
+    else:
+        os.replace(tmp, dest)
