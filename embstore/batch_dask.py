@@ -56,8 +56,9 @@ def run_block(job: Job, i: int) -> int:
 
 
 def run_dask(job: Job, todo: list[int], scheduler: str, *, n_workers: int = 2, bar=None,
-             timeout: float = CONNECT_TIMEOUT) -> None:
+             timeout: float | None = None) -> None:
     """Run blocks ``todo`` of ``job`` on ``scheduler`` (``"local"`` or an address)."""
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     try:
         from dask.distributed import Client, LocalCluster, as_completed
     except ImportError:  # pragma: no cover - the extra is not installed

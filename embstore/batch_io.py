@@ -251,10 +251,12 @@ class NpySink:
         return set()
 
     def write(self, i: int, block: np.ndarray) -> None:
+        if block.size == 0:
+            return
         if self._f is None:
             self._f = open(self.job.tmp, "r+b")  # noqa: SIM115 - closed in close()
         self._f.seek(self.job.header_len + self.job.starts[i] * self.row_bytes)
-        self._f.write(memoryview(np.ascontiguousarray(block)).cast("B"))
+        self._f.write(memoryview(np.ascontiguousarray(block).reshape(-1)).cast("B"))
 
     def close(self) -> None:
         if self._f is not None:
