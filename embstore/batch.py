@@ -159,8 +159,16 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
     job = Job(table=table_path or "", cache_bytes=cache_bytes, input=os.path.abspath(input),
               keys=bool(keys), oov=oov, unk_id=unk_id, shape=tuple(int(s) for s in shape),
               dim=int(dim), dtype=dtype.str, starts=starts, offsets=offsets, out_kind=kind,
-              tmp="")
+              tmp="", stamp=_stamp(input, table_path))
     return job, line_lengths
+
+
+def _stamp(input: str, table_path: str | None) -> tuple:
+    st = os.stat(input)
+    stamp = (st.st_size, st.st_mtime_ns)
+    if table_path:
+        stamp += (os.stat(table_path).st_mtime_ns,)
+    return stamp
 
 
 def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows, scheduler,

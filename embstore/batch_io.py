@@ -50,6 +50,7 @@ class Job:
     out_kind: str                 # "npy" or "zarr"
     tmp: str                      # the output being written (renamed when complete)
     header_len: int = 0           # npy only
+    stamp: tuple = ()             # sizes and mtimes of the input and the table (for resume)
 
     @property
     def n_blocks(self) -> int:
@@ -72,8 +73,8 @@ class Job:
         d = dataclasses.asdict(self)
         for k in ("tmp", "cache_bytes", "header_len"):
             d.pop(k)
-        d["shape"], d["starts"], d["offsets"] = list(self.shape), list(self.starts), list(
-            self.offsets)
+        for k in ("shape", "starts", "offsets", "stamp"):
+            d[k] = list(d[k])
         return d
 
 

@@ -313,6 +313,12 @@ def test_killed_zarr_job_resumes_from_written_blocks(runner, tmp_path, table_pat
     res = runner.invoke(cli, ["lookup", table_path, str(tmp_path / "ids.npy"), str(out),
                               "--batch-rows", "4", "--resume", "-q"])
     assert res.exit_code == 1 and "cannot resume" in res.output
+    st = os.stat(tmp_path / "ids.npy")  # so does the same job over an input changed since
+    os.utime(tmp_path / "ids.npy", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    res = runner.invoke(cli, ["lookup", table_path, str(tmp_path / "ids.npy"), str(out),
+                              "--batch-rows", "8", "--resume", "-q"])
+    assert res.exit_code == 1 and "cannot resume" in res.output
+    os.utime(tmp_path / "ids.npy", ns=(st.st_atime_ns, st.st_mtime_ns))
 
     computed = []
     original = batch_io.ZarrSink.write
