@@ -26,7 +26,7 @@ def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, 
 
     As PyTorch: ``offsets[0]`` must be 0 and offsets non-decreasing; without
     ``include_last_offset`` the last bag runs to the end of the ids, with it the
-    last offset ends the last bag (ids after it are ignored).
+    last offset ends the last bag and must equal ``n``.
     """
     off = np.asarray(offsets)
     if off.ndim != 1:
@@ -50,6 +50,11 @@ def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, 
                                      f"{off[i - 1]} > offsets[{i}] = {off[i]}")
         if off[-1] > n:
             raise ShapeMismatchError(f"offsets must be <= len(ids) = {n}, got {off[-1]}")
+        if include_last_offset and off[-1] != n:
+            # PyTorch documents the last offset as len(ids); what it does otherwise
+            # differs between its modes, so refuse instead of guessing.
+            raise ShapeMismatchError(f"with include_last_offset=True the last offset must be "
+                                     f"len(ids) = {n}, got {off[-1]}")
     if include_last_offset:
         return off[:-1], off[1:]
     return off, np.append(off[1:], np.int64(n))
@@ -93,16 +98,11 @@ def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_
     dim = emb.dim
     acc = np.result_type(emb.dtype, np.float32)  # float16 tables accumulate in float32
     out = np.zeros((nbags, dim), dtype=acc)
-    end = int(ends[-1]) if nbags else 0
+    if nbags == 0:
+        return out.astype(emb.dtype)
 
-    # entries that take part: inside some bag, not padding
-    keep = None
-    if end < flat.size:
-        keep = np.zeros(flat.size, dtype=bool)
-        keep[:end] = True
-    if emb.padding_idx is not None:
-        not_pad = flat != emb.padding_idx
-        keep = not_pad if keep is None else keep & not_pad
+    # bags cover the ids from 0 to the end; padding entries leave their bag
+    keep = None if emb.padding_idx is None else flat != emb.padding_idx
     if keep is not None and not keep.all():
         where = np.flatnonzero(keep)
         csum = np.zeros(flat.size + 1, dtype=np.int64)
