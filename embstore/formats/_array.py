@@ -1,0 +1,58 @@
+"""A :class:`Reader` over a 2-D array-like source (a memory-mapped ``.npy`` or
+safetensors tensor, a PyTorch tensor): yields row blocks, cast to the asked dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from . import DEFAULT_BLOCK_ROWS, Reader, check_finite
+
+__all__ = ["ArrayReader", "FLOAT_KINDS"]
+
+FLOAT_KINDS = ("float16", "float32", "float64")
+
+
+class ArrayReader(Reader):
+    """Blocks of ``source[a:b]`` (``to_numpy`` turns a block into an ndarray).
+
+    ``dtype=None`` keeps the source's float dtype; bfloat16 sources arrive as float32.
+    """
+
+    def __init__(self, path, source, *, format: str, shape: tuple[int, int], source_dtype,
+                 to_numpy: Callable[[object], np.ndarray] = np.asarray,
+                 block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None, dtype=None,
+                 closer: Callable[[], None] | None = None):
+        super().__init__(path, block_rows=block_rows, limit=limit)
+        self.format = format
+        self._source = source
+        self._to_numpy = to_numpy
+        self._closer = closer
+        n, self.dim = int(shape[0]), int(shape[1])
+        self.count = n if limit is None else min(n, limit)
+        self.dtype = np.dtype(dtype) if dtype is not None else np.dtype(source_dtype)
+        self.progress_total = self.count
+        if self.dim < 1:
+            raise self.error(f"expected a 2-D array with at least one column, got shape {tuple(shape)}")
+
+    def size_hint(self) -> int:
+        return self.count
+
+    def blocks(self) -> Iterator[tuple[np.ndarray, None]]:
+        for start in range(0, self.count, self.block_rows):
+            stop = min(self.count, start + self.block_rows)
+            raw = self._to_numpy(self._source[start:stop])
+            check_finite(self, raw, start)
+            with np.errstate(over="ignore"):
+                block = np.array(raw, dtype=self.dtype, order="C", copy=True)
+            if block.dtype.itemsize < raw.dtype.itemsize:
+                check_finite(self, block, start)
+            self.progress_done = stop
+            yield block, None
+
+    def close(self) -> None:
+        self._source = None
+        if self._closer is not None:
+            closer, self._closer = self._closer, None
+            closer()

@@ -1,0 +1,207 @@
+"""Import a file into a table and export a table to a file, streamed block by block.
+
+``import_file`` reads the source with its format's :class:`~embstore.formats.Reader`
+and feeds :class:`embstore.writer.TableWriter`, which writes beside DEST and
+renames into place on success (an error leaves no DEST behind).
+``export_table`` writes ``DEST.tmp-*`` beside DEST and renames it when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import DEFAULT_BLOCK_ROWS, WRITE_FORMATS, detect, get
+from ._textparse import decode_keys
+from ..errors import DestinationExistsError, FormatError
+
+__all__ = ["import_file", "export_table", "ImportResult", "export_format_for", "VocabReader"]
+
+_EXPORT_EXT = {".npy": "npy", ".safetensors": "safetensors", ".bin": "word2vec-binary",
+               ".vec": "fasttext", ".txt": "word2vec", ".w2v": "word2vec"}
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import did: ``rows`` stored, ``duplicates`` dropped (first key wins)."""
+
+    path: str
+    format: str
+    rows: int
+    dim: int
+    dtype: str
+    duplicates: int
+    tensor: str | None = None
+
+
+class VocabReader:
+    """Keys for formats without them: a UTF-8 text file, one key per line, read in blocks."""
+
+    def __init__(self, path, *, unicode_errors: str = "strict", chunk_bytes: int = 4 << 20):
+        self.path = os.fspath(path)
+        self.unicode_errors = unicode_errors
+        self._f = open(self.path, "rb")
+        self._chunk = chunk_bytes
+        self._lines: list[bytes] = []
+        self._i = 0
+        self._carry = b""
+        self._eof = False
+        self.taken = 0
+
+    def _fill(self, n: int) -> None:
+        while len(self._lines) - self._i < n and not self._eof:
+            data = self._carry + self._f.read(self._chunk)
+            self._lines = self._lines[self._i:]
+            self._i = 0
+            if len(data) == len(self._carry):  # end of file
+                self._eof = True
+                self._carry = b""
+                if data:
+                    self._lines.append(data)
+                while self._lines and not self._lines[-1].strip(b"\r"):  # trailing empty lines
+                    self._lines.pop()
+                return
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                self._carry = data
+                continue
+            self._carry = data[cut + 1:]
+            self._lines += data[:cut].split(b"\n")
+
+    def take(self, n: int, *, rows_of: str, expected: int | None) -> list[str]:
+        """The next ``n`` keys; fewer in the file is an error naming the line."""
+        self._fill(n)
+        raw = self._lines[self._i:self._i + n]
+        if len(raw) < n:
+            got = self.taken + len(raw)
+            want = expected if expected is not None else f"at least {self.taken + n}"
+            raise FormatError(f"expected {want} keys (one per row of {rows_of}), got {got}: the "
+                              "file ends here", path=self.path, line=got + 1)
+        self._i += n
+        raw = [r[:-1] if r.endswith(b"\r") else r for r in raw]
+        first = self.taken + 1
+        if b"" in raw:
+            i = raw.index(b"")
+            raise FormatError("expected a key, got an empty line", path=self.path, line=first + i)
+        self.taken += n
+        return decode_keys(raw, path=self.path, first_line=first, unicode_errors=self.unicode_errors)
+
+    def check_end(self, *, rows_of: str) -> None:
+        """More keys than rows is an error too."""
+        self._fill(1)
+        if len(self._lines) - self._i > 0:
+            raise FormatError(f"expected {self.taken} keys (one per row of {rows_of}), got more",
+                              path=self.path, line=self.taken + 1)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _check_dest(dest: str, overwrite: bool) -> None:
+    if os.path.lexists(dest) and not overwrite:
+        raise DestinationExistsError(f"{dest} already exists (pass --overwrite to replace it)")
+
+
+def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, vocab=None,
+                dtype=None, limit: int | None = None, unicode_errors: str = "strict",
+                compression: str = "none", chunk_rows: int | None = None,
+                shard_rows: int | None = None, overwrite: bool = False, quiet: bool = True,
+                block_rows: int = DEFAULT_BLOCK_ROWS) -> ImportResult:
+    """Import ``src`` (a file of ``format``) into a new table at ``dest``."""
+    from ..progress import progress
+    from ..writer import TableWriter
+
+    src, dest = os.fspath(src), os.fspath(dest)
+    if not os.path.isfile(src):
+        raise FileNotFoundError(2, "No such file", src)
+    _check_dest(dest, overwrite)
+    fmt = detect(src) if format == "auto" else format
+    module = get(fmt)
+    if tensor is not None and fmt not in ("safetensors", "torch"):
+        raise FormatError(f"--tensor applies to safetensors and torch files, got format {fmt}")
+    reader = module.read(src, block_rows=block_rows, limit=limit, unicode_errors=unicode_errors,
+                         tensor=tensor, dtype=dtype)
+    keys_file = None
+    try:
+        if vocab is not None:
+            if reader.has_keys:
+                raise FormatError(f"--vocab gives keys to formats without them; {fmt} files "
+                                  "hold their own keys")
+            keys_file = VocabReader(vocab, unicode_errors=unicode_errors)
+        name = os.path.basename(src)
+        attrs = {"source": {"format": fmt, "file": name}}
+        if getattr(reader, "tensor", None):
+            attrs["source"]["tensor"] = reader.tensor
+        writer = TableWriter(dest, dim=reader.dim, dtype=reader.dtype,
+                             has_keys=reader.has_keys or keys_file is not None,
+                             chunk_rows=chunk_rows, shard_rows=shard_rows,
+                             compression=compression, overwrite=overwrite,
+                             expected_rows=reader.size_hint(), attrs=attrs)
+        with writer, progress(reader.progress_total, f"importing {name}", quiet=quiet,
+                              unit=reader.progress_unit) as bar:
+            done = reader.progress_done
+            for block, keys in reader:
+                if keys_file is not None:
+                    keys = keys_file.take(len(block), rows_of=name, expected=reader.count)
+                writer.add(block, keys)
+                bar.update(reader.progress_done - done)
+                done = reader.progress_done
+            if keys_file is not None and limit is None:
+                keys_file.check_end(rows_of=name)
+        rows, duplicates = writer.rows, writer.duplicates
+    finally:
+        reader.close()
+        if keys_file is not None:
+            keys_file.close()
+    return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
+                        dtype=np.dtype(reader.dtype).name, duplicates=duplicates,
+                        tensor=getattr(reader, "tensor", None))
+
+
+def export_format_for(dest) -> str:
+    """The export format implied by DEST's extension (``.npy``, ``.safetensors``, ``.bin``,
+    ``.vec``, ``.txt``)."""
+    ext = os.path.splitext(os.fspath(dest))[1].lower()
+    if ext not in _EXPORT_EXT:
+        raise FormatError(f"cannot tell the format from the extension {ext or '(none)'!r} of "
+                          f"{os.fspath(dest)}; pass --format ({', '.join(WRITE_FORMATS)})")
+    return _EXPORT_EXT[ext]
+
+
+def export_table(src, dest, *, format: str | None = None, limit: int | None = None,
+                 overwrite: bool = False, quiet: bool = True,
+                 block_rows: int = DEFAULT_BLOCK_ROWS) -> int:
+    """Write the table at ``src`` (a path or an open :class:`~embstore.Table`) to the file
+    ``dest``; returns the rows written."""
+    from ..progress import progress
+
+    dest = os.fspath(dest)
+    fmt = format or export_format_for(dest)
+    if fmt not in WRITE_FORMATS:
+        raise FormatError(f"cannot export to {fmt}; expected one of {', '.join(WRITE_FORMATS)}")
+    _check_dest(dest, overwrite)
+    if os.path.isdir(dest):
+        raise DestinationExistsError(f"{dest} is a directory; expected a file path to write")
+    import embstore
+
+    table = embstore.open(src) if isinstance(src, (str, os.PathLike)) else src
+    tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
+                       f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:8]}")
+    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    try:
+        with progress(n, f"exporting {os.path.basename(dest)}", quiet=quiet) as bar:
+            rows = get(fmt).write(tmp, table, limit=limit, block_rows=block_rows,
+                                  progress=bar.update)
+        _check_dest(dest, overwrite)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    finally:
+        if table is not src:
+            table.close()
+    return rows

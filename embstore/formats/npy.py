@@ -1,0 +1,56 @@
+"""NumPy ``.npy``: a 2-D float array (float16/32/64 kept as is unless a dtype is asked).
+
+Read memory-mapped with ``allow_pickle=False``; written streamed: the ``.npy``
+header, then the rows block by block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import DEFAULT_BLOCK_ROWS
+from ._array import FLOAT_KINDS, ArrayReader
+from ..errors import FormatError
+
+__all__ = ["read", "write"]
+
+
+def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
+         unicode_errors: str = "strict", tensor: str | None = None, dtype=None) -> ArrayReader:
+    """Stream the rows of a 2-D float ``.npy`` file."""
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise FormatError(f"expected a .npy array of floats, got an unreadable file ({exc})",
+                          path=path) from None
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        raise FormatError("expected a .npy array, got an .npz archive", path=path)
+    if arr.ndim != 2:
+        raise FormatError(f"expected a 2-D array (rows, dim), got shape {arr.shape}", path=path)
+    if arr.dtype.name not in FLOAT_KINDS:
+        raise FormatError(f"expected a float16, float32 or float64 array, got {arr.dtype}", path=path)
+    return ArrayReader(path, arr, format="npy", shape=arr.shape,
+                       source_dtype=arr.dtype.newbyteorder("="), block_rows=block_rows,
+                       limit=limit, dtype=dtype)
+
+
+def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
+          progress=None) -> int:
+    """Write ``table`` as a ``.npy`` file (``np.load`` reads it), one block at a time."""
+    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    dtype = np.dtype(table.dtype)
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": (n, table.dim)}
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_2_0(f, header) if _needs_v2(header) else \
+            np.lib.format.write_array_header_1_0(f, header)
+        for start in range(0, n, block_rows):
+            stop = min(n, start + block_rows)
+            f.write(np.ascontiguousarray(table[start:stop], dtype=dtype).tobytes())
+            if progress is not None:
+                progress(stop - start)
+    return n
+
+
+def _needs_v2(header: dict) -> bool:
+    return len(repr(header)) > 65000

@@ -1,0 +1,85 @@
+"""PyTorch files: a state dict (nested dicts allowed, names joined with ``.``) or a bare
+tensor, loaded only with ``torch.load(weights_only=True)`` (the restricted loader:
+nothing is executed) and memory-mapped where the file allows it.
+
+``tensor=None`` picks the only 2-D float tensor, else the error lists them;
+bfloat16 arrives as float32, float16/32/64 as is.  Write is not offered (export
+to safetensors, which PyTorch reads with ``safetensors.torch.load_file``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import DEFAULT_BLOCK_ROWS
+from ._array import ArrayReader
+from .safetensors import choose_tensor
+from ..errors import FormatError
+
+__all__ = ["read", "load_tensors"]
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _flatten(obj, prefix: str, out: dict) -> None:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out[prefix or "tensor"] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _flatten(v, f"{prefix}.{i}" if prefix else str(i), out)
+
+
+def load_tensors(path) -> dict:
+    """``{dotted name: tensor}`` of every tensor in a PyTorch file (restricted loader)."""
+    import pickle
+
+    import torch
+
+    path = os.fspath(path)
+    try:
+        try:
+            obj = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+        except RuntimeError as exc:  # legacy (non-zip) files cannot be memory-mapped
+            if "mmap" not in str(exc):
+                raise
+            obj = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError,
+            ImportError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FormatError(f"expected a PyTorch state dict readable with weights_only=True, "
+                          f"got: {first}", path=path) from None
+    out: dict = {}
+    _flatten(obj, "", out)
+    return out
+
+
+def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
+         unicode_errors: str = "strict", tensor: str | None = None, dtype=None) -> ArrayReader:
+    """Stream the rows of one 2-D float tensor of a PyTorch file."""
+    import torch
+
+    path = os.fspath(path)
+    tensors = load_tensors(path)
+    listing = {k: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for k, t in tensors.items()}
+    name = choose_tensor(listing, tensor, path=path, floats=_FLOATS)
+    t = tensors[name]
+    del tensors
+
+    if t.dtype == torch.bfloat16:
+        def to_numpy(block):
+            return block.float().numpy()
+        source_dtype = "float32"
+    else:
+        def to_numpy(block):
+            return block.contiguous().numpy()
+        source_dtype = str(t.dtype).removeprefix("torch.")
+    reader = ArrayReader(path, t.detach(), format="torch", shape=tuple(t.shape),
+                         source_dtype=source_dtype, to_numpy=to_numpy, block_rows=block_rows,
+                         limit=limit, dtype=dtype)
+    reader.tensor = name
+    return reader

@@ -1,0 +1,230 @@
+"""word2vec text format (also fastText's ``.vec``): a ``COUNT DIM`` header line, then
+``key v1 ... vDIM`` per line.
+
+What the real writers produce, all read here: gensim (no trailing space,
+shortest float32 repr), the C tool (``%lf `` with a trailing space), fastText
+(trailing space), Windows line ends (``\\r\\n``), a last line without newline.
+The header's count is a claim: fewer or more rows than it says is an error, and
+it is only used (capped by the file size) as a size hint, never to allocate.
+:mod:`.glove` shares this code (no header; the dimension comes from the first line).
+
+Writing uses ``%.9g`` (float16/float32: enough digits to round-trip float32
+exactly) or ``repr`` (float64), one C-level ``%`` per row.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+from . import DEFAULT_BLOCK_ROWS, Reader
+from ._textparse import _number, parse_block
+
+__all__ = ["read", "write", "TextReader", "write_text"]
+
+BLOCK_BYTES = 8 << 20
+MAX_LINE_BYTES = 256 << 20
+_WS = re.compile(r"[\s]")
+
+
+class TextReader(Reader):
+    """Streams ``key v1 ... vdim`` lines, with (word2vec, fasttext) or without (glove) a header."""
+
+    progress_unit = "bytes"
+
+    def __init__(self, path, *, header: bool, format: str, block_rows: int = DEFAULT_BLOCK_ROWS,
+                 limit: int | None = None, unicode_errors: str = "strict",
+                 dtype=np.float32, block_bytes: int = BLOCK_BYTES):
+        super().__init__(path, block_rows=block_rows, limit=limit)
+        if unicode_errors not in ("strict", "replace"):
+            raise ValueError(f"unicode_errors must be 'strict' or 'replace', got {unicode_errors!r}")
+        self.format = format
+        self.has_keys = True
+        self.dtype = np.dtype(dtype)
+        self.unicode_errors = unicode_errors
+        self.block_bytes = int(block_bytes)
+        self.progress_total = os.path.getsize(self.path)
+        self._f = open(self.path, "rb")
+        self._first = b""
+        self._line = 1  # number of the next line to read
+        try:
+            self._read_head(header)
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _read_head(self, header: bool) -> None:
+        first = self._f.readline(MAX_LINE_BYTES)
+        if not first.strip():
+            if not first:
+                raise self.error("the file is empty; expected "
+                                 + ("a 'COUNT DIM' header" if header else "'key v1 v2 ...' lines"))
+            raise self.error("expected " + ("a 'COUNT DIM' header" if header else
+                                            "'key v1 v2 ...'") + ", got an empty line", line=1)
+        if header:
+            toks = first.split()
+            if len(toks) != 2 or not all(t.isdigit() for t in toks):
+                hint = " (a file without header is --format glove)" if len(toks) > 2 else ""
+                raise self.error(f"expected a header 'COUNT DIM', got {_show(first)}{hint}", line=1)
+            count, dim = int(toks[0]), int(toks[1])
+            if dim < 1:
+                raise self.error(f"expected a dimension >= 1 in the header, got {dim}", line=1)
+            self.count, self.dim = count, dim
+            self._line = 2
+            self.progress_done = len(first)
+        else:
+            toks = first.split()
+            if len(toks) < 2:
+                raise self.error(f"expected a key and at least one value, got {_show(first)}", line=1)
+            # the trailing numbers are the vector (a key may hold spaces, or be a number itself)
+            numeric = 0
+            for tok in reversed(toks):
+                if _number(tok) is None:
+                    break
+                numeric += 1
+            self.dim = min(numeric, len(toks) - 1)
+            if self.dim < 1:
+                raise self.error(f"expected a key and numbers, got {_show(first)}", line=1)
+            self._first = first  # parsed with the first block
+            self.count = None
+
+    def size_hint(self) -> int | None:
+        """Rows to expect: the header's count, capped by what the file size can hold."""
+        if self.count is None:
+            return None
+        most = self.progress_total // (2 * self.dim) + 1
+        n = min(self.count, most)
+        return n if self.limit is None else min(n, self.limit)
+
+    def _line_blocks(self) -> Iterator[tuple[int, list[bytes]]]:
+        carry = self._first
+        self._first = b""
+        line = self._line
+        while True:
+            chunk = self._f.read(self.block_bytes)
+            eof = not chunk
+            data = carry + chunk
+            if eof:
+                carry = b""
+                if not data:
+                    return
+                lines = data.split(b"\n")
+                if lines[-1] == b"":
+                    lines.pop()
+            else:
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    if len(data) > MAX_LINE_BYTES:
+                        raise self.error(f"expected lines shorter than {MAX_LINE_BYTES} bytes, got a "
+                                         "longer one", line=line)
+                    carry = data
+                    continue
+                carry = data[cut + 1:]
+                lines = data[:cut].split(b"\n")
+            # trailing blank lines are fine at the end of the file: hold them back until more comes
+            k = len(lines)
+            while k and not lines[k - 1].strip():
+                k -= 1
+            if k < len(lines):
+                if not eof:
+                    carry = b"\n".join(lines[k:]) + b"\n" + carry
+                lines = lines[:k]
+            if lines:
+                yield line, lines
+                line += len(lines)
+            self.progress_done = self._f.tell() - len(carry)
+            if eof:
+                return
+
+    def blocks(self) -> Iterator[tuple[np.ndarray, list[str]]]:
+        rows = 0
+        limit = self.limit
+        for first_line, lines in self._line_blocks():
+            for s in range(0, len(lines), self.block_rows):
+                part = lines[s:s + self.block_rows]
+                if limit is not None and rows + len(part) > limit:
+                    part = part[:limit - rows]
+                if self.count is not None and rows + len(part) > self.count:
+                    raise self.error(f"the header promises {self.count} rows, the file has more",
+                                     line=first_line + s + self.count - rows)
+                if part:
+                    yield parse_block(part, dim=self.dim, path=self.path,
+                                      first_line=first_line + s, unicode_errors=self.unicode_errors,
+                                      dtype=self.dtype)
+                rows += len(part)
+                if limit is not None and rows >= limit:
+                    return
+        if self.count is not None and rows < self.count:
+            raise self.error(f"the header promises {self.count} rows, the file has {rows}",
+                             line=self._line + rows)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _show(line: bytes, n: int = 60) -> str:
+    s = line.rstrip(b"\r\n").decode("utf-8", "replace")
+    return repr(s if len(s) <= n else s[:n] + "...")
+
+
+def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
+         unicode_errors: str = "strict", tensor: str | None = None,
+         dtype=None) -> TextReader:
+    """Stream a word2vec text file (``COUNT DIM`` header, then ``key v1 ... vDIM`` lines)."""
+    return TextReader(path, header=True, format="word2vec", block_rows=block_rows, limit=limit,
+                      unicode_errors=unicode_errors, dtype=dtype or np.float32)
+
+
+def check_text_keys(keys: list[str], first_row: int, *, fmt: str) -> None:
+    """Keys that would break a text line (whitespace, empty) raise naming the row."""
+    from ..errors import FormatError
+
+    joined = "\x00".join(keys)
+    if _WS.search(joined) is None and "" not in keys:
+        return
+    for i, k in enumerate(keys):
+        if not k or _WS.search(k):
+            raise FormatError(f"row {first_row + i}: key {k!r} is empty or holds whitespace; "
+                              f"the {fmt} text format cannot store it")
+
+
+def write_text(path, table, *, header: bool, fmt: str, limit: int | None = None,
+               block_rows: int = DEFAULT_BLOCK_ROWS, progress=None) -> int:
+    """Write ``key v1 ... vdim`` lines (with a ``COUNT DIM`` header when ``header``)."""
+    from ..errors import FormatError
+
+    keys = table.keys
+    if keys is None:
+        raise FormatError(f"the table has no keys; the {fmt} format needs one key per row "
+                          "(export to npy or safetensors instead)")
+    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    dim = table.dim
+    dtype = np.dtype(table.dtype)
+    spec = "%r" if dtype == np.float64 else "%.9g"
+    fmt_row = "%s " + " ".join([spec] * dim)
+    with open(path, "wb") as f:
+        if header:
+            f.write(f"{n} {dim}\n".encode())
+        for start in range(0, n, block_rows):
+            stop = min(n, start + block_rows)
+            block = np.asarray(table[start:stop])
+            if dtype != np.float64:
+                block = block.astype(np.float32, copy=False)
+            ks = list(keys[start:stop])
+            check_text_keys(ks, start, fmt=fmt)
+            rows = [fmt_row % (k, *r) for k, r in zip(ks, block.tolist())]
+            rows.append("")
+            f.write("\n".join(rows).encode("utf-8"))
+            if progress is not None:
+                progress(stop - start)
+    return n
+
+
+def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
+          progress=None) -> int:
+    """Write ``table`` as word2vec text (gensim ``load_word2vec_format(binary=False)`` reads it)."""
+    return write_text(path, table, header=True, fmt="word2vec", limit=limit,
+                      block_rows=block_rows, progress=progress)
