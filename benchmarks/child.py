@@ -1,0 +1,164 @@
+"""Work run in a fresh interpreter, so that open times and peak RSS are a new process's.
+
+``python benchmarks/child.py KIND RESULT_JSON ARGS...``.  Each kind imports
+what it needs first (untimed), then times only its work and writes
+``{"seconds": ..., ...}`` to RESULT_JSON (``{"skip": reason}`` when a module or
+a peer is missing).  The parent measures the whole process and its peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size (``VmHWM``: its own, not the forked parent's)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e6
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+
+
+def _checksum(vectors) -> float:
+    import numpy as np
+
+    return float(np.asarray(vectors, dtype=np.float64).sum())
+
+
+def cli(*args):
+    """The ``embstore`` command line with ``args`` (timing covers ``main()`` only)."""
+    try:
+        from embstore.cli import cli as group
+        from embstore.cli import main
+    except ImportError as exc:
+        return {"skip": f"embstore.cli not available ({exc})"}
+    if args and args[0] not in group.commands:
+        return {"skip": f"'embstore {args[0]}' not available (its module is not built yet)"}
+    t0 = time.perf_counter()
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    seconds = time.perf_counter() - t0
+    if code != 0:
+        raise SystemExit(f"embstore {' '.join(args)} exited with {code}")
+    return {"seconds": seconds}
+
+
+def gensim_w2v(path, *keys):
+    try:
+        from gensim.models import KeyedVectors
+    except ImportError:
+        return {"skip": "gensim not installed"}
+    t0 = time.perf_counter()
+    kv = KeyedVectors.load_word2vec_format(path, binary=False)
+    out = {"rows": len(kv.index_to_key)}
+    if keys:
+        out["checksum"] = _checksum(kv[list(keys)])
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def gensim_native(path, *keys):
+    try:
+        from gensim.models import KeyedVectors
+    except ImportError:
+        return {"skip": "gensim not installed"}
+    t0 = time.perf_counter()
+    kv = KeyedVectors.load(path, mmap="r")  # gensim's own format (pickle + .npy): our file
+    out = {"rows": len(kv.index_to_key), "checksum": _checksum(kv[list(keys)])}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def embstore_open(path, *keys):
+    import embstore
+
+    if not hasattr(embstore, "open"):
+        return {"skip": "embstore.open not available (embstore/zarrtable.py not built yet)"}
+    t0 = time.perf_counter()
+    t = embstore.open(path, mode="r")
+    if not hasattr(t, "ids_of"):
+        return {"skip": "Table.ids_of not available"}
+    vectors = t.lookup(t.ids_of(list(keys)))
+    seconds = time.perf_counter() - t0
+    out = {"rows": int(t.vocab_size), "checksum": _checksum(vectors), "seconds": seconds}
+    t.close()
+    return out
+
+
+def batch_ram(table_npy, ids_npy, out_npy):
+    """The in-RAM baseline of a batch job: load the table and ids, ``np.take``, ``np.save``."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    table = np.load(table_npy, allow_pickle=False)
+    ids = np.load(ids_npy, allow_pickle=False)
+    out = np.take(table, ids, axis=0)
+    np.save(out_npy, out)
+    return {"seconds": time.perf_counter() - t0, "ids": int(ids.size)}
+
+
+def batch_embstore(table, ids_npy, out_npy, workers, batch_rows=0):
+    """``embstore.batch.lookup_file``; ``workers`` > 0 runs it on a Dask LocalCluster of
+    that many single-threaded worker processes, started before timing."""
+    try:
+        from embstore.batch import lookup_file
+    except ImportError as exc:
+        return {"skip": f"embstore.batch not available ({exc})"}
+    workers = int(workers)
+    kw = {"batch_rows": int(batch_rows)} if int(batch_rows) else {}
+    cluster = client = None
+    if workers:
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError:
+            return {"skip": "dask.distributed not installed"}
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None, host="127.0.0.1")
+        client = Client(cluster)
+        kw["scheduler"] = cluster.scheduler_address
+    try:
+        t0 = time.perf_counter()
+        summary = lookup_file(table, ids_npy, out_npy, overwrite=True, **kw)
+        seconds = time.perf_counter() - t0
+        out = {"seconds": seconds, "ids": int(summary.get("ids", 0)) if isinstance(summary, dict)
+               else 0}
+        if client is not None:
+            peaks = client.run(peak_rss_mb)
+            out["worker_peak_rss_mb"] = sorted(round(v, 1) for v in peaks.values())
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
+    return out
+
+
+KINDS = {"cli": cli, "gensim-w2v": gensim_w2v, "gensim-native": gensim_native,
+         "embstore-open": embstore_open, "batch-ram": batch_ram, "batch-embstore": batch_embstore}
+
+
+def main(argv):
+    kind, result, *args = argv
+    if kind == "cli":
+        sys.argv = ["embstore", *args]
+    data = KINDS[kind](*args)
+    data["self_peak_rss_mb"] = peak_rss_mb()
+    with open(result, "w") as fh:
+        json.dump(data, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,420 @@
+"""Shared machinery of the benchmark runner.
+
+Timing with interleaved repetitions (each repetition runs every method once, in
+a rotating order, so drift of the machine hits all of them alike), page-cache
+warming right before timing, fresh child processes measured for peak RSS, and
+the result records that ``report.py`` renders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+
+
+class Skip(Exception):
+    """A scenario or one of its methods cannot run here (a module or a peer is missing)."""
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- results
+
+@dataclasses.dataclass
+class Measurement:
+    case: str                 # "uniform", "zipf", "10,000,000 rows", ...
+    method: str               # "embstore on-disk, cold row cache", "np.take in RAM", ...
+    kind: str                 # "embstore" | "peer" | "limit"
+    unit: str                 # "ms", "s", "GB/s", "keys/s", "MB", ...
+    values: list[float]
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.values))
+
+    @property
+    def min(self) -> float:
+        return float(min(self.values))
+
+    @property
+    def max(self) -> float:
+        return float(max(self.values))
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(median=self.median, min=self.min, max=self.max, reps=len(self.values))
+        return d
+
+
+@dataclasses.dataclass
+class Comparison:
+    label: str
+    embstore: str             # formatted value with unit
+    peer: str                 # formatted value with unit ("" for an absolute target)
+    ratio: float | None
+    ratio_text: str
+    target: str
+    met: bool | None          # None: no target, reported only
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ScenarioResult:
+    name: str
+    title: str
+    status: str = "ok"        # "ok" | "skipped" | "error"
+    params: dict = dataclasses.field(default_factory=dict)
+    measurements: list[Measurement] = dataclasses.field(default_factory=list)
+    comparisons: list[Comparison] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    def find(self, case: str, method: str) -> Measurement | None:
+        for m in self.measurements:
+            if m.case == case and m.method == method:
+                return m
+        return None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "title": self.title, "status": self.status,
+                "params": self.params, "seconds": round(self.seconds, 2), "notes": self.notes,
+                "measurements": [m.to_json() for m in self.measurements],
+                "comparisons": [c.to_json() for c in self.comparisons]}
+
+
+_LOWER_IS_BETTER = {"ms", "s", "MB"}
+
+
+def fmt(value: float, unit: str) -> str:
+    if unit in ("keys/s", "ids/s", "rows/s"):
+        return f"{value / 1e6:.2f} M{unit}" if value >= 1e6 else f"{value:,.0f} {unit}"
+    if value >= 100:
+        return f"{value:,.0f} {unit}"
+    if value >= 10:
+        return f"{value:.1f} {unit}"
+    return f"{value:.2f} {unit}"
+
+
+def _ratio_text(r: float) -> str:
+    return f"{r:,.0f}x" if r >= 100 else (f"{r:.1f}x" if r >= 10 else f"{r:.2f}x")
+
+
+def compare(res: ScenarioResult, label: str, emb: Measurement | None, peer: Measurement | None,
+            *, target: tuple[str, float] | None = None) -> Comparison | None:
+    """Add a row ``embstore vs peer`` to ``res``; ``target`` is one of
+
+    ``("within", b)``: time ratio embstore/peer at most ``b``;
+    ``("faster", f)``: embstore at least ``f`` times faster (peer/embstore >= f);
+    ``("atleast", b)``: throughput ratio embstore/peer at least ``b``.
+    Without a target the ratio is reported only.  Missing measurements add nothing.
+    """
+    if emb is None or peer is None:
+        return None
+    e, p = emb.median, peer.median
+    if target is not None and target[0] == "faster":
+        ratio = p / e if e > 0 else float("inf")
+        text = f"{_ratio_text(ratio)} faster" if ratio >= 1 else f"{_ratio_text(1 / ratio)} slower"
+        if target[1] is None:  # reported as a speed-up, no target
+            tgt, met = "", None
+        else:
+            tgt, met = f">= {target[1]:g}x faster", ratio >= target[1]
+    else:
+        ratio = e / p if p > 0 else float("inf")
+        text = _ratio_text(ratio)
+        if target is None:
+            tgt, met = "", None
+        elif target[0] == "within":
+            tgt, met = f"<= {target[1]:g}x", ratio <= target[1]
+        elif target[0] == "atleast":
+            tgt, met = f">= {target[1]:g}x", ratio >= target[1]
+        else:
+            raise ValueError(f"unknown target {target!r}")
+    c = Comparison(label, f"{fmt(e, emb.unit)} ({emb.method})", f"{fmt(p, peer.unit)} ({peer.method})",
+                   ratio, text, tgt, met)
+    res.comparisons.append(c)
+    return c
+
+
+def absolute(res: ScenarioResult, label: str, emb: Measurement | None, *, at_most: float | None = None,
+             at_least: float | None = None, value: float | None = None) -> Comparison | None:
+    """Add a row for an absolute target on one embstore figure (its median, or ``value``)."""
+    if emb is None:
+        return None
+    v = emb.median if value is None else value
+    if at_most is not None:
+        tgt, met = f"<= {fmt(at_most, emb.unit)}", v <= at_most
+    elif at_least is not None:
+        tgt, met = f">= {fmt(at_least, emb.unit)}", v >= at_least
+    else:
+        tgt, met = "", None
+    c = Comparison(label, f"{fmt(v, emb.unit)} ({emb.method})", "", None, "", tgt, met)
+    res.comparisons.append(c)
+    return c
+
+
+# ---------------------------------------------------------------- page cache
+
+def _files(paths) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.rglob("*") if q.is_file()))
+        elif p.is_file():
+            out.append(p)
+    return out
+
+
+def read_through(paths, *, block: int = 16 << 20) -> int:
+    """Read files (or every file under directories) sequentially; returns the bytes read."""
+    buf = bytearray(block)
+    view = memoryview(buf)
+    total = 0
+    for f in _files(paths):
+        with open(f, "rb", buffering=0) as fh:
+            while True:
+                n = fh.readinto(view)
+                if not n:
+                    break
+                total += n
+    return total
+
+
+def drop_page_cache(paths) -> None:
+    """Ask the kernel to drop these files' clean pages (``posix_fadvise DONTNEED``)."""
+    for f in _files(paths):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class Warmer:
+    """Keeps files in the page cache during a timing loop.
+
+    This machine pages out page-cache pages idle for about a minute, so the
+    files are read through right before timing and again whenever ``every``
+    seconds have passed since (between repetitions, never inside a timed call).
+    """
+
+    def __init__(self, paths, *, every: float = 20.0):
+        self.paths = [p for p in paths if p is not None]
+        self.every = every
+        self.last = -1e18
+
+    def warm(self) -> None:
+        read_through(self.paths)
+        self.last = time.monotonic()
+
+    def maybe(self) -> None:
+        if time.monotonic() - self.last > self.every:
+            self.warm()
+
+
+# ---------------------------------------------------------------- interleaved timing
+
+@dataclasses.dataclass
+class Method:
+    name: str
+    kind: str                               # "embstore" | "peer"
+    fn: Callable[[], Any]                   # the timed call
+    before: Callable[[], Any] | None = None  # untimed, before every call (e.g. cache_clear)
+    reps: int | None = None                 # at most this many timed calls (slow peers)
+    warmup: Callable[[], Any] | None = None  # untimed first call (default: fn)
+    check: Callable[[Any], None] | None = None  # validates the first result
+    extra: Callable[[], dict] | None = None  # figures to record after timing
+    unit: str = "ms"
+
+
+def _spread(reps: int, k: int) -> set[int]:
+    k = max(1, min(k, reps))
+    return {round(i * reps / k) for i in range(k)}
+
+
+def interleave(res: ScenarioResult, case: str, methods: list[Method], *, reps: int,
+               warmer: Warmer | None = None,
+               on_rep: Callable[[int], Any] | None = None) -> dict[str, Measurement]:
+    """Time ``methods`` in interleaved repetitions; add a Measurement per method to ``res``.
+
+    ``on_rep(r)`` runs (untimed) before repetition ``r``, for example to pick
+    the batch of ids every method looks up in that repetition.
+
+    A method whose warm-up or check fails is reported in ``res.notes`` and dropped.
+    Returns the measurements by method name.
+    """
+    live: list[Method] = []
+    if on_rep is not None:
+        on_rep(0)
+    for m in methods:
+        try:
+            out = (m.warmup or m.fn)()
+            if m.check is not None and m.warmup is None:
+                m.check(out)
+            del out
+            live.append(m)
+        except Skip as exc:
+            res.notes.append(f"{case}: {m.name}: skipped: {exc}")
+            log(f"  {case}: {m.name}: skipped: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a broken method must not sink the run
+            res.notes.append(f"{case}: {m.name}: ERROR {type(exc).__name__}: {exc}")
+            log(f"  {case}: {m.name}: ERROR {type(exc).__name__}: {exc}")
+    times: dict[str, list[float]] = {m.name: [] for m in live}
+    when = {m.name: _spread(reps, m.reps) if m.reps else set(range(reps)) for m in live}
+    checked = {m.name: m.check is None or m.warmup is None for m in live}
+    failed: set[str] = set()
+    for r in range(reps):
+        if warmer is not None:
+            warmer.maybe()
+        if on_rep is not None:
+            on_rep(r)
+        k = r % len(live) if live else 0
+        for m in live[k:] + live[:k]:
+            if r not in when[m.name] or m.name in failed:
+                continue
+            if m.before is not None:
+                m.before()
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                out = m.fn()
+                dt = time.perf_counter() - t0
+            except Exception as exc:  # noqa: BLE001
+                failed.add(m.name)
+                res.notes.append(f"{case}: {m.name}: ERROR {type(exc).__name__}: {exc}")
+                continue
+            finally:
+                gc.enable()
+            if not checked[m.name]:
+                checked[m.name] = True
+                try:
+                    m.check(out)
+                except Exception as exc:  # noqa: BLE001
+                    failed.add(m.name)
+                    res.notes.append(f"{case}: {m.name}: ERROR {type(exc).__name__}: {exc}")
+            del out
+            times[m.name].append(dt * 1e3 if m.unit == "ms" else dt)
+    found: dict[str, Measurement] = {}
+    for m in live:
+        if m.name in failed or not times[m.name]:
+            continue
+        extra = m.extra() if m.extra is not None else {}
+        meas = Measurement(case, m.name, m.kind, m.unit, times[m.name], extra)
+        res.measurements.append(meas)
+        found[m.name] = meas
+        log(f"  {case}: {m.name}: {fmt(meas.median, meas.unit)} "
+            f"(min {fmt(meas.min, meas.unit)}, max {fmt(meas.max, meas.unit)}, n={len(meas.values)})")
+    return found
+
+
+# ---------------------------------------------------------------- child processes
+
+class ChildError(RuntimeError):
+    pass
+
+
+def run_child(kind: str, *args, timeout: float = 3600.0) -> dict:
+    """Run ``child.py KIND ARGS`` in a fresh interpreter; returns its result dict.
+
+    The dict holds what the child measured itself (``seconds``: the work, after
+    its imports) plus ``wall_s`` (the whole process) and ``peak_rss_mb``: the
+    child's peak resident set size as it reads it itself (``VmHWM``; the
+    ``wait4`` figure would include the parent's pages at fork time), plus the
+    peaks of worker processes it reports (``worker_peak_rss_mb``), summed.
+    """
+    with tempfile.TemporaryDirectory(prefix="embstore-bench-child-") as d:
+        result = Path(d) / "result.json"
+        cmd = [sys.executable, str(BENCH / "child.py"), kind, str(result), *map(str, args)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        with open(Path(d) / "stdout", "wb") as out, open(Path(d) / "stderr", "wb") as err:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=d)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise ChildError(f"{kind}: timed out after {timeout:.0f} s") from None
+            wall = time.perf_counter() - t0
+        if proc.returncode != 0 or not result.exists():
+            tail = (Path(d) / "stderr").read_text(errors="replace").strip().splitlines()[-5:]
+            raise ChildError(f"{kind} exited with {proc.returncode}: " + " | ".join(tail))
+        data = json.loads(result.read_text())
+    if data.get("skip"):
+        raise Skip(data["skip"])
+    data["wall_s"] = wall
+    data["peak_rss_mb"] = data.pop("self_peak_rss_mb") + sum(data.get("worker_peak_rss_mb", ()))
+    return data
+
+
+def child_method_runs(res: ScenarioResult, case: str, runs: dict[str, tuple[str, Callable[[], dict]]],
+                      *, reps: int, warmer: Warmer | None = None, before: Callable[[], Any] | None = None,
+                      check: Callable[[str, dict], None] | None = None) -> dict[str, list[dict]]:
+    """Interleaved repetitions of child-process runs ``name -> (kind, call)``.
+
+    Every call returns a ``run_child`` dict.  Adds three Measurements per method:
+    the work's time (``s``), the whole process (``wall s``) and peak RSS (``MB``).
+    """
+    done: dict[str, list[dict]] = {name: [] for name in runs}
+    failed: set[str] = set()
+    names = list(runs)
+    for r in range(reps):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            if name in failed:
+                continue
+            if warmer is not None:
+                warmer.warm()
+            if before is not None:
+                before()
+            try:
+                data = runs[name][1]()
+                if check is not None and not done[name]:
+                    check(name, data)
+            except Skip as exc:
+                failed.add(name)
+                res.notes.append(f"{case}: {name}: skipped: {exc}")
+                log(f"  {case}: {name}: skipped: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001
+                failed.add(name)
+                res.notes.append(f"{case}: {name}: ERROR {type(exc).__name__}: {exc}")
+                log(f"  {case}: {name}: ERROR {type(exc).__name__}: {exc}")
+                continue
+            done[name].append(data)
+    for name, datas in done.items():
+        if not datas:
+            continue
+        kind = runs[name][0]
+        extra = {k: v for k, v in datas[-1].items()
+                 if k not in ("seconds", "wall_s", "peak_rss_mb", "checksum", "rows", "ids")}
+        for suffix, key, unit in (("", "seconds", "s"), (" [whole process]", "wall_s", "s"),
+                                  (" [peak RSS]", "peak_rss_mb", "MB")):
+            meas = Measurement(case, name + suffix, kind, unit, [float(d[key]) for d in datas],
+                               extra if not suffix else {})
+            res.measurements.append(meas)
+        m = res.find(case, name)
+        log(f"  {case}: {name}: {fmt(m.median, 's')}, peak RSS "
+            f"{fmt(res.find(case, name + ' [peak RSS]').median, 'MB')} (n={len(datas)})")
+    return done

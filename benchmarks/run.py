@@ -1,0 +1,210 @@
+"""Benchmark embstore side by side with its peers, in one run, on the same data.
+
+    python benchmarks/run.py                    # full run (about half an hour on 2 cores)
+    python benchmarks/run.py --quick            # smaller tables, fewer repetitions (~2 min)
+    python benchmarks/run.py --only lookup,keys --data-dir /tmp/bench-data
+
+Synthetic data is generated deterministically under ``--data-dir`` (default: a
+temporary folder, removed at the end) and reused by later runs that name the
+same folder.  Writes ``<out>/<date>.json`` and ``<out>/<date>.md`` plus
+``<out>/latest.md`` (``-quick``/``-smoke`` in the names for the smaller modes);
+``<out>`` defaults to ``benchmarks/results``.  Exit status 1 if any scenario or
+method failed (a missing module or peer is a skip, not a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and `embstore` importable
+    _root = str(Path(__file__).resolve().parent.parent)
+    if _root not in sys.path:
+        sys.path.insert(0, _root)
+    __package__ = "benchmarks"  # noqa: A001
+
+from .common import ROOT, ScenarioResult, Skip, log  # noqa: E402
+from .report import render  # noqa: E402
+
+IDS = [32, 512]
+
+CONFIGS = {
+    "full": {
+        "lookup": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 15, "slow_reps": 3,
+                   "ts_reps": 5, "batches": 4},
+        "scale": {"rows": [100_000, 1_000_000, 10_000_000], "dim": 64, "ids": IDS, "reps": 11,
+                  "batches": 4, "note": "dim 64, not 256, so that the 10,000,000-row table "
+                  "(2.6 GB) fits in RAM for the np.take reference and in the page cache"},
+        "open": {"rows": 1_000_000, "dim": 100, "reps": 3},
+        "keys": {"rows": 1_000_000, "dim": 100, "n": 100_000, "reps": 11},
+        "import": {"rows": 1_000_000, "dim": 100, "reps": 2},
+        "batch": {"rows": 1_000_000, "dim": 64, "ids": 8192 * 512, "reps": 2, "workers": [1, 2]},
+        "limits": {"copy_bytes": 1 << 30, "file_rows": 1_000_000, "file_dim": 256, "reps": 5},
+    },
+    "quick": {
+        "lookup": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "slow_reps": 1,
+                   "ts_reps": 2, "batches": 2},
+        "scale": {"rows": [10_000, 100_000, 1_000_000], "dim": 32, "ids": IDS, "reps": 5,
+                  "batches": 2},
+        "open": {"rows": 50_000, "dim": 100, "reps": 2},
+        "keys": {"rows": 50_000, "dim": 100, "n": 100_000, "reps": 5},
+        "import": {"rows": 50_000, "dim": 100, "reps": 1},
+        "batch": {"rows": 100_000, "dim": 64, "ids": 1024 * 512, "reps": 1, "workers": [1, 2]},
+        "limits": {"copy_bytes": 256 << 20, "file_rows": 100_000, "file_dim": 256, "reps": 3},
+    },
+    "smoke": {  # the test suite's run: every code path, tiny sizes, not a measurement
+        "lookup": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1,
+                   "ts_reps": 1, "batches": 2},
+        "scale": {"rows": [1_000, 10_000], "dim": 8, "ids": [4, 64], "reps": 2, "batches": 2},
+        "open": {"rows": 2_000, "dim": 16, "reps": 1},
+        "keys": {"rows": 2_000, "dim": 16, "n": 1_000, "reps": 2},
+        "import": {"rows": 2_000, "dim": 16, "reps": 1},
+        "batch": {"rows": 5_000, "dim": 16, "ids": 16 * 512, "reps": 1, "workers": [1]},
+        "limits": {"copy_bytes": 16 << 20, "file_rows": 5_000, "file_dim": 16, "reps": 2},
+    },
+}
+
+
+@dataclasses.dataclass
+class Ctx:
+    mode: str
+    cfg: dict
+    data_dir: Path
+    scratch: Path
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"cpu_count": os.cpu_count(), "cpu_model": model, "memory_gb": mem / 1e9,
+            "platform": platform.platform(), "python": platform.python_version()}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for d in ("numpy", "zarr", "numcodecs", "tensorstore", "gensim", "dask", "distributed",
+              "psutil"):
+        out[d] = _version(d)
+    return out
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "embstore"], cwd=ROOT,
+                               text=True, capture_output=True, check=True).stdout.strip()
+        return head + ("+local changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def parse(argv=None) -> argparse.Namespace:
+    from .scenarios import SCENARIOS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller tables, fewer repetitions")
+    size.add_argument("--smoke", action="store_true", help="tiny sizes: checks the code runs")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help=f"run only these scenarios (repeatable or comma list): {', '.join(SCENARIOS)}")
+    p.add_argument("--data-dir", type=Path, help="where synthetic data is built and reused "
+                   "(default: a temporary folder, removed at the end)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
+                   help="folder for the JSON and Markdown results")
+    args = p.parse_args(argv)
+    names = [n.strip() for item in args.only for n in item.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    args.names = [n for n in SCENARIOS if n in names] if names else list(SCENARIOS)
+    args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    return args
+
+
+def main(argv=None) -> int:
+    from .scenarios import SCENARIOS
+
+    args = parse(argv)
+    own_data = args.data_dir is None
+    data_dir = Path(tempfile.mkdtemp(prefix="embstore-bench-")) if own_data else args.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=data_dir))
+    ctx = Ctx(args.mode, CONFIGS[args.mode], data_dir, scratch)
+    date = _dt.date.today().isoformat()
+    run = {"date": date, "mode": args.mode,
+           "command": " ".join(["python benchmarks/run.py",
+                                *(sys.argv[1:] if argv is None else argv)]),
+           "machine": machine(), "versions": versions(), "commit": commit(),
+           "config": {n: ctx.cfg[n] for n in args.names}, "scenarios": []}
+    failed = False
+    t_run = time.perf_counter()
+    try:
+        for name in args.names:
+            mod = SCENARIOS[name]
+            res = ScenarioResult(name, mod.TITLE)
+            log(f"{name}: {mod.TITLE}")
+            t0 = time.perf_counter()
+            try:
+                mod.run(ctx, res)
+            except Skip as exc:
+                res.status = "skipped"
+                res.notes.append(f"skipped: {exc}")
+                log(f"{name}: skipped: {exc}")
+            except Exception as exc:  # noqa: BLE001 - report it and go on with the others
+                res.status = "error"
+                res.notes.append(f"ERROR {type(exc).__name__}: {exc}")
+                traceback.print_exc()
+            res.seconds = time.perf_counter() - t0
+            failed |= res.status == "error" or any("ERROR" in n for n in res.notes)
+            run["scenarios"].append(res.to_json())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if own_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    run["seconds"] = round(time.perf_counter() - t_run, 1)
+    suffix = "" if args.mode == "full" else f"-{args.mode}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    js, md = args.out / f"{date}{suffix}.json", args.out / f"{date}{suffix}.md"
+    js.write_text(json.dumps(run, indent=1) + "\n")
+    text = render(run)
+    md.write_text(text)
+    (args.out / f"latest{suffix}.md").write_text(text)
+    log(f"wrote {js} and {md} ({run['seconds']:.0f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""One module per scenario: ``NAME``, ``TITLE`` and ``run(ctx, res)``."""
+
+from __future__ import annotations
+
+from . import batch, import_w2v, keys, limits, lookup, open_time, scale
+
+SCENARIOS = {m.NAME: m for m in (lookup, scale, open_time, keys, import_w2v, batch, limits)}
+
+__all__ = ["SCENARIOS"]
