@@ -1,8 +1,10 @@
 """Bags of rows pooled by sum, mean or max (``torch.nn.EmbeddingBag`` semantics).
 
-Vectorised over bags: the kept entries (padding left out) are read in one
-lookup, then pooled with ``np.add.reduceat`` / ``np.maximum.reduceat`` over the
-starts of the non-empty bags; empty bags stay zero.  No Python loop per bag.
+Vectorised over bags, no Python loop per bag.  Fixed-length bags (2-D ids)
+reduce a ``(bags, length, dim)`` array along its middle axis.  Variable bags
+(1-D ids + offsets) go through :func:`segment_reduce`, which adds whole rows at
+a time (``np.add.reduceat`` along axis 0 reduces column by column and runs 3-5x
+slower, ``np.maximum.reduceat`` up to 10x); empty bags stay zero.
 """
 
 from __future__ import annotations
@@ -60,6 +62,45 @@ def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, 
     return off, np.append(off[1:], np.int64(n))
 
 
+_SEGMENT_STEPS = 64  # longest segment _steps handles; longer ones are cut into pieces
+
+
+def _steps(vals: np.ndarray, lens: np.ndarray, op) -> np.ndarray:
+    """``op``-reduce consecutive segments of ``vals`` (lengths ``lens``, all >= 1).
+
+    One vectorised step per position inside a segment (at most ``max(lens)``
+    steps): segments sorted longest first, so step ``j`` updates a prefix.
+    """
+    order = np.argsort(-lens, kind="stable")
+    by_len = lens[order]
+    starts = (np.cumsum(lens) - lens)[order]
+    out = vals[starts]
+    longer = np.searchsorted(-by_len, -np.arange(1, int(by_len[0])), side="left")
+    for j, k in enumerate(longer.tolist(), start=1):  # k segments are longer than j
+        op(out[:k], vals[starts[:k] + j], out=out[:k])
+    result = np.empty_like(out)
+    result[order] = out
+    return result
+
+
+def segment_reduce(vals: np.ndarray, lens: np.ndarray, op) -> np.ndarray:
+    """``(len(lens), dim)``: ``op`` (``np.add`` or ``np.maximum``) over consecutive
+    segments of rows of ``vals`` with lengths ``lens`` (all >= 1, summing to
+    ``len(vals)``).  Segments longer than ``_SEGMENT_STEPS`` are cut into pieces,
+    the pieces reduced, and their results reduced again (log-many rounds).
+    """
+    lens = np.asarray(lens, dtype=np.int64)
+    while vals.shape[0] > lens.size:
+        if lens.max() <= _SEGMENT_STEPS:
+            return _steps(vals, lens, op)
+        pieces = -(-lens // _SEGMENT_STEPS)
+        piece_lens = np.full(int(pieces.sum()), _SEGMENT_STEPS, dtype=np.int64)
+        piece_lens[np.cumsum(pieces) - 1] = lens - _SEGMENT_STEPS * (pieces - 1)
+        vals = _steps(vals, piece_lens, op)
+        lens = pieces
+    return vals
+
+
 def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_offset: bool,
               unk=None) -> np.ndarray:
     """The body of :meth:`Embedding.bag` (see there for the semantics)."""
@@ -74,15 +115,11 @@ def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_
             raise ShapeMismatchError(
                 f"offsets must be None when ids is 2-D (fixed-length bags), got ids of shape "
                 f"{idx.shape} and offsets")
-        nbags, length = idx.shape
-        starts = np.arange(nbags, dtype=np.int64) * length
-        ends = starts + length
     elif idx.ndim == 1:
         if offsets is None:
             raise ShapeMismatchError("1-D ids need offsets (the start of each bag); pass 2-D ids "
                                      "for fixed-length bags")
         starts, ends = bag_bounds(offsets, idx.size, include_last_offset)
-        nbags = starts.size
     else:
         raise ShapeMismatchError(
             f"bag takes 2-D ids (fixed-length bags) or 1-D ids with offsets, got shape "
@@ -92,51 +129,89 @@ def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_
         w = emb._check_like_ids(weights, idx.shape, "weights")
         if w.dtype.kind not in "iuf":
             raise ShapeMismatchError(f"weights must be numbers, got dtype {w.dtype}")
-        w = w.reshape(-1)
-    flat = idx.reshape(-1)
-    zero = None if zero is None else zero.reshape(-1)
-    dim = emb.dim
     acc = np.result_type(emb.dtype, np.float32)  # float16 tables accumulate in float32
-    out = np.zeros((nbags, dim), dtype=acc)
-    if nbags == 0:
-        return out.astype(emb.dtype)
+    if idx.ndim == 2:
+        out = _fixed_bags(emb, idx, zero, w, mode, acc)
+    else:
+        out = _variable_bags(emb, idx, zero, w, starts, ends, mode, acc)
+    return out.astype(emb.dtype, copy=False)
 
-    # bags cover the ids from 0 to the end; padding entries leave their bag
-    keep = None if emb.padding_idx is None else flat != emb.padding_idx
-    if keep is not None and not keep.all():
+
+def _weighted_rows(emb: Embedding, idx, zero, w, acc) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows (lookup, max_norm, padding zeroed) times weight and scale; weights as ``acc``."""
+    rows = emb._rows(idx, zero).astype(acc, copy=False)
+    factor = emb.scale_factor
+    wk = None
+    if w is not None:
+        wk = w.astype(acc)
+        rows *= (wk * acc.type(factor) if factor is not None else wk)[..., None]
+    elif factor is not None:
+        rows *= acc.type(factor)
+    return rows, wk
+
+
+def _divide(sums: np.ndarray, denom: np.ndarray) -> np.ndarray:
+    """``sums / denom`` per bag, zeros where ``denom`` is 0 (empty or zero-weight bags)."""
+    ok = denom != 0
+    if ok.all():
+        sums /= denom[:, None]
+        return sums
+    sums[ok] /= denom[ok][:, None]
+    sums[~ok] = 0
+    return sums
+
+
+def _fixed_bags(emb: Embedding, idx, zero, w, mode, acc) -> np.ndarray:
+    nbags, length = idx.shape
+    if nbags == 0 or length == 0:
+        return np.zeros((nbags, emb.dim), dtype=acc)
+    keep = None if emb.padding_idx is None else idx != emb.padding_idx
+    if w is not None and keep is not None:
+        w = np.where(keep, w, 0)  # padding rows are zero already; their weight must not count
+    rows, wk = _weighted_rows(emb, idx, zero, w, acc)
+    if mode == "max":
+        if keep is not None:
+            rows[~keep] = -np.inf
+        out = rows.max(axis=1)
+        if keep is not None:
+            out[~keep.any(axis=1)] = 0  # bags made only of padding
+        return out
+    out = rows.sum(axis=1)
+    if mode == "sum":
+        return out
+    if wk is not None:
+        denom = wk.sum(axis=1)
+    elif keep is not None:
+        denom = keep.sum(axis=1).astype(acc)
+    else:
+        return out / acc.type(length)
+    return _divide(out, denom)
+
+
+def _variable_bags(emb: Embedding, idx, zero, w, starts, ends, mode, acc) -> np.ndarray:
+    out = np.zeros((starts.size, emb.dim), dtype=acc)
+    if starts.size == 0:
+        return out
+    keep = None if emb.padding_idx is None else idx != emb.padding_idx
+    if keep is not None and not keep.all():  # padding entries leave their bag
         where = np.flatnonzero(keep)
-        csum = np.zeros(flat.size + 1, dtype=np.int64)
+        csum = np.zeros(idx.size + 1, dtype=np.int64)
         np.cumsum(keep, out=csum[1:])
         starts, ends = csum[starts], csum[ends]
-        flat = flat[where]
+        idx = idx[where]
         zero = None if zero is None else zero[where]
         w = None if w is None else w[where]
     counts = ends - starts
     full = counts > 0
     if not full.any():
-        return out.astype(emb.dtype)
-    first = starts[full]
-
-    rows = emb._rows(flat, zero).astype(acc, copy=False)
-    factor = emb.scale_factor
-    if w is not None:
-        wk = w.astype(acc)
-        rows *= (wk * acc.type(factor) if factor is not None else wk)[:, None]
-    elif factor is not None:
-        rows *= acc.type(factor)
-
-    if mode == "max":
-        out[full] = np.maximum.reduceat(rows, first, axis=0)
-    else:
-        out[full] = np.add.reduceat(rows, first, axis=0)
-        if mode == "mean":
-            if w is None:
-                denom = counts[full].astype(acc)
-            else:
-                denom = np.add.reduceat(wk, first)
-            nonzero = denom != 0
-            sums = out[full]
-            sums[nonzero] /= denom[nonzero][:, None]
-            sums[~nonzero] = 0
-            out[full] = sums
-    return out.astype(emb.dtype, copy=False)
+        return out
+    rows, wk = _weighted_rows(emb, idx, zero, w, acc)
+    out[full] = segment_reduce(rows, counts[full], np.maximum if mode == "max" else np.add)
+    if mode == "mean":
+        if wk is None:
+            denom = counts.astype(acc)
+        else:
+            denom = np.zeros(starts.size, dtype=acc)
+            denom[full] = np.add.reduceat(wk, starts[full])
+        out = _divide(out, denom)
+    return out

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embstore import Embedding, ShapeMismatchError
+from embstore.bags import segment_reduce
 
 V, D = 10, 4
 
@@ -193,3 +194,24 @@ def test_random_bags_match_reference(data, mode, weighted, pad, ilo):
                                             include_last_offset=ilo)
     want = reference(E, ids, starts, ends, mode=mode, weights=w, padding_idx=pad)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("lens", [[1], [3, 1, 2], [65, 1, 64, 130], [1] * 50 + [5000], [4200]],
+                         ids=["one", "short", "around-64", "skewed", "long"])
+@pytest.mark.parametrize("op", [np.add, np.maximum], ids=["add", "max"])
+def test_segment_reduce_matches_reduceat(rng, lens, op):
+    lens = np.array(lens)
+    vals = rng.standard_normal((int(lens.sum()), 3))
+    starts = np.cumsum(lens) - lens
+    np.testing.assert_allclose(segment_reduce(vals, lens, op), op.reduceat(vals, starts, axis=0),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_long_bags_match_torch(rng):
+    E = rng.standard_normal((V, D)).astype(np.float32)
+    ids = rng.integers(0, V, size=700)
+    offsets = np.array([0, 1, 1, 300, 301, 650])
+    for mode in ("sum", "mean", "max"):
+        want = torch_bag(E, ids, offsets, mode=mode, padding_idx=0)
+        got = Embedding(E, padding_idx=0).bag(ids, offsets, mode=mode)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

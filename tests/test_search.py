@@ -115,7 +115,7 @@ def test_logits_on_backends(make_table, E, rng):
 
 def test_logits_errors(E):
     emb = Embedding(E)
-    with pytest.raises(ShapeMismatchError, match=r"shape \(\.\.\., dim\) with dim = 8, got \(2, 5\)"):
+    with pytest.raises(ShapeMismatchError, match=r"with dim = 8, got \(2, 5\)"):
         emb.logits(np.ones((2, 5)))
     with pytest.raises(ValueError, match="top_k must be a positive int"):
         emb.logits(np.ones(D), top_k=0)
@@ -138,7 +138,7 @@ def test_top_k_columns_matches_lexsort(data):
         np.testing.assert_array_equal(cols[r], want)
 
 
-# -- most_similar -----------------------------------------------------------------------------------
+# -- most_similar ----------------------------------------------------------------------------
 def test_most_similar_vector_brute_force(E, rng):
     q = rng.standard_normal(D)
     t = RecordingTable(E)
