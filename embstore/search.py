@@ -24,12 +24,13 @@ BLOCK_BYTES = 32 << 20  # memory budget of one block of rows plus its scores
 def auto_block_rows(table: Table, n_queries: int) -> int:
     """Rows per block so that a block and its scores take about ``BLOCK_BYTES``.
 
-    Rounded down to a multiple of the table's ``shard_rows`` when it has one (so a
-    block reads whole shards of an on-disk table).
+    Rounded down to a multiple of the table's ``layout["shard_rows"]`` when it has
+    one (so a block reads whole shards of an on-disk table).
     """
     row_bytes = table.dim * table.dtype.itemsize + 3 * 4 * max(1, n_queries)
     rows = max(256, BLOCK_BYTES // max(1, row_bytes))
-    shard = getattr(table, "shard_rows", None)
+    layout = getattr(table, "layout", None)  # ZarrTable.layout: chunk_rows, shard_rows, ...
+    shard = layout.get("shard_rows") if isinstance(layout, dict) else None
     if isinstance(shard, int) and 0 < shard <= rows:
         rows -= rows % shard
     return int(min(rows, max(1, table.vocab_size)))
