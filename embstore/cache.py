@@ -1,16 +1,18 @@
 """The LRU row cache of on-disk tables, and its statistics.
 
-:class:`RowCache` keeps up to ``capacity_bytes // entry_bytes`` rows in a preallocated slot
-matrix.  ``entry_bytes`` is a row's bytes plus 32 bytes of bookkeeping per slot (slot id,
-last-use stamp, and the sorted id/slot arrays), so everything the cache holds stays within
-its budget.  A batch costs a handful of NumPy operations over its ids: ``np.searchsorted``
-into the sorted cached ids, one gather of the hits, one fetch of all the batch's distinct
-misses through the read path, and eviction of the least recently used slots by
+:class:`RowCache` keeps rows in a preallocated slot matrix.  Its bookkeeping (per slot: the
+cached id and a last-use stamp; an open-addressing hash table id -> slot of at least twice
+as many cells) is allocated up front too, and the number of slots is chosen so that rows
+plus bookkeeping fit in ``capacity_bytes``: the cache never holds more than its budget.
+A batch costs a handful of NumPy operations over its ids: a vectorised hash probe (one
+round per step of linear probing), one gather of the hits, one fetch of all the batch's
+distinct misses through the read path, and eviction of the least recently used slots by
 ``np.argpartition`` of their stamps.
 
 Counting (``cache_info``): every requested id counts once (duplicates in a batch included):
 a *hit* if its row was cached when the batch started, a *miss* otherwise.  ``evictions``
-counts rows dropped to make room (not rows dropped because they were written).  ``warm``
+counts rows dropped to make room (not rows dropped because they were written).  ``bytes``
+is ``entries * row_bytes`` (the row data held; rows plus bookkeeping stay <= capacity).  ``warm``
 and ``cache_clear`` do not count hits or misses; ``cache_clear`` resets all counters.
 """
 
@@ -25,7 +27,8 @@ import numpy as np
 
 __all__ = ["CacheInfo", "RowCache", "parse_bytes"]
 
-ENTRY_OVERHEAD = 32  # bytes of bookkeeping per slot
+_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of ids
+_EMPTY, _TOMB = -1, -2
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
@@ -67,31 +70,78 @@ class RowCache:
         self.capacity_bytes = int(capacity_bytes)
         self.dtype = np.dtype(dtype)
         self.dim = int(dim)
-        self.entry_bytes = self.dim * self.dtype.itemsize + ENTRY_OVERHEAD
-        self.slots = self.capacity_bytes // self.entry_bytes
+        self.row_bytes = self.dim * self.dtype.itemsize
+        slots = self.capacity_bytes // (self.row_bytes + 48)
+        while slots and self._footprint(slots) > self.capacity_bytes:
+            slots -= max(1, slots // 64)
+        self.slots = slots
+        self.bits = max(3, int(2 * max(1, slots) - 1).bit_length())
         self._lock = threading.Lock()
         self._rows = np.empty((self.slots, self.dim), dtype=self.dtype)  # pages come on use
         self._reset()
 
+    def _footprint(self, slots: int) -> int:
+        """Bytes held with ``slots`` slots: rows, slot ids, stamps, hash keys and values."""
+        h = 1 << max(3, int(2 * max(1, slots) - 1).bit_length())
+        return slots * (self.row_bytes + 16) + 16 * h
+
     def _reset(self) -> None:
         self._slot_id = np.full(self.slots, -1, dtype=np.int64)
         self._stamp = np.full(self.slots, -1, dtype=np.int64)  # -1: empty, evicted first
-        self._ids = np.empty(0, dtype=np.int64)  # cached ids, sorted
-        self._where = np.empty(0, dtype=np.int64)  # slot of each sorted id
+        self._hk = np.full(1 << self.bits, _EMPTY, dtype=np.int64)  # id, -1 empty, -2 deleted
+        self._hv = np.zeros(1 << self.bits, dtype=np.int64)  # slot of that id
+        self._used = 0  # hash cells not empty (live + deleted)
+        self._entries = 0
         self._clock = 0
         self._gen = 0
         self.hits = self.misses = self.evictions = 0
 
-    # -- lookups ----------------------------------------------------------------------
-    def _find(self, ids: np.ndarray):
-        """(positions in the sorted ids, hit mask) for ``ids``; call under the lock."""
-        n = self._ids.size
-        if n == 0:
-            return None, np.zeros(ids.shape, dtype=bool)
-        pos = np.searchsorted(self._ids, ids)
-        np.minimum(pos, n - 1, out=pos)
-        return pos, self._ids[pos] == ids
+    # -- the id -> slot hash index (open addressing, linear probing, vectorised) ------------
+    def _home(self, ids: np.ndarray) -> np.ndarray:
+        return ((ids.astype(np.uint64) * _MULT) >> np.uint64(64 - self.bits)).astype(np.int64)
 
+    def _probe(self, ids: np.ndarray) -> np.ndarray:
+        """Hash cell of each id, -1 where absent; call under the lock."""
+        res = np.full(ids.shape, -1, dtype=np.int64)
+        if not self._entries:
+            return res
+        mask = (1 << self.bits) - 1
+        pos = self._home(ids)
+        act = np.arange(ids.size)
+        q = ids
+        while act.size:
+            k = self._hk[pos]
+            found = k == q
+            res[act[found]] = pos[found]
+            go = ~found & (k != _EMPTY)
+            act, q, pos = act[go], q[go], (pos[go] + 1) & mask
+        return res
+
+    def _hinsert(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Add distinct absent ``ids`` -> ``slots``; call under the lock."""
+        if self._used + ids.size > (7 << self.bits) // 10:  # too many deleted cells: rebuild
+            live = np.flatnonzero(self._slot_id >= 0)
+            live = live[~np.isin(live, slots)]
+            self._hk.fill(_EMPTY)
+            self._used = 0
+            ids, slots = np.concatenate([self._slot_id[live], ids]), np.concatenate([live, slots])
+        mask = (1 << self.bits) - 1
+        pos = self._home(ids)
+        while ids.size:
+            k = self._hk[pos]
+            free = np.flatnonzero(k < 0)
+            if free.size:
+                _, first = np.unique(pos[free], return_index=True)
+                win = free[first]
+                self._used += int(np.count_nonzero(k[win] == _EMPTY))
+                self._hk[pos[win]] = ids[win]
+                self._hv[pos[win]] = slots[win]
+                rest = np.ones(ids.size, dtype=bool)
+                rest[win] = False
+                ids, slots, pos = ids[rest], slots[rest], pos[rest]
+            pos = (pos + 1) & mask
+
+    # -- lookups ----------------------------------------------------------------------
     def gather(self, ids: np.ndarray, out: np.ndarray,
                fetch: Callable[[np.ndarray, np.ndarray], None]) -> None:
         """Fill ``out`` with rows ``ids`` (validated 1-D int64); ``fetch(ids, out)`` reads misses."""
@@ -101,17 +151,18 @@ class RowCache:
         with self._lock:
             self._clock += 1
             tick, gen = self._clock, self._gen
-            pos, hit = self._find(ids)
+            cell = self._probe(ids)
+            hit = cell >= 0
             nh = int(np.count_nonzero(hit))
             self.hits += nh
             self.misses += n - nh
             if nh == n:
-                slots = self._where[pos]
+                slots = self._hv[cell]
                 np.take(self._rows, slots, axis=0, out=out, mode="clip")
                 self._stamp[slots] = tick
                 return
             if nh:
-                slots = self._where[pos[hit]]
+                slots = self._hv[cell[hit]]
                 out[hit] = self._rows[slots]
                 self._stamp[slots] = tick
         miss_at = np.flatnonzero(~hit)
@@ -124,37 +175,29 @@ class RowCache:
                 self._insert(uniq, rows, tick)
 
     def _insert(self, ids: np.ndarray, rows: np.ndarray, tick: int) -> None:
-        """Cache sorted distinct ``ids``; call under the lock."""
+        """Cache distinct ``ids``; call under the lock."""
         if self.slots == 0 or ids.size == 0:
             return
-        pos, present = self._find(ids)
+        present = self._probe(ids) >= 0
         if present.any():  # another thread cached some meanwhile
             ids, rows = ids[~present], rows[~present]
         k = min(ids.size, self.slots)
-        if k < ids.size:
-            ids, rows = ids[:k], rows[:k]
         if k == 0:
             return
+        ids, rows = ids[:k], rows[:k]
         victims = (np.argpartition(self._stamp, k - 1)[:k] if k < self.slots
                    else np.arange(self.slots))
         old = self._slot_id[victims]
-        gone = old[old >= 0]
-        if gone.size:
-            self.evictions += int(gone.size)
-            self._remove(gone)
+        gone = old >= 0
+        if gone.any():
+            self.evictions += int(np.count_nonzero(gone))
+            self._hk[self._probe(old[gone])] = _TOMB
+            self._entries -= int(np.count_nonzero(gone))
         self._slot_id[victims] = ids
         self._stamp[victims] = tick
         self._rows[victims] = rows
-        at = np.searchsorted(self._ids, ids)
-        self._ids = np.insert(self._ids, at, ids)
-        self._where = np.insert(self._where, at, victims)
-
-    def _remove(self, ids: np.ndarray) -> None:
-        """Drop cached ``ids`` (all present) from the sorted arrays; call under the lock."""
-        keep = np.ones(self._ids.size, dtype=bool)
-        keep[np.searchsorted(self._ids, ids)] = False
-        self._ids = self._ids[keep]
-        self._where = self._where[keep]
+        self._hinsert(ids, victims)
+        self._entries += k
 
     # -- maintenance ----------------------------------------------------------------------
     def warm(self, ids: np.ndarray, fetch: Callable[[np.ndarray, np.ndarray], None],
@@ -181,13 +224,15 @@ class RowCache:
         """Forget rows ``ids`` (just written) so they are read again from the store."""
         with self._lock:
             self._gen += 1
-            pos, hit = self._find(np.unique(ids))
-            if pos is None or not hit.any():
+            cell = self._probe(np.unique(ids))
+            cell = cell[cell >= 0]
+            if not cell.size:
                 return
-            slots = self._where[pos[hit]]
-            self._remove(self._slot_id[slots])
+            slots = self._hv[cell]
+            self._hk[cell] = _TOMB
             self._slot_id[slots] = -1
             self._stamp[slots] = -1
+            self._entries -= int(cell.size)
 
     def clear(self, *, keep_stats: bool = False) -> None:
         """Drop every row and (unless ``keep_stats``) reset the statistics."""
@@ -200,6 +245,6 @@ class RowCache:
 
     def info(self) -> CacheInfo:
         with self._lock:
-            n = int(self._ids.size)
-            return CacheInfo(self.hits, self.misses, self.evictions, n, n * self.entry_bytes,
+            n = self._entries
+            return CacheInfo(self.hits, self.misses, self.evictions, n, n * self.row_bytes,
                              self.capacity_bytes)
