@@ -1,0 +1,193 @@
+"""Uncompressed 1-D Zarr arrays that are read through ``np.memmap`` of their chunk files.
+
+The key index (:mod:`embstore.vocab`) keeps four such arrays.  zarr-python
+writes them (codecs ``bytes`` little-endian + ``crc32c``, default chunk key
+encoding ``c/<i>``), so any Zarr v3 reader can read and checksum them; this
+module maps the raw chunk files instead, so opening costs one small JSON read
+per array and a lookup touches only the pages it needs.
+
+A chunk file is ``chunk * itemsize`` data bytes followed by a 4-byte crc32c;
+the last chunk is padded to full size by zarr.  Chunks hold at most
+``CHUNK_BYTES`` bytes; arrays are always rewritten whole (never resized), so a
+small array is one exact-size chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec
+
+from .errors import CorruptStoreError
+
+__all__ = ["MappedArray", "write_mapped", "CHUNK_BYTES"]
+
+CHUNK_BYTES = 64 << 20  # tests lower it to exercise several chunks
+
+
+def chunk_length(n: int, itemsize: int) -> int:
+    """Elements per chunk: one chunk up to CHUNK_BYTES, else balanced chunks (little padding)."""
+    cap = max(1, CHUNK_BYTES // itemsize)
+    if n <= cap:
+        return max(n, 1)
+    nchunks = -(-n // cap)
+    return -(-n // nchunks)
+
+
+def write_mapped(group: zarr.Group, name: str, n: int, dtype, read: Callable[[int, int], np.ndarray],
+                 *, attrs: dict | None = None, path: Path | None = None) -> None:
+    """Write a 1-D array ``name`` of ``n`` elements, chunk by chunk, from ``read(start, stop)``.
+
+    With ``path`` (the group's directory) the array is written under a temporary
+    name and renamed into place, so a reader never sees a half-written array
+    and existing memory maps of the old chunk files stay valid.
+    """
+    dtype = np.dtype(dtype)
+    c = chunk_length(n, dtype.itemsize)
+    target = name if path is None else f"{name}.__tmp__"
+    arr = group.create_array(target, shape=(n,), chunks=(c,), dtype=dtype, fill_value=0,
+                             compressors=[Crc32cCodec()], filters=None, overwrite=True,
+                             attributes=attrs or {}, config={"write_empty_chunks": True})
+    for start in range(0, n, c):
+        stop = min(n, start + c)
+        arr[start:stop] = np.ascontiguousarray(read(start, stop), dtype=dtype)
+    if path is not None:
+        path = Path(path)
+        old = path / f"{name}.__old__"
+        if old.exists():
+            shutil.rmtree(old)
+        if (path / name).exists():
+            os.rename(path / name, old)
+        os.rename(path / target, path / name)
+        if old.exists():
+            shutil.rmtree(old)
+
+
+def read_array_meta(path: Path, name: str) -> dict:
+    """The ``zarr.json`` of array ``name`` in the group directory ``path``."""
+    file = Path(path) / name / "zarr.json"
+    try:
+        with open(file, "rb") as f:
+            meta = json.loads(f.read())
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: the key index array {name!r} is missing",
+                                path=path) from None
+    except (OSError, ValueError) as exc:
+        raise CorruptStoreError(f"{file}: unreadable array metadata ({exc})", path=path) from None
+    return meta
+
+
+class MappedArray:
+    """Read-only view of one of our 1-D arrays through memory maps of its chunk files."""
+
+    def __init__(self, path: Path, name: str):
+        self.dir = Path(path) / name
+        meta = read_array_meta(path, name)
+        where = f"{self.dir}"
+        try:
+            (self.n,) = meta["shape"]
+            (self.chunk,) = meta["chunk_grid"]["configuration"]["chunk_shape"]
+            self.dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+            codecs = [c["name"] for c in meta["codecs"]]
+            enc = meta["chunk_key_encoding"]
+            sep = enc.get("configuration", {}).get("separator", "/")
+            self.attrs = meta.get("attributes", {})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStoreError(f"{where}: unexpected array metadata ({exc!r})",
+                                    path=path) from None
+        if (codecs != ["bytes", "crc32c"] or enc.get("name") != "default" or sep != "/"
+                or meta["codecs"][0].get("configuration", {}).get("endian", "little") != "little"):
+            raise CorruptStoreError(
+                f"{where}: expected an uncompressed little-endian array with codecs "
+                f"['bytes', 'crc32c'] and chunk keys 'c/<i>', got codecs {codecs} and "
+                f"chunk key encoding {enc}", path=path)
+        self.nchunks = -(-self.n // self.chunk) if self.n else 0
+        self._maps: list[np.ndarray | None] = [None] * self.nchunks
+        self._fences: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def chunk_data(self, i: int) -> np.ndarray:
+        """Chunk ``i``'s valid elements (a read-only memory map)."""
+        m = self._maps[i]
+        if m is None:
+            valid = min(self.chunk, self.n - i * self.chunk)
+            file = self.dir / "c" / str(i)
+            want = self.chunk * self.dtype.itemsize + 4
+            try:
+                size = os.path.getsize(file)
+            except FileNotFoundError:
+                raise CorruptStoreError(f"{file}: chunk file is missing", path=file) from None
+            if size != want:
+                raise CorruptStoreError(
+                    f"{file}: expected {want} bytes ({self.chunk} x {self.dtype} + crc32c), "
+                    f"got {size}", path=file)
+            m = np.memmap(file, dtype=self.dtype, mode="r", shape=(valid,))
+            self._maps[i] = m
+        return m
+
+    def map_all(self) -> None:
+        for i in range(self.nchunks):
+            self.chunk_data(i)
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """Elements at ``idx`` (int64, within ``0..n-1``)."""
+        if self.nchunks == 1:
+            return self.chunk_data(0)[idx]
+        out = np.empty(idx.shape, dtype=self.dtype)
+        if idx.size == 0:
+            return out
+        ci = idx // self.chunk
+        for c in np.unique(ci).tolist():
+            sel = ci == c
+            out[sel] = self.chunk_data(c)[idx[sel] - c * self.chunk]
+        return out
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Elements ``start..stop-1`` as a new array."""
+        if stop <= start:
+            return np.empty(0, dtype=self.dtype)
+        first, last = start // self.chunk, (stop - 1) // self.chunk
+        parts = [self.chunk_data(c)[max(start - c * self.chunk, 0): stop - c * self.chunk]
+                 for c in range(first, last + 1)]
+        return np.array(parts[0]) if len(parts) == 1 else np.concatenate(parts)
+
+    def searchsorted(self, values: np.ndarray) -> np.ndarray:
+        """Leftmost insertion points of ``values`` in this (sorted) array."""
+        if self.nchunks <= 1:
+            if self.n == 0:
+                return np.zeros(values.shape, dtype=np.int64)
+            return np.searchsorted(self.chunk_data(0), values, side="left").astype(np.int64)
+        if self._fences is None:
+            self._fences = np.array([self.chunk_data(c)[0] for c in range(self.nchunks)],
+                                    dtype=self.dtype)
+        fences = self._fences
+        # the answer lies in the last chunk whose first element is < value (or at its end)
+        ci = np.maximum(np.searchsorted(fences, values, side="left") - 1, 0)
+        out = np.empty(values.shape, dtype=np.int64)
+        for c in np.unique(ci).tolist():
+            sel = ci == c
+            out[sel] = np.searchsorted(self.chunk_data(c), values[sel], side="left") \
+                + c * self.chunk
+        return out
+
+    def verify(self, group: zarr.Group, name: str) -> None:
+        """Read every chunk through zarr-python, which checks its crc32c."""
+        arr = group[name]
+        for start in range(0, self.n, self.chunk):
+            stop = min(self.n, start + self.chunk)
+            try:
+                data = arr[start:stop]
+            except ValueError as exc:
+                raise CorruptStoreError(f"{self.dir}: chunk {start // self.chunk}: {exc}",
+                                        path=self.dir) from None
+            if not np.array_equal(data, self.read(start, stop)):
+                raise CorruptStoreError(f"{self.dir}: memory map disagrees with zarr",
+                                        path=self.dir)

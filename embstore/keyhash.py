@@ -1,0 +1,288 @@
+"""Vectorised key encoding, hashing and comparison (the arithmetic behind :mod:`embstore.vocab`).
+
+Keys are exact Python ``str`` (no normalisation).  A batch of keys is turned
+into one UTF-8 byte buffer plus per-key ``starts`` and ``lengths`` (so any
+character works, including ``"\\x00"``, which NumPy's ``S``/``U`` dtypes would
+drop).  Nothing here loops over keys in Python: loops run over 8-byte word
+positions (hashing) or over bytes as whole arrays (comparison).
+
+The key hash ``emb64-v1`` (frozen: it is part of the on-disk format)::
+
+    h = SEED ^ (len(utf8) * P3)
+    for each 8-byte little-endian word w of the UTF-8 bytes (the last one zero-padded):
+        h = rotl64(h ^ (w * P2), 31) * P1
+    h = fmix64(h)                                   # MurmurHash3's finaliser
+
+The byte length in the seed separates keys that differ only by trailing NULs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CorruptStoreError, FormatError
+
+__all__ = ["EncodedKeys", "encode_keys", "hash_encoded", "hash_keys", "bytes_equal",
+           "decode_keys", "segment_index", "probe", "first_occurrences", "merge_runs",
+           "HASH_NAME"]
+
+HASH_NAME = "emb64-v1"
+_SEED = np.uint64(0x2545F4914F6CDD1D)
+_P1 = np.uint64(0x9E3779B97F4A7C15)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_F1 = np.uint64(0xFF51AFD7ED558CCD)
+_F2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S31, _S33 = np.uint64(31), np.uint64(33)
+# _TAIL[r] keeps the first r bytes of a little-endian word (r = 0..8)
+_TAIL = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+
+
+@dataclass
+class EncodedKeys:
+    """A batch of keys as UTF-8: key ``i`` is ``buf[starts[i]:starts[i] + lengths[i]]``.
+
+    ``buf`` ends with 8 zero bytes past the last key, so 8-byte words can be
+    read at any key start.
+    """
+
+    buf: np.ndarray       # uint8
+    starts: np.ndarray    # int64
+    lengths: np.ndarray   # int64
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.buf) - 8
+
+    def subset(self, idx: np.ndarray) -> EncodedKeys:
+        """The keys ``idx`` (sharing ``buf``)."""
+        return EncodedKeys(self.buf, self.starts[idx], self.lengths[idx])
+
+
+def encode_keys(keys, *, strict: bool = True, first_row: int = 0) -> EncodedKeys:
+    """UTF-8 encode a sequence of ``str`` in one pass.
+
+    ``strict=True`` (writing) refuses a key that is not a ``str`` or cannot be
+    stored as UTF-8 (a lone surrogate) with :class:`FormatError` naming its row
+    (``first_row`` + position).  ``strict=False`` (lookups) encodes lone
+    surrogates with ``surrogatepass``: such bytes are not valid UTF-8, so they
+    never equal a stored key and the lookup simply misses.
+    """
+    keys = keys if isinstance(keys, list) else list(keys)
+    n = len(keys)
+    try:
+        text = "".join(keys)
+    except TypeError:
+        bad = next(i for i, k in enumerate(keys) if not isinstance(k, str))
+        raise FormatError(f"keys must be str, got {type(keys[bad]).__name__} "
+                          f"{keys[bad]!r} at row {first_row + bad}") from None
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        if strict:
+            for i, k in enumerate(keys):  # error path only
+                try:
+                    k.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise FormatError(
+                        f"key {k!r} at row {first_row + i} cannot be stored as UTF-8 "
+                        f"({exc.reason} at character {exc.start})") from None
+        raw = text.encode("utf-8", "surrogatepass")
+    char_len = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+    buf = np.frombuffer(raw + b"\0" * 8, dtype=np.uint8)
+    if len(raw) == len(text):  # all ASCII: one byte per character
+        lengths = char_len
+        starts = np.cumsum(char_len) - char_len
+    else:
+        # the first byte of each character is the one that is not 10xxxxxx
+        lead = np.flatnonzero((buf[: len(raw)] & 0xC0) != 0x80)
+        lead = np.append(lead, len(raw))
+        char_end = np.cumsum(char_len)
+        bounds = lead[np.concatenate([[0], char_end])]
+        starts = bounds[:-1]
+        lengths = np.diff(bounds)
+    return EncodedKeys(buf, starts.astype(np.int64, copy=False),
+                       lengths.astype(np.int64, copy=False))
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    h ^= h >> _S33
+    h *= _F1
+    h ^= h >> _S33
+    h *= _F2
+    h ^= h >> _S33
+    return h
+
+
+def hash_encoded(enc: EncodedKeys) -> np.ndarray:
+    """The ``emb64-v1`` hash (uint64) of every key of ``enc``."""
+    n = len(enc)
+    if n == 0:
+        return np.empty(0, dtype=np.uint64)
+    # every byte offset as the start of a little-endian uint64 (unaligned, strided view)
+    words = np.ndarray((len(enc.buf) - 7,), dtype="<u8", buffer=enc.buf, strides=(1,))
+    nwords = (enc.lengths + 7) >> 3
+    maxw = int(nwords.max())
+    h = enc.lengths.astype(np.uint64) * _P3
+    h ^= _SEED
+    if maxw:
+        # keys with the most words first: the keys still hashing at word j are a prefix
+        key_dtype = np.uint16 if maxw < 65535 else np.int64
+        order = np.argsort((maxw - nwords).astype(key_dtype), kind="stable")
+        still = n - np.cumsum(np.bincount(nwords, minlength=maxw + 1))  # keys with > j words
+        st, ln, hs = enc.starts[order], enc.lengths[order], h[order]
+        for j in range(maxw):
+            c = int(still[j])
+            w = words[st[:c] + 8 * j]
+            w &= _TAIL[np.minimum(ln[:c] - 8 * j, 8)]
+            w *= _P2
+            x = hs[:c] ^ w
+            hs[:c] = ((x << _S31) | (x >> _S33)) * _P1
+        h[order] = hs
+    return _fmix(h)
+
+
+def hash_keys(keys, *, strict: bool = False) -> np.ndarray:
+    """``emb64-v1`` hashes of a sequence of ``str``."""
+    return hash_encoded(encode_keys(keys, strict=strict))
+
+
+def segment_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat byte indices of the segments ``[starts[i], starts[i] + lengths[i])`` and the
+    segment number of each one."""
+    total = int(lengths.sum())
+    seg = np.repeat(np.arange(len(lengths)), lengths)
+    first = np.cumsum(lengths) - lengths
+    idx = np.arange(total, dtype=np.int64)
+    idx += np.repeat(starts - first, lengths)
+    return idx, seg
+
+
+def bytes_equal(a: EncodedKeys, b_take, b_starts: np.ndarray,
+                b_lengths: np.ndarray) -> np.ndarray:
+    """Elementwise ``key a[i] == stored key i`` (bool array).
+
+    The stored keys are ``b_take(flat byte indices)`` at ``b_starts`` /
+    ``b_lengths`` (``b_take`` is ``ndarray.__getitem__`` or a mapped array's
+    ``take``).  Only keys of equal byte length are compared byte by byte.
+    """
+    out = a.lengths == b_lengths
+    cand = np.flatnonzero(out)
+    if cand.size == 0:
+        return out
+    lengths = a.lengths[cand]
+    if not lengths.any():
+        return out
+    qi, seg = segment_index(a.starts[cand], lengths)
+    si, _ = segment_index(b_starts[cand], lengths)
+    differ = a.buf[qi] != b_take(si)
+    out[cand[np.unique(seg[differ])]] = False
+    return out
+
+
+def decode_keys(flat: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """Python ``str`` keys from ``flat``, the UTF-8 bytes of consecutive keys of ``lengths``.
+
+    One decode for the whole batch; a ``UnicodeDecodeError`` means corrupt bytes.
+    """
+    if len(lengths) == 0:
+        return []
+    text = bytes(flat).decode("utf-8")
+    ends = np.cumsum(lengths)
+    if len(text) != len(flat):  # byte ends -> character ends
+        chars = np.concatenate([[0], np.cumsum((flat & 0xC0) != 0x80)])
+        ends = chars[ends]
+    bounds = np.concatenate([[0], ends]).tolist()
+    return list(map(text.__getitem__, map(slice, bounds[:-1], bounds[1:])))
+
+
+def probe(q: EncodedKeys, qh: np.ndarray, *, size: int, search: Callable, hash_at: Callable,
+          row_at: Callable, offset_at: Callable, byte_at: Callable, nrows: int,
+          nbytes: int) -> np.ndarray:
+    """Rows (int64, -1 where absent) of the keys ``q`` (hashes ``qh``) in a sorted index.
+
+    The index has ``size`` sorted hashes: ``search(hashes)`` gives leftmost
+    insertion points, ``hash_at``/``row_at`` read the sorted hashes and their
+    rows, ``offset_at`` the key offsets (``nrows + 1``), ``byte_at`` the key
+    bytes (``nbytes``).  One pass per position in a run of equal hashes
+    (usually one or two passes in all).
+    """
+    n = len(q)
+    result = np.full(n, -1, dtype=np.int64)
+    if n == 0 or size == 0:
+        return result
+    sort = np.argsort(qh)  # sorted probes walk the binary search with better locality
+    pos = np.empty(n, dtype=np.int64)
+    pos[sort] = search(qh[sort])
+    active = np.arange(n)
+    step = 0
+    while active.size:
+        p = pos[active] + step
+        ok = p < size
+        active, p = active[ok], p[ok]
+        if not active.size:
+            break
+        same = hash_at(p) == qh[active]
+        active, p = active[same], p[same]
+        if not active.size:
+            break
+        rows = row_at(p)
+        if rows.min() < 0 or rows.max() >= nrows:
+            raise CorruptStoreError(f"key index: row {int(rows.max())} out of range "
+                                    f"0..{nrows - 1} in key_order")
+        starts = offset_at(rows)
+        ends = offset_at(rows + 1)
+        if (ends < starts).any() or starts.min() < 0 or ends.max() > nbytes:
+            raise CorruptStoreError("key index: key_offsets are not increasing within key_utf8")
+        eq = bytes_equal(q.subset(active), byte_at, starts, ends - starts)
+        result[active[eq]] = rows[eq]
+        active = active[~eq]
+        step += 1
+    return result
+
+
+def first_occurrences(enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
+    """Bool mask: True for the first occurrence of each distinct key of ``enc`` (exact bytes)."""
+    n = len(enc)
+    keep = np.ones(n, dtype=bool)
+    if n < 2:
+        return keep
+    perm = np.argsort(h, kind="stable")  # equal hashes: ascending positions
+    hs = h[perm]
+    dup = hs[1:] == hs[:-1]
+    if not dup.any():
+        return keep
+    multi = np.zeros(n, dtype=bool)
+    multi[1:] |= dup
+    multi[:-1] |= dup
+    active = perm[multi]  # keys sharing their hash, grouped by hash, ascending positions
+    ha = h[active]
+    while active.size:
+        head_flag = np.ones(active.size, dtype=bool)
+        head_flag[1:] = ha[1:] != ha[:-1]
+        head = np.maximum.accumulate(np.where(head_flag, np.arange(active.size), 0))
+        heads = active[head]
+        eq = bytes_equal(enc.subset(active), enc.buf.__getitem__, enc.starts[heads],
+                         enc.lengths[heads])
+        keep[active[eq & ~head_flag]] = False
+        active, ha = active[~eq], ha[~eq]
+    return keep
+
+
+def merge_runs(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):
+    """Merge sorted ``(hashes, rows)`` runs; on equal hashes ``a`` (earlier rows) comes first."""
+    (ha, ra), (hb, rb) = a, b
+    pos = np.searchsorted(ha, hb, side="right") + np.arange(len(hb))
+    other = np.ones(len(ha) + len(hb), dtype=bool)
+    other[pos] = False
+    h = np.empty(len(other), dtype=np.uint64)
+    r = np.empty(len(other), dtype=np.int64)
+    h[pos], r[pos] = hb, rb
+    h[other], r[other] = ha, ra
+    return h, r

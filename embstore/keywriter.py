@@ -1,0 +1,192 @@
+"""KeyIndexWriter: writes ``keys`` and the key index of a new table (see :mod:`embstore.vocab`).
+
+Duplicates are found without a dict of all keys: hashes of the kept keys live
+in sorted runs (merged geometrically, about 16 bytes a key), a hash match is
+confirmed by comparing the key bytes, which wait in a temporary file beside the
+group until ``finish`` writes them as Zarr arrays.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from .keyarrays import write_mapped
+from .keyhash import (HASH_NAME, encode_keys, first_occurrences, hash_encoded, merge_runs,
+                      probe, segment_index)
+
+__all__ = ["KeyIndexWriter", "KEYS_CHUNK", "INDEX_ARRAYS", "INDEX_ATTR", "index_attrs"]
+
+KEYS_CHUNK = 65536
+INDEX_ARRAYS = ("key_utf8", "key_offsets", "key_hash", "key_order")
+INDEX_ATTR = "embstore_key_index"
+
+
+def index_attrs() -> dict:
+    return {INDEX_ATTR: {"version": 1, "hash": HASH_NAME}}
+
+
+def _local_dir(group: zarr.Group) -> Path | None:
+    root = getattr(group.store, "root", None)
+    if root is None:
+        return None
+    return Path(root) / group.path if group.path else Path(root)
+
+
+def _create_keys_array(group: zarr.Group, chunk: int) -> zarr.Array:
+    return group.create_array("keys", shape=(0,), chunks=(chunk,), dtype=str,
+                              compressors=[ZstdCodec(level=3), Crc32cCodec()],
+                              overwrite=True)
+
+
+class _Spill:
+    """An append-only temporary file of one dtype, readable as a memory map."""
+
+    def __init__(self, directory, dtype):
+        self.dtype = np.dtype(dtype)
+        self.file = tempfile.TemporaryFile(dir=directory, prefix=".embstore-keys-")
+        self.n = 0
+        self._map: np.ndarray | None = None
+
+    def append(self, arr: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(arr, dtype=self.dtype).tobytes())
+        self.n += len(arr)
+        self._map = None
+
+    def view(self) -> np.ndarray:
+        if self._map is None or len(self._map) != self.n:
+            self.file.flush()
+            self._map = (np.memmap(self.file, dtype=self.dtype, mode="r", shape=(self.n,))
+                         if self.n else np.empty(0, dtype=self.dtype))
+        return self._map
+
+    def close(self) -> None:
+        self._map = None
+        self.file.close()
+
+
+class KeyIndexWriter:
+    """Writes ``keys`` and the key index of a new table, block by block, dropping duplicates.
+
+    Memory: about 16 bytes per kept key (hashes and rows, as sorted runs) plus one
+    block; the keys' bytes and offsets go to temporary files beside the group.
+    """
+
+    def __init__(self, group: zarr.Group, *, expected: int | None = None):
+        self.group = group
+        self.duplicates = 0
+        self._n = 0          # kept keys
+        self._offered = 0    # keys given to add()
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
+        directory = _local_dir(group)
+        self._dir = directory if directory is not None and directory.is_dir() else None
+        self._utf8 = _Spill(self._dir, np.uint8)
+        self._offsets = _Spill(self._dir, np.int64)
+        self._offsets.append(np.zeros(1, dtype=np.int64))
+        chunk = KEYS_CHUNK if expected is None else int(min(KEYS_CHUNK, max(1024, expected)))
+        self._keys = _create_keys_array(group, chunk)
+        self._keys_chunk = chunk
+        self._keys_written = 0
+        self._pending: list[np.ndarray] = []
+        self._pending_n = 0
+        self._done = False
+
+    def add(self, keys: Sequence[str]) -> np.ndarray:
+        """Take the next block of keys (row order); returns the keep mask (False: duplicate)."""
+        if self._done:
+            raise RuntimeError("KeyIndexWriter.add after finish()")
+        key_list = keys if isinstance(keys, list) else list(keys)
+        enc = encode_keys(key_list, strict=True, first_row=self._offered)
+        self._offered += len(enc)
+        h = hash_encoded(enc)
+        keep = first_occurrences(enc, h)
+        cand = np.flatnonzero(keep)
+        if self._runs and cand.size:
+            utf8, offsets = self._utf8.view(), self._offsets.view()
+            for run_h, run_rows in self._runs:
+                rows = probe(enc.subset(cand), h[cand], size=len(run_h),
+                             search=lambda v, a=run_h: np.searchsorted(a, v),
+                             hash_at=run_h.__getitem__, row_at=run_rows.__getitem__,
+                             offset_at=offsets.__getitem__, byte_at=utf8.__getitem__,
+                             nrows=len(offsets) - 1,
+                             nbytes=len(utf8))
+                found = rows >= 0
+                if found.any():
+                    keep[cand[found]] = False
+                    cand = cand[~found]
+                    if not cand.size:
+                        break
+        kept = np.flatnonzero(keep)
+        self.duplicates += len(enc) - len(kept)
+        if not kept.size:
+            return keep
+        lengths = enc.lengths[kept]
+        if kept.size == len(enc):
+            flat = enc.buf[: enc.nbytes]
+        else:
+            flat = enc.buf[segment_index(enc.starts[kept], lengths)[0]]
+        self._utf8.append(flat)
+        self._offsets.append(self._utf8.n - len(flat) + np.cumsum(lengths))
+        rows = np.arange(self._n, self._n + kept.size, dtype=np.int64)
+        order = np.argsort(h[kept], kind="stable")
+        self._runs.append((h[kept][order], rows[order]))
+        while len(self._runs) >= 2 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
+            b = self._runs.pop()
+            self._runs[-1] = merge_runs(self._runs[-1], b)
+        self._n += kept.size
+        self._queue_keys(np.array(key_list, dtype=object)[kept])
+        return keep
+
+    def _queue_keys(self, keys: np.ndarray) -> None:
+        self._pending.append(keys)
+        self._pending_n += len(keys)
+        if self._pending_n >= self._keys_chunk:
+            self._flush_keys(final=False)
+
+    def _flush_keys(self, *, final: bool) -> None:
+        if not self._pending_n:
+            return
+        pending = np.concatenate(self._pending)
+        take = len(pending) if final else len(pending) // self._keys_chunk * self._keys_chunk
+        start = self._keys_written
+        self._keys.resize((start + take,))
+        self._keys[start:start + take] = pending[:take]
+        self._keys_written += take
+        rest = pending[take:]
+        self._pending = [rest] if len(rest) else []
+        self._pending_n = len(rest)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def finish(self) -> None:
+        """Write the rest of ``keys`` and the key index arrays into the group."""
+        if self._done:
+            return
+        try:
+            self._flush_keys(final=True)
+            h, rows = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+            for run in self._runs:  # oldest (largest) first
+                h, rows = merge_runs((h, rows), run)
+            self._runs = []
+            g, n = self.group, self._n
+            utf8, offsets = self._utf8.view(), self._offsets.view()
+            write_mapped(g, "key_utf8", len(utf8), np.uint8, lambda a, b: utf8[a:b])
+            write_mapped(g, "key_offsets", n + 1, np.int64, lambda a, b: offsets[a:b])
+            write_mapped(g, "key_hash", n, np.uint64, lambda a, b: h[a:b], attrs=index_attrs())
+            write_mapped(g, "key_order", n, np.int64, lambda a, b: rows[a:b])
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the temporary files (``finish`` calls it; call it to abandon an import)."""
+        self._done = True
+        self._runs = []
+        self._pending = []
+        self._utf8.close()
+        self._offsets.close()
