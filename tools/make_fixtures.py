@@ -1,0 +1,87 @@
+"""Write the small golden files of tests/data/ (formats/import tests).
+
+Run from the repository root: ``python tools/make_fixtures.py``.  The text files
+are written byte by byte the way each real tool writes them (see the comments);
+the gensim, safetensors and torch files come from those libraries themselves.
+The expected values are in ``tests/data/expected.npy`` (float32, 5 x 4) with
+keys ``KEYS``; every fixture holds exactly these rows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "tests", "data")
+KEYS = ["the", "of", "été", "naïve", "</s>"]
+VALUES = np.array([[0.1, -0.25, 3.0, 1e-3],
+                   [-1.5, 0.0, 2.125, -0.0625],
+                   [7.75, 0.5, -0.3, 0.2],
+                   [1e-8, 123.5, -4.0, 0.015625],
+                   [0.0, 0.0, 0.0, 1.0]], dtype=np.float32)
+
+
+def _fmt_c(x: float) -> str:
+    return "%lf" % x  # the C tool and GloVe: printf("%lf")
+
+
+def main() -> None:
+    os.makedirs(DATA, exist_ok=True)
+    p = lambda name: os.path.join(DATA, name)  # noqa: E731
+    np.save(p("expected.npy"), VALUES)
+    with open(p("vocab.txt"), "w", encoding="utf-8", newline="\n") as f:
+        f.write("\n".join(KEYS) + "\n")
+
+    # gensim save_word2vec_format(binary=False): "key v1 v2\n", str(float32), no trailing space
+    from gensim.models import KeyedVectors
+    kv = KeyedVectors(4)
+    kv.add_vectors(KEYS, VALUES)
+    kv.save_word2vec_format(p("gensim.txt"), binary=False)
+    # gensim binary: "key " + float32 bytes, no newline after the vector
+    kv.save_word2vec_format(p("gensim.bin"), binary=True)
+
+    # C word2vec text output on Windows: "%lf " with a trailing space, \r\n, no final newline
+    rows = [f"{k} " + "".join(_fmt_c(v) + " " for v in r) for k, r in zip(KEYS, VALUES.tolist())]
+    with open(p("c_crlf.txt"), "wb") as f:
+        f.write(f"{len(KEYS)} 4\r\n".encode() + "\r\n".join(rows).encode("utf-8"))
+
+    # fastText .vec: header, "key v1 v2 ... " (trailing space) and "\n"
+    with open(p("fasttext.vec"), "wb") as f:
+        f.write(f"{len(KEYS)} 4\n".encode())
+        for k, r in zip(KEYS, VALUES.tolist()):
+            f.write((k + " " + " ".join("%.5g" % v for v in r) + " \n").encode())
+
+    # GloVe: no header, "key %lf %lf\n"; 840B has keys holding spaces such as ". . ."
+    gkeys = KEYS[:4] + [". . ."]
+    with open(p("glove.txt"), "wb") as f:
+        for k, r in zip(gkeys, VALUES.tolist()):
+            f.write((k + "".join(" " + _fmt_c(v) for v in r) + "\n").encode())
+
+    # C word2vec binary: "key " + float32 bytes + "\n"; one key holds a space
+    bkeys = KEYS[:4] + ["new york"]
+    with open(p("c_space.bin"), "wb") as f:
+        f.write(f"{len(bkeys)} 4\n".encode())
+        for k, r in zip(bkeys, VALUES):
+            f.write(k.encode() + b" " + r.astype("<f4").tobytes() + b"\n")
+
+    np.save(p("float16.npy"), VALUES.astype(np.float16))
+    np.save(p("float64.npy"), VALUES.astype(np.float64))
+
+    from safetensors.numpy import save_file
+    save_file({"embeddings.word_embeddings.weight": VALUES,
+               "embeddings.LayerNorm.bias": np.zeros(4, np.float32)}, p("one2d.safetensors"),
+              metadata={"format": "pt"})
+    save_file({"encoder.weight": VALUES, "decoder.weight": VALUES[::-1].copy(),
+               "ids": np.arange(5, dtype=np.int64)}, p("two2d.safetensors"))
+
+    import torch
+    torch.save({"embedding.weight": torch.from_numpy(VALUES).to(torch.bfloat16),
+                "step": torch.tensor(3)}, p("bf16.pt"))
+    torch.save({"model": {"emb.weight": torch.from_numpy(VALUES),
+                          "proj.weight": torch.ones(2, 4)}}, p("nested.pt"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
