@@ -209,7 +209,8 @@ class TableWriter:
         if vec.ndim != 2 or vec.shape[1] != self.dim or vec.dtype.kind not in "fiu":
             raise ShapeMismatchError(f"expected numeric vectors of shape (n, {self.dim}), got "
                                      f"shape {vec.shape} and dtype {vec.dtype}")
-        vec = np.ascontiguousarray(vec, dtype=self.dtype)
+        with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
+            vec = np.ascontiguousarray(vec, dtype=self.dtype)
         finite = np.isfinite(vec).all(axis=1)
         if not finite.all():
             i = int(np.argmin(finite))
