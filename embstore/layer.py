@@ -294,7 +294,11 @@ class Embedding:
         ``mask`` and ``weights``, if given, have the shape of the whole ``ids`` and are
         sliced the same way.
         """
-        arr = np.asarray(ids) if not isinstance(ids, np.ndarray) else ids
+        try:
+            arr = np.asarray(ids) if not isinstance(ids, np.ndarray) else ids
+        except ValueError as exc:  # ragged lists
+            raise InvalidIdError(f"ids must form a rectangular integer array: {exc}", id=None,
+                                 position=None) from None
         if arr.ndim < 2:
             raise ShapeMismatchError(
                 f"slice needs ids with at least 2 dimensions (batch, time, ...), got shape "

@@ -256,3 +256,23 @@ def test_torch_module_max_norm_with_padding_and_scale(E, rng):
     want = m(torch.from_numpy(ids)).detach().numpy() * 3.0
     got = Embedding(E, padding_idx=0, max_norm=2.0, scale=3.0)(ids)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_torch_max_norm_epsilon(E, rng):
+    """Tiny rows: ``max_norm / (norm + 1e-7)`` (as PyTorch) visibly differs from ``/ norm``."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    tiny = E * 1e-6
+    ids = rng.integers(0, V, size=9)
+    want = F.embedding(torch.from_numpy(ids), torch.from_numpy(tiny.copy()), max_norm=1e-7)
+    got = Embedding(tiny, max_norm=1e-7)(ids)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=0)
+    norms = np.linalg.norm(tiny[ids], axis=1)
+    assert not np.allclose(got, tiny[ids] * (1e-7 / norms)[:, None], rtol=1e-3, atol=0)
+
+
+def test_slice_ragged_and_float_ids(E):
+    with pytest.raises(InvalidIdError, match="rectangular"):
+        Embedding(E).slice([[1, 2], [3]], 0, 1)
+    with pytest.raises(InvalidIdError, match="integers"):
+        Embedding(E).slice([[1.0, 2.0]], 0, 1)
