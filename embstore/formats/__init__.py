@@ -171,14 +171,29 @@ def detect(path) -> str:
         return "torch"
     m = _HEADER_RE.match(head)
     if m:
-        rest = head[m.end():m.end() + 4 * int(m.group(2)) + 64]
-        if _looks_binary(rest):
+        if _binary_record(head[m.end():], int(m.group(2))):
             return "word2vec-binary"
         return "fasttext" if ext == ".vec" else "word2vec"
     if _looks_binary(head[:4096]):
         raise FormatError("cannot tell the format from the first bytes (not npy, safetensors, "
                           "PyTorch, or word2vec/GloVe text); pass --format", path=path)
     return "glove"
+
+
+_NUMERIC = frozenset(b"0123456789.+-eEinfatyINFATY \t\r")
+
+
+def _binary_record(rest: bytes, dim: int) -> bool:
+    """Whether the first record after a ``COUNT DIM`` header holds raw bytes, not text."""
+    rest = rest.lstrip(b"\n")
+    sp = rest.find(b" ")
+    if sp < 0:
+        return _looks_binary(rest[:4096])
+    end = rest.find(b"\n", sp)
+    sample = rest[sp + 1:end if end >= 0 else len(rest)]
+    if set(sample[:4096]) <= _NUMERIC:
+        return False
+    return _looks_binary(sample[:4096]) or len(sample.split()) != dim
 
 
 def _looks_binary(data: bytes) -> bool:

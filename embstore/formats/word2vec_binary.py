@@ -85,6 +85,9 @@ class BinaryReader(Reader):
                     return cand, end + 1
                 if end == n and (self._newline or cand == sp):  # the last row, without "\n"
                     return cand, end
+                if end > n and cand == sp:
+                    raise self.error(f"row {row + 1}: expected {vb} bytes of vector after the "
+                                     f"key, got {n - sp - 1} (the file is truncated)")
                 cand = buf.find(b" ", cand + 1, stop)
             if self._newline:
                 raise self.error(f"row {row + 1}: expected a key, a space, {vb} bytes of vector "
