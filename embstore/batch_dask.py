@@ -45,7 +45,7 @@ def run_block(job: Job, i: int) -> int:
     source = open_source(job)
     ids = read_block(job, source, i, table)
     out = np.empty(ids.shape + (job.dim,), dtype=job.dtype)
-    lookup_into(table, ids, out, pads=source.pads)
+    lookup_into(table, ids, out, pads=job.pads)
     sink = open_sink(job)
     try:
         sink.write(i, out)

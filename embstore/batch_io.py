@@ -40,11 +40,12 @@ class Job:
     cache_bytes: int | str        # row cache of each process that opens the table
     input: str                    # .npy ids or, with keys=True, a text file
     keys: bool
-    oov: str                      # keys only: "error", "zero" or "unk"
+    oov: str                      # unknown keys, out-of-range ids: "error", "zero" or "unk"
     unk_id: int | None
     shape: tuple[int, ...]        # ids shape (keys: (lines, longest line)); output adds dim
     dim: int
     dtype: str
+    vocab_size: int
     starts: tuple[int, ...]       # block i covers leading rows starts[i]:starts[i + 1]
     offsets: tuple[int, ...]      # keys only: byte offset of each block's first line
     out_kind: str                 # "npy" or "zarr"
@@ -55,6 +56,11 @@ class Job:
     @property
     def n_blocks(self) -> int:
         return len(self.starts) - 1
+
+    @property
+    def pads(self) -> bool:
+        """Whether id -1 (a zero row) can occur: key padding, or ``oov="zero"``."""
+        return self.keys or self.oov == "zero"
 
     @property
     def rows(self) -> int:
@@ -90,8 +96,6 @@ def output_kind(path: str) -> str:
 # -- inputs ------------------------------------------------------------------------------
 class NpyIds:
     """Integer ids of any shape in a ``.npy`` file, read memory-mapped block by block."""
-
-    pads = False  # every position is a real id
 
     def __init__(self, path: str):
         self.path = path
@@ -136,8 +140,6 @@ class NpyIds:
 
 class KeyLines:
     """A text file of keys: one whitespace-tokenised sequence a line, padded to the longest."""
-
-    pads = True  # id -1 marks a zero row (padding, or an unknown key with oov="zero")
 
     def __init__(self, path: str):
         self.path = path
@@ -211,7 +213,12 @@ def read_block(job: Job, source, i: int, table) -> np.ndarray:
     a, b = job.block(i)
     if job.keys:
         return source.read(job.offsets[i], b - a, job.inner[0], a, table, job.oov, job.unk_id)
-    return source.read(a, b)
+    ids = source.read(a, b)
+    if job.oov != "error":  # out-of-range ids become zero rows or the unk row
+        bad = (ids < 0) | (ids >= job.vocab_size)
+        if bad.any():
+            ids[bad] = -1 if job.oov == "zero" else job.unk_id
+    return ids
 
 
 def lookup_into(table, ids: np.ndarray, out: np.ndarray, *, pads: bool) -> None:

@@ -14,8 +14,9 @@ __all__ = ["lookup", "COMMANDS"]
 @click.option("--keys", is_flag=True,
               help="INPUT is a text file of keys: one whitespace-separated sequence a line.")
 @click.option("--oov", type=click.Choice(["error", "zero", "unk"]), default="error",
-              show_default=True, help="Unknown keys (with --keys): fail, zero rows, or --unk-id.")
-@click.option("--unk-id", type=int, default=None, help="The row used for unknown keys.")
+              show_default=True,
+              help="Unknown keys and out-of-range ids: fail, zero rows, or row --unk-id.")
+@click.option("--unk-id", type=int, default=None, help="The row used by --oov unk.")
 @click.option("--lengths", type=click.Path(dir_okay=False), default=None,
               help="With --keys: write each line's length to this .npy file.")
 @click.option("--batch-rows", type=click.IntRange(min=1), default=None,
@@ -24,8 +25,9 @@ __all__ = ["lookup", "COMMANDS"]
               help="Run on Dask: 'local' starts a cluster here, or tcp://HOST:PORT.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Worker processes of --scheduler local.")
-@click.option("--cache-bytes", default="64MiB", show_default=True,
-              help="Row cache of the table in each process.")
+@click.option("--cache-bytes", default="auto", show_default=True,
+              help="Row cache of the table in each process, e.g. 256MiB; 'auto': none for "
+                   "an uncompressed store, 64MiB for a compressed one.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT (and --lengths) if they exist.")
 @click.option("--resume", is_flag=True,
               help="Continue a killed job from the blocks already written (Zarr OUTPUT).")
@@ -49,8 +51,6 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         raise click.UsageError("--unk-id is used only with --oov unk")
     if lengths is not None and not keys:
         raise click.UsageError("--lengths needs --keys")
-    if oov != "error" and not keys:
-        raise click.UsageError("--oov applies to keys (--keys); ids are always checked")
     if resume and output_kind(output) != "zarr":
         raise click.UsageError("--resume needs a .zarr OUTPUT (a .npy job starts over)")
     summary = lookup_file(table, input, output, keys=keys, oov=oov, unk_id=unk_id,

@@ -24,7 +24,7 @@ V, D = 500, 8
 
 
 def save_table(tmp_path: Path, array: np.ndarray, kind: str, keys=None) -> str:
-    """A table on disk: a store (``embstore.save``) or a plain 2-D ``.npy``."""
+    """A table on disk: a store (``embstore.save``, zstd for "store-zstd") or a 2-D ``.npy``."""
     if kind == "npy":
         path = tmp_path / "table.npy"
         np.save(path, array)
@@ -32,7 +32,9 @@ def save_table(tmp_path: Path, array: np.ndarray, kind: str, keys=None) -> str:
     if not hasattr(embstore, "save"):
         pytest.skip("the on-disk backend is not built yet")
     path = tmp_path / "table"
-    embstore.save(path, array, keys=keys, chunk_rows=16, shard_rows=64).close()
+    compression = "zstd" if kind == "store-zstd" else "none"
+    embstore.save(path, array, keys=keys, chunk_rows=16, shard_rows=64,
+                  compression=compression).close()
     return str(path)
 
 
@@ -43,6 +45,12 @@ def table_array(rng):
 
 @pytest.fixture(params=["npy", "store"])
 def table_path(request, tmp_path, table_array):
+    return save_table(tmp_path, table_array, request.param)
+
+
+@pytest.fixture(params=["npy", "store", "store-zstd"])
+def any_table_path(request, tmp_path, table_array):
+    """Also a compressed store (the job opens it with a row cache)."""
     return save_table(tmp_path, table_array, request.param)
 
 
@@ -67,8 +75,9 @@ def leftovers(directory: Path) -> list[str]:
     ((23, 4, 3), np.int64, 5), ((1000,), np.uint16, 64), ((7, 9), np.int32, None),
     ((), np.int64, None), ((0,), np.int64, 3), ((6, 0, 2), np.int8, 4),
 ], ids=["3d-int64", "1d-uint16", "2d-auto", "0d", "empty", "zero-inner"])
-def test_npy_to_npy_cli_same_bytes_as_numpy(runner, tmp_path, table_path, table_array, rng,
+def test_npy_to_npy_cli_same_bytes_as_numpy(runner, tmp_path, any_table_path, table_array, rng,
                                             shape, dtype, batch_rows):
+    table_path = any_table_path
     ids = rng.integers(0, min(V, np.iinfo(dtype).max), size=shape).astype(dtype)
     np.save(tmp_path / "ids.npy", ids)
     out = tmp_path / "out.npy"
@@ -83,8 +92,9 @@ def test_npy_to_npy_cli_same_bytes_as_numpy(runner, tmp_path, table_path, table_
 
 
 @pytest.mark.parametrize("threads", [True, False], ids=["pipeline", "sequential"])
-def test_npy_to_zarr_cli_read_back_with_zarr(runner, tmp_path, table_path, table_array, rng,
-                                            threads):
+def test_npy_to_zarr_cli_read_back_with_zarr(runner, tmp_path, any_table_path, table_array,
+                                             rng, threads):
+    table_path = any_table_path
     ids = rng.integers(0, V, size=(101, 6))
     np.save(tmp_path / "ids.npy", ids)
     out = tmp_path / "out.zarr"
@@ -126,6 +136,30 @@ def test_bad_id_error_names_position_in_whole_input(runner, tmp_path, table_path
             f"for a table of {V} rows (valid ids: 0..{V - 1})") in res.output
     assert "Traceback" not in res.output
     assert not (tmp_path / "out.npy").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("oov", ["zero", "unk"])
+def test_out_of_range_ids_with_oov(runner, tmp_path, table_path, table_array, rng, oov):
+    ids = rng.integers(0, V, size=(40, 3)).astype(np.int32)
+    ids[[0, 17, 39], [1, 0, 2]] = [V, -3, 2**31 - 1]
+    np.save(tmp_path / "ids.npy", ids)
+    args = ["lookup", table_path, str(tmp_path / "ids.npy"), str(tmp_path / "o.npy"),
+            "--oov", oov, "--batch-rows", "7", "-q"]
+    res = runner.invoke(cli, args + (["--unk-id", "5"] if oov == "unk" else []))
+    assert res.exit_code == 0, res.output
+    bad = (ids < 0) | (ids >= V)
+    expected = table_array[np.where(bad, 5, ids)]
+    if oov == "zero":
+        expected[bad] = 0
+    assert (tmp_path / "o.npy").read_bytes() == npy_bytes(expected)
+
+
+def test_dask_job_needs_a_table_on_disk(tmp_path, table_array):
+    np.save(tmp_path / "ids.npy", np.arange(4))
+    with pytest.raises(ValueError, match="a Dask job needs a table on disk"):
+        lookup_file(embstore.MemoryTable(table_array), tmp_path / "ids.npy",
+                    tmp_path / "o.npy", scheduler="local")
+    assert sorted(os.listdir(tmp_path)) == ["ids.npy"]
 
 
 def test_non_integer_ids_and_non_npy_input(runner, tmp_path, table_path):
@@ -361,3 +395,17 @@ def test_without_resume_a_stale_partial_is_discarded(tmp_path, table_path, table
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "o.zarr", mode="r")[:],
                                   table_array[ids])
     assert leftovers(tmp_path) == []
+
+
+def test_open_table_cache_auto(tmp_path, table_array):
+    from embstore.batch import open_table
+
+    plain = save_table(tmp_path / "a", table_array, "store")
+    packed = save_table(tmp_path / "b", table_array, "store-zstd")
+    with open_table(plain) as t:  # rows come straight from the mapped shards
+        assert t.cache_info().capacity_bytes == 0
+    with open_table(packed) as t:
+        assert t.cache_info().capacity_bytes == 64 << 20
+    with open_table(plain, cache_bytes="1MiB") as t:
+        assert t.cache_info().capacity_bytes == 1 << 20
+        np.testing.assert_array_equal(t.lookup([3, 499]), table_array[[3, 499]])
