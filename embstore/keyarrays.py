@@ -19,12 +19,14 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import zarr
-from zarr.codecs import Crc32cCodec
 
 from .errors import CorruptStoreError
+
+if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
+    import zarr
 
 __all__ = ["MappedArray", "write_mapped", "CHUNK_BYTES"]
 
@@ -48,6 +50,8 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype, read: Callable[[in
     name and renamed into place, so a reader never sees a half-written array
     and existing memory maps of the old chunk files stay valid.
     """
+    from zarr.codecs import Crc32cCodec
+
     dtype = np.dtype(dtype)
     c = chunk_length(n, dtype.itemsize)
     target = name if path is None else f"{name}.__tmp__"
@@ -132,6 +136,11 @@ class MappedArray:
             m = np.memmap(file, dtype=self.dtype, mode="r", shape=(valid,))
             self._maps[i] = m
         return m
+
+    def close(self) -> None:
+        """Drop the memory maps (they are made again if the array is read later)."""
+        self._maps = [None] * self.nchunks
+        self._fences = None
 
     def map_all(self) -> None:
         for i in range(self.nchunks):

@@ -11,14 +11,16 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import zarr
-from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from .keyarrays import write_mapped
 from .keyhash import (HASH_NAME, encode_keys, first_occurrences, hash_encoded, merge_runs,
                       probe, segment_index)
+
+if TYPE_CHECKING:
+    import zarr
 
 __all__ = ["KeyIndexWriter", "KEYS_CHUNK", "INDEX_ARRAYS", "INDEX_ATTR", "index_attrs"]
 
@@ -39,6 +41,8 @@ def _local_dir(group: zarr.Group) -> Path | None:
 
 
 def _create_keys_array(group: zarr.Group, chunk: int) -> zarr.Array:
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
     return group.create_array("keys", shape=(0,), chunks=(chunk,), dtype=str,
                               compressors=[ZstdCodec(level=3), Crc32cCodec()],
                               overwrite=True)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import zarr
 
 from .errors import CorruptStoreError
 from .keyarrays import MappedArray, read_array_meta, write_mapped
@@ -35,6 +35,9 @@ from .keyhash import (HASH_NAME, EncodedKeys, decode_keys, encode_keys, hash_enc
                       merge_runs, probe, segment_index)
 from .keywriter import INDEX_ARRAYS, INDEX_ATTR, KEYS_CHUNK, KeyIndexWriter, index_attrs
 from .table import Vocab
+
+if TYPE_CHECKING:
+    import zarr
 
 __all__ = ["KeyIndexWriter", "DiskVocab", "INDEX_ARRAYS"]
 
@@ -54,11 +57,22 @@ def _concat_reader(old: MappedArray, new: np.ndarray) -> Callable[[int, int], np
 class DiskVocab(Vocab):
     """The key index of an on-disk table, read through memory maps (see the module doc)."""
 
-    def __init__(self, group: zarr.Group, path: Path, n: int):
-        self.group = group
+    def __init__(self, group: zarr.Group | None, path: Path, n: int):
+        self._group = group
         self.path = Path(path)
         self._n = n
         self._map()
+
+    def _zarr_group(self, mode: str) -> zarr.Group:
+        """The Zarr group (opened on first need: lookups never import zarr)."""
+        if self._group is not None:
+            return self._group
+        import zarr
+
+        group = zarr.open_group(str(self.path), mode=mode)
+        if mode != "r":
+            self._group = group
+        return group
 
     def _map(self) -> None:
         arrays = {name: MappedArray(self.path, name) for name in INDEX_ARRAYS}
@@ -85,8 +99,12 @@ class DiskVocab(Vocab):
                                     f"{self._nbytes}", path=self.path)
 
     @classmethod
-    def open(cls, group: zarr.Group, path) -> DiskVocab | None:
-        """The vocabulary of the group at ``path``, or None when it has no ``keys``."""
+    def open(cls, group: zarr.Group | None, path) -> DiskVocab | None:
+        """The vocabulary of the group at ``path``, or None when it has no ``keys``.
+
+        Reads five small JSON files and maps the index files; nothing else.  ``group``
+        may be None: it is then opened (importing zarr) only for ``append``/``verify``.
+        """
         path = Path(path)
         if not (path / "keys" / "zarr.json").is_file():
             return None
@@ -100,6 +118,11 @@ class DiskVocab(Vocab):
 
     def __len__(self) -> int:
         return self._n
+
+    def close(self) -> None:
+        """Release the memory maps (a later lookup maps the files again)."""
+        for arr in (self._utf8, self._offsets, self._hash, self._order):
+            arr.close()
 
     def _corrupt(self, exc: Exception) -> CorruptStoreError:
         return CorruptStoreError(f"{self.path}: the key index is damaged ({exc})", path=self.path)
@@ -149,7 +172,7 @@ class DiskVocab(Vocab):
         m = len(enc)
         if not m:
             return
-        n, g, path = self._n, self.group, self.path
+        n, g, path = self._n, self._zarr_group("r+"), self.path
         h = hash_encoded(enc)
         arr = g["keys"]
         arr.resize((n + m,))
@@ -175,9 +198,10 @@ class DiskVocab(Vocab):
         Checksums (through zarr-python), offsets, sortedness, the permutation, every
         hash recomputed from the key bytes and ``keys`` equal to ``key_utf8``.
         """
+        group = self._zarr_group("r")
         for name, arr in zip(INDEX_ARRAYS, (self._utf8, self._offsets, self._hash,
                                             self._order)):
-            arr.verify(self.group, name)
+            arr.verify(group, name)
         n = self._n
         bad = None
         offsets = self._offsets.read(0, n + 1)
@@ -193,7 +217,7 @@ class DiskVocab(Vocab):
             raise CorruptStoreError(f"{self.path}: {bad}", path=self.path)
         by_row = np.empty(n, dtype=np.uint64)
         by_row[order] = hashes
-        keys_arr = self.group["keys"]
+        keys_arr = group["keys"]
         for a in range(0, n, KEYS_CHUNK):
             b = min(n, a + KEYS_CHUNK)
             flat = self._utf8.read(int(offsets[a]), int(offsets[b]))
