@@ -19,7 +19,6 @@ from the extension and the first bytes of a file.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import re
 import struct
@@ -208,10 +207,3 @@ def _looks_binary(data: bytes) -> bool:
         return exc.start < len(data) - 4  # a cut multi-byte character at the end is text
     return False
 
-
-def safe_json(data: bytes, *, path, what: str):
-    """Parse JSON metadata with a clear error."""
-    try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"expected {what} as JSON, got unreadable bytes ({exc})", path=path) from None

@@ -27,7 +27,7 @@ __all__ = ["read", "write", "TextReader", "write_text"]
 
 BLOCK_BYTES = 8 << 20
 MAX_LINE_BYTES = 256 << 20
-_WS = re.compile(r"[\s]")
+_WS = re.compile(r"[ \t\n\r\x0b\x0c]")
 
 
 class TextReader(Reader):

@@ -113,8 +113,7 @@ class BinaryReader(Reader):
             while len(keys) < want:
                 while pos < len(buf) and buf[pos] == 10:  # "\n" before a key (gensim lstrips it)
                     pos += 1
-                rec = None if pos >= len(buf) and not eof else \
-                    (None if pos >= len(buf) else self._split(buf, pos, eof, row + len(keys)))
+                rec = self._split(buf, pos, eof, row + len(keys)) if pos < len(buf) else None
                 if rec is None:
                     if eof:
                         raise self.error(f"the header promises {self.count} rows, the file "
