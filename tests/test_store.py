@@ -303,8 +303,10 @@ def test_threads_read_while_a_thread_writes(tmp_path):
 READER = textwrap.dedent("""
     import sys, time, numpy as np, embstore
     path, D, with_keys = sys.argv[1], int(sys.argv[2]), sys.argv[4] == "keys"
-    sizes, deadline = [], time.time() + 20
+    sizes, deadline = [], time.time() + 30
     while time.time() < deadline:
+        if len(sizes) == 1:
+            print("ready", flush=True)  # the writer starts after our first snapshot
         with embstore.open(path, cache_bytes=0) as t:
             V = len(t)
             rows = t[np.arange(V)]
@@ -316,7 +318,7 @@ READER = textwrap.dedent("""
         if V >= int(sys.argv[3]):
             break
     assert sizes == sorted(sizes), sizes
-    print(len(set(sizes)))
+    print(len(set(sizes)), flush=True)
 """)
 
 
@@ -337,6 +339,7 @@ def test_reader_process_while_writer_appends(tmp_path, with_keys):
                              str(final), "keys" if with_keys else "-"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
     with embstore.open(tmp_path / "t", mode="r+") as t:
         for i in range(n):
             a = V0 + i * step
