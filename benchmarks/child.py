@@ -90,11 +90,16 @@ def embstore_open(path, *keys):
         return {"skip": "embstore.open not available (embstore/zarrtable.py not built yet)"}
     t0 = time.perf_counter()
     t = embstore.open(path, mode="r")
+    t1 = time.perf_counter()
     if not hasattr(t, "ids_of"):
         return {"skip": "Table.ids_of not available"}
-    vectors = t.lookup(t.ids_of(list(keys)))
-    seconds = time.perf_counter() - t0
-    out = {"rows": int(t.vocab_size), "checksum": _checksum(vectors), "seconds": seconds}
+    ids = t.ids_of(list(keys))
+    t2 = time.perf_counter()
+    vectors = t.lookup(ids)
+    t3 = time.perf_counter()
+    out = {"rows": int(t.vocab_size), "checksum": _checksum(vectors), "seconds": t3 - t0,
+           "open_ms": round((t1 - t0) * 1e3, 1), "ids_of_ms": round((t2 - t1) * 1e3, 1),
+           "lookup_ms": round((t3 - t2) * 1e3, 1)}
     t.close()
     return out
 

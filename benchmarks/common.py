@@ -370,19 +370,22 @@ def run_child(kind: str, *args, timeout: float = 3600.0) -> dict:
 
 def child_method_runs(res: ScenarioResult, case: str, runs: dict[str, tuple[str, Callable[[], dict]]],
                       *, reps: int, warmer: Warmer | None = None, before: Callable[[], Any] | None = None,
-                      check: Callable[[str, dict], None] | None = None) -> dict[str, list[dict]]:
+                      check: Callable[[str, dict], None] | None = None,
+                      max_reps: dict[str, int] | None = None) -> dict[str, list[dict]]:
     """Interleaved repetitions of child-process runs ``name -> (kind, call)``.
 
+    ``max_reps`` caps slow methods (their runs spread over the repetitions).
     Every call returns a ``run_child`` dict.  Adds three Measurements per method:
     the work's time (``s``), the whole process (``wall s``) and peak RSS (``MB``).
     """
     done: dict[str, list[dict]] = {name: [] for name in runs}
     failed: set[str] = set()
     names = list(runs)
+    when = {n: _spread(reps, (max_reps or {}).get(n, reps)) for n in names}
     for r in range(reps):
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            if name in failed:
+            if name in failed or r not in when[name]:
                 continue
             if warmer is not None:
                 warmer.warm()

@@ -65,6 +65,10 @@ def render(run: dict) -> str:
              "peer for times (lower is better) and for rates (higher is better) unless they "
              "say \"faster\". Every method's result is checked against NumPy before it counts.",
              ""]
+    if run["mode"] != "full":
+        lines += [f"**{run['mode'].capitalize()} run: smaller tables and fewer repetitions than "
+                  "the targets are set for; the figures check that the benchmarks work, the full "
+                  "run (`python benchmarks/run.py`) measures.**", ""]
     sizes = [f"{s['name']}: {_params(s['params'])}" for s in run["scenarios"] if s["params"]]
     lines += summary_table(run["scenarios"])
     lines += ["", "Sizes: " + "; ".join(sizes) + "." if sizes else ""]

@@ -47,7 +47,7 @@ CONFIGS = {
         "scale": {"rows": [100_000, 1_000_000, 10_000_000], "dim": 64, "ids": IDS, "reps": 11,
                   "batches": 4, "note": "dim 64, not 256, so that the 10,000,000-row table "
                   "(2.6 GB) fits in RAM for the np.take reference and in the page cache"},
-        "open": {"rows": 1_000_000, "dim": 100, "reps": 3},
+        "open": {"rows": 1_000_000, "dim": 100, "reps": 5, "slow_reps": 2},
         "keys": {"rows": 1_000_000, "dim": 100, "n": 100_000, "reps": 11},
         "import": {"rows": 1_000_000, "dim": 100, "reps": 2},
         "batch": {"rows": 1_000_000, "dim": 64, "ids": 8192 * 512, "reps": 2, "workers": [1, 2]},
@@ -58,7 +58,7 @@ CONFIGS = {
                    "ts_reps": 2, "batches": 2},
         "scale": {"rows": [10_000, 100_000, 1_000_000], "dim": 32, "ids": IDS, "reps": 5,
                   "batches": 2},
-        "open": {"rows": 50_000, "dim": 100, "reps": 2},
+        "open": {"rows": 50_000, "dim": 100, "reps": 3, "slow_reps": 1},
         "keys": {"rows": 50_000, "dim": 100, "n": 100_000, "reps": 5},
         "import": {"rows": 50_000, "dim": 100, "reps": 1},
         "batch": {"rows": 100_000, "dim": 64, "ids": 1024 * 512, "reps": 1, "workers": [1, 2]},
