@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import data
-from ..common import Measurement, Skip, Warmer, absolute, child_method_runs, compare, run_child
+from ..children import child_method_runs, run_child
+from ..common import Measurement, Skip, Warmer, absolute, compare
 
 NAME = "batch"
 TITLE = "Offline batch lookup job"

@@ -13,7 +13,8 @@ import shutil
 import numpy as np
 
 from .. import data
-from ..common import Warmer, absolute, child_method_runs, compare, run_child
+from ..children import child_method_runs, run_child
+from ..common import Warmer, absolute, compare
 
 NAME = "import"
 TITLE = "Import a word2vec text file"

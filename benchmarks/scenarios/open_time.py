@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import data
-from ..common import Skip, Warmer, absolute, child_method_runs, compare, run_child
+from ..children import child_method_runs, run_child
+from ..common import Skip, Warmer, absolute, compare
 
 NAME = "open"
 TITLE = "Open a keyed table and look up three keys (fresh process)"
