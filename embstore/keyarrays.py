@@ -28,7 +28,7 @@ from .errors import CorruptStoreError
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr
 
-__all__ = ["MappedArray", "write_mapped", "CHUNK_BYTES"]
+__all__ = ["MappedArray", "Head", "write_mapped", "concat_reader", "CHUNK_BYTES"]
 
 CHUNK_BYTES = 64 << 20  # tests lower it to exercise several chunks
 
@@ -42,8 +42,8 @@ def chunk_length(n: int, itemsize: int) -> int:
     return -(-n // nchunks)
 
 
-def write_mapped(group: zarr.Group, name: str, n: int, dtype, read: Callable[[int, int], np.ndarray],
-                 *, attrs: dict | None = None, path: Path | None = None) -> None:
+def write_mapped(group: zarr.Group, name: str, n: int, dtype,
+                 read: Callable[[int, int], np.ndarray], *, attrs: dict | None = None, path: Path | None = None) -> None:
     """Write a 1-D array ``name`` of ``n`` elements, chunk by chunk, from ``read(start, stop)``.
 
     With ``path`` (the group's directory) the array is written under a temporary
@@ -71,6 +71,35 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype, read: Callable[[in
         os.rename(path / target, path / name)
         if old.exists():
             shutil.rmtree(old)
+
+
+def concat_reader(*parts) -> Callable[[int, int], np.ndarray]:
+    """``read(a, b)`` over consecutive parts: ndarrays, or objects with ``len`` and
+    ``read(a, b)`` (a :class:`MappedArray`, :class:`Head`)."""
+    bounds = np.cumsum([0] + [len(p) for p in parts]).tolist()
+
+    def read(a: int, b: int) -> np.ndarray:
+        out = []
+        for part, lo, hi in zip(parts, bounds[:-1], bounds[1:]):
+            s, e = max(a, lo) - lo, min(b, hi) - lo
+            if e > s:
+                out.append(part[s:e] if isinstance(part, np.ndarray) else part.read(s, e))
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    return read
+
+
+class Head:
+    """The first ``n`` elements of a :class:`MappedArray`, as a part for :func:`concat_reader`."""
+
+    def __init__(self, arr: MappedArray, n: int):
+        self.arr, self.n = arr, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        return self.arr.read(a, min(b, self.n))
 
 
 def read_array_meta(path: Path, name: str) -> dict:

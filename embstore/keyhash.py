@@ -25,11 +25,12 @@ import numpy as np
 
 from .errors import CorruptStoreError, FormatError
 
-__all__ = ["EncodedKeys", "encode_keys", "hash_encoded", "hash_keys", "bytes_equal",
-           "decode_keys", "segment_index", "probe", "first_occurrences", "merge_runs",
-           "HASH_NAME"]
+__all__ = ["EncodedKeys", "encode_keys", "hash_encoded", "hash_keys", "keys_equal", "word_view",
+           "words_from_bytes", "decode_keys", "segment_index", "probe", "first_occurrences",
+           "merge_runs", "HASH_NAME", "KEY_PAD"]
 
 HASH_NAME = "emb64-v1"
+KEY_PAD = 8  # zero bytes after the last key in ``key_utf8``: a word can be read at any key start
 _SEED = np.uint64(0x2545F4914F6CDD1D)
 _P1 = np.uint64(0x9E3779B97F4A7C15)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -111,6 +112,36 @@ def encode_keys(keys, *, strict: bool = True, first_row: int = 0) -> EncodedKeys
                        lengths.astype(np.int64, copy=False))
 
 
+def word_view(buf: np.ndarray) -> np.ndarray:
+    """Every byte offset of the contiguous uint8 array ``buf`` as the start of a little-endian
+    uint64 (an unaligned strided view; offsets up to ``len(buf) - 8``)."""
+    return np.ndarray((max(len(buf) - 7, 0),), dtype="<u8", buffer=buf, strides=(1,))
+
+
+def words_from_bytes(take: Callable, nbytes: int) -> Callable:
+    """``words(positions)`` built from a byte reader ``take`` (bytes past ``nbytes`` are
+    repeated, the callers mask them)."""
+    lane = np.arange(8)
+    last = max(nbytes - 1, 0)
+
+    def words(pos: np.ndarray) -> np.ndarray:
+        idx = np.minimum(pos[:, None] + lane, last).reshape(-1)
+        return np.ascontiguousarray(take(idx), dtype=np.uint8).view("<u8").reshape(-1)
+
+    return words
+
+
+def _by_words(lengths: np.ndarray):
+    """Order keys by word count (most first): ``(order, still, maxw)``, where the first
+    ``still[j]`` keys in that order have more than ``j`` words."""
+    nwords = (lengths + 7) >> 3
+    maxw = int(nwords.max()) if len(nwords) else 0
+    key_dtype = np.uint16 if maxw < 65535 else np.int64  # small ints: a radix sort
+    order = np.argsort((maxw - nwords).astype(key_dtype), kind="stable")
+    still = len(lengths) - np.cumsum(np.bincount(nwords, minlength=maxw + 1))
+    return order, still, maxw
+
+
 def _fmix(h: np.ndarray) -> np.ndarray:
     h ^= h >> _S33
     h *= _F1
@@ -125,17 +156,12 @@ def hash_encoded(enc: EncodedKeys) -> np.ndarray:
     n = len(enc)
     if n == 0:
         return np.empty(0, dtype=np.uint64)
-    # every byte offset as the start of a little-endian uint64 (unaligned, strided view)
-    words = np.ndarray((len(enc.buf) - 7,), dtype="<u8", buffer=enc.buf, strides=(1,))
-    nwords = (enc.lengths + 7) >> 3
-    maxw = int(nwords.max())
+    words = word_view(enc.buf)
     h = enc.lengths.astype(np.uint64) * _P3
     h ^= _SEED
+    order, still, maxw = _by_words(enc.lengths)
     if maxw:
         # keys with the most words first: the keys still hashing at word j are a prefix
-        key_dtype = np.uint16 if maxw < 65535 else np.int64
-        order = np.argsort((maxw - nwords).astype(key_dtype), kind="stable")
-        still = n - np.cumsum(np.bincount(nwords, minlength=maxw + 1))  # keys with > j words
         st, ln, hs = enc.starts[order], enc.lengths[order], h[order]
         for j in range(maxw):
             c = int(still[j])
@@ -164,25 +190,29 @@ def segment_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
     return idx, seg
 
 
-def bytes_equal(a: EncodedKeys, b_take, b_starts: np.ndarray,
-                b_lengths: np.ndarray) -> np.ndarray:
-    """Elementwise ``key a[i] == stored key i`` (bool array).
+def keys_equal(a: EncodedKeys, b_words: Callable, b_starts: np.ndarray,
+               b_lengths: np.ndarray) -> np.ndarray:
+    """Elementwise ``key a[i] == stored key i`` (bool array), compared 8 bytes at a time.
 
-    The stored keys are ``b_take(flat byte indices)`` at ``b_starts`` /
-    ``b_lengths`` (``b_take`` is ``ndarray.__getitem__`` or a mapped array's
-    ``take``).  Only keys of equal byte length are compared byte by byte.
+    The stored keys start at ``b_starts`` and have ``b_lengths`` bytes;
+    ``b_words(positions)`` reads little-endian uint64 words at byte positions
+    (a :func:`word_view` or :func:`words_from_bytes`).
     """
     out = a.lengths == b_lengths
-    cand = np.flatnonzero(out)
+    cand = np.flatnonzero(out & (a.lengths > 0))
     if cand.size == 0:
         return out
-    lengths = a.lengths[cand]
-    if not lengths.any():
-        return out
-    qi, seg = segment_index(a.starts[cand], lengths)
-    si, _ = segment_index(b_starts[cand], lengths)
-    differ = a.buf[qi] != b_take(si)
-    out[cand[np.unique(seg[differ])]] = False
+    order, still, maxw = _by_words(a.lengths[cand])
+    cand = cand[order]
+    qs, bs, ln = a.starts[cand], b_starts[cand], a.lengths[cand]
+    qwords = word_view(a.buf)
+    bad = np.zeros(len(cand), dtype=bool)
+    for j in range(maxw):
+        c = int(still[j])
+        d = qwords[qs[:c] + 8 * j] ^ b_words(bs[:c] + 8 * j)
+        d &= _TAIL[np.minimum(ln[:c] - 8 * j, 8)]
+        bad[:c] |= d != 0
+    out[cand[bad]] = False
     return out
 
 
@@ -203,24 +233,25 @@ def decode_keys(flat: np.ndarray, lengths: np.ndarray) -> list[str]:
 
 
 def probe(q: EncodedKeys, qh: np.ndarray, *, size: int, search: Callable, hash_at: Callable,
-          row_at: Callable, offset_at: Callable, byte_at: Callable, nrows: int,
+          row_at: Callable, offset_at: Callable, word_at: Callable, nrows: int,
           nbytes: int) -> np.ndarray:
     """Rows (int64, -1 where absent) of the keys ``q`` (hashes ``qh``) in a sorted index.
 
     The index has ``size`` sorted hashes: ``search(hashes)`` gives leftmost
     insertion points, ``hash_at``/``row_at`` read the sorted hashes and their
-    rows, ``offset_at`` the key offsets (``nrows + 1``), ``byte_at`` the key
-    bytes (``nbytes``).  One pass per position in a run of equal hashes
+    rows, ``offset_at`` the key offsets (``nrows + 1``), ``word_at`` 8-byte
+    words of the key bytes (``nbytes`` of them).  One pass per position in a run of equal hashes
     (usually one or two passes in all).
     """
     n = len(q)
     result = np.full(n, -1, dtype=np.int64)
     if n == 0 or size == 0:
         return result
-    sort = np.argsort(qh)  # sorted probes walk the binary search with better locality
+    # probes in hash order: the binary search and the reads of the sorted arrays go forward
+    sort = np.argsort(qh)
     pos = np.empty(n, dtype=np.int64)
     pos[sort] = search(qh[sort])
-    active = np.arange(n)
+    active = sort
     step = 0
     while active.size:
         p = pos[active] + step
@@ -240,7 +271,7 @@ def probe(q: EncodedKeys, qh: np.ndarray, *, size: int, search: Callable, hash_a
         ends = offset_at(rows + 1)
         if (ends < starts).any() or starts.min() < 0 or ends.max() > nbytes:
             raise CorruptStoreError("key index: key_offsets are not increasing within key_utf8")
-        eq = bytes_equal(q.subset(active), byte_at, starts, ends - starts)
+        eq = keys_equal(q.subset(active), word_at, starts, ends - starts)
         result[active[eq]] = rows[eq]
         active = active[~eq]
         step += 1
@@ -268,8 +299,8 @@ def first_occurrences(enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
         head_flag[1:] = ha[1:] != ha[:-1]
         head = np.maximum.accumulate(np.where(head_flag, np.arange(active.size), 0))
         heads = active[head]
-        eq = bytes_equal(enc.subset(active), enc.buf.__getitem__, enc.starts[heads],
-                         enc.lengths[heads])
+        eq = keys_equal(enc.subset(active), word_view(enc.buf).__getitem__, enc.starts[heads],
+                        enc.lengths[heads])
         keep[active[eq & ~head_flag]] = False
         active, ha = active[~eq], ha[~eq]
     return keep

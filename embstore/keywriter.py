@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .keyarrays import write_mapped
-from .keyhash import (HASH_NAME, encode_keys, first_occurrences, hash_encoded, merge_runs,
-                      probe, segment_index)
+from .keyarrays import concat_reader, write_mapped
+from .keyhash import (HASH_NAME, KEY_PAD, encode_keys, first_occurrences, hash_encoded,
+                      merge_runs, probe, segment_index, words_from_bytes)
 
 if TYPE_CHECKING:
     import zarr
@@ -116,7 +116,8 @@ class KeyIndexWriter:
                 rows = probe(enc.subset(cand), h[cand], size=len(run_h),
                              search=lambda v, a=run_h: np.searchsorted(a, v),
                              hash_at=run_h.__getitem__, row_at=run_rows.__getitem__,
-                             offset_at=offsets.__getitem__, byte_at=utf8.__getitem__,
+                             offset_at=offsets.__getitem__,
+                             word_at=words_from_bytes(utf8.__getitem__, len(utf8)),
                              nrows=len(offsets) - 1,
                              nbytes=len(utf8))
                 found = rows >= 0
@@ -180,7 +181,8 @@ class KeyIndexWriter:
             self._runs = []
             g, n = self.group, self._n
             utf8, offsets = self._utf8.view(), self._offsets.view()
-            write_mapped(g, "key_utf8", len(utf8), np.uint8, lambda a, b: utf8[a:b])
+            write_mapped(g, "key_utf8", len(utf8) + KEY_PAD, np.uint8,
+                         concat_reader(utf8, np.zeros(KEY_PAD, np.uint8)))
             write_mapped(g, "key_offsets", n + 1, np.int64, lambda a, b: offsets[a:b])
             write_mapped(g, "key_hash", n, np.uint64, lambda a, b: h[a:b], attrs=index_attrs())
             write_mapped(g, "key_order", n, np.int64, lambda a, b: rows[a:b])

@@ -23,16 +23,16 @@ write time with :class:`FormatError`, and simply miss at lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import CorruptStoreError
-from .keyarrays import MappedArray, read_array_meta, write_mapped
-from .keyhash import (HASH_NAME, EncodedKeys, decode_keys, encode_keys, hash_encoded,
-                      merge_runs, probe, segment_index)
+from .keyarrays import Head, MappedArray, concat_reader, read_array_meta, write_mapped
+from .keyhash import (HASH_NAME, KEY_PAD, EncodedKeys, decode_keys, encode_keys,
+                      hash_encoded, merge_runs, probe, segment_index, word_view,
+                      words_from_bytes)
 from .keywriter import INDEX_ARRAYS, INDEX_ATTR, KEYS_CHUNK, KeyIndexWriter, index_attrs
 from .table import Vocab
 
@@ -40,18 +40,6 @@ if TYPE_CHECKING:
     import zarr
 
 __all__ = ["KeyIndexWriter", "DiskVocab", "INDEX_ARRAYS"]
-
-
-def _concat_reader(old: MappedArray, new: np.ndarray) -> Callable[[int, int], np.ndarray]:
-    """``read(a, b)`` over ``old`` followed by ``new``."""
-    n_old = len(old)
-
-    def read(a: int, b: int) -> np.ndarray:
-        left = old.read(a, min(b, n_old)) if a < n_old else np.empty(0, dtype=old.dtype)
-        right = new[max(a - n_old, 0): max(b - n_old, 0)]
-        return np.concatenate([left, right]) if len(right) else left
-
-    return read
 
 
 class DiskVocab(Vocab):
@@ -93,10 +81,15 @@ class DiskVocab(Vocab):
                 raise CorruptStoreError(
                     f"{self.path}: {name} has {got} elements, expected {want} for {n} keys",
                     path=self.path)
-        self._nbytes = len(self._utf8)
-        if n and int(self._offsets.read(n, n + 1)[0]) != self._nbytes:
-            raise CorruptStoreError(f"{self.path}: key_offsets[-1] != len(key_utf8) = "
-                                    f"{self._nbytes}", path=self.path)
+        self._nbytes = int(self._offsets.read(n, n + 1)[0])
+        if self._nbytes + KEY_PAD != len(self._utf8):
+            raise CorruptStoreError(
+                f"{self.path}: key_utf8 has {len(self._utf8)} bytes, expected "
+                f"key_offsets[-1] + {KEY_PAD} = {self._nbytes + KEY_PAD}", path=self.path)
+        if self._utf8.nchunks == 1:  # the common case: words straight from the map
+            self._words = word_view(self._utf8.chunk_data(0)).__getitem__
+        else:
+            self._words = words_from_bytes(self._utf8.take, len(self._utf8))
 
     @classmethod
     def open(cls, group: zarr.Group | None, path) -> DiskVocab | None:
@@ -135,7 +128,7 @@ class DiskVocab(Vocab):
         try:
             return probe(enc, hash_encoded(enc), size=self._n, search=self._hash.searchsorted,
                          hash_at=self._hash.take, row_at=self._order.take,
-                         offset_at=self._offsets.take, byte_at=self._utf8.take,
+                         offset_at=self._offsets.take, word_at=self._words,
                          nrows=self._n, nbytes=self._nbytes)
         except IndexError as exc:
             raise self._corrupt(exc) from None
@@ -179,10 +172,11 @@ class DiskVocab(Vocab):
         arr[n:n + m] = np.array(keys, dtype=object)
         flat = enc.buf[: enc.nbytes]
         new_offsets = self._nbytes + np.cumsum(enc.lengths)
-        write_mapped(g, "key_utf8", self._nbytes + len(flat), np.uint8,
-                     _concat_reader(self._utf8, flat), path=path)
+        write_mapped(g, "key_utf8", self._nbytes + len(flat) + KEY_PAD, np.uint8,
+                     concat_reader(Head(self._utf8, self._nbytes), flat,
+                                   np.zeros(KEY_PAD, np.uint8)), path=path)
         write_mapped(g, "key_offsets", n + m + 1, np.int64,
-                     _concat_reader(self._offsets, new_offsets), path=path)
+                     concat_reader(self._offsets, new_offsets), path=path)
         order = np.argsort(h, kind="stable")
         merged_h, merged_rows = merge_runs((self._hash.read(0, n), self._order.read(0, n)),
                                        (h[order], np.arange(n, n + m, dtype=np.int64)[order]))
@@ -208,6 +202,8 @@ class DiskVocab(Vocab):
         hashes, order = self._hash.read(0, n), self._order.read(0, n)
         if offsets[0] != 0 or (np.diff(offsets) < 0).any():
             bad = "key_offsets are not increasing from 0"
+        elif self._utf8.read(self._nbytes, self._nbytes + KEY_PAD).any():
+            bad = f"the {KEY_PAD} bytes after the last key in key_utf8 are not zero"
         if bad is None and n and (hashes[1:] < hashes[:-1]).any():
             bad = "key_hash is not sorted"
         if bad is None and n and ((order < 0).any() or (order >= n).any()
