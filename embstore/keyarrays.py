@@ -43,7 +43,8 @@ def chunk_length(n: int, itemsize: int) -> int:
 
 
 def write_mapped(group: zarr.Group, name: str, n: int, dtype,
-                 read: Callable[[int, int], np.ndarray], *, attrs: dict | None = None, path: Path | None = None) -> None:
+                 read: Callable[[int, int], np.ndarray], *, attrs: dict | None = None,
+                 path: Path | None = None) -> None:
     """Write a 1-D array ``name`` of ``n`` elements, chunk by chunk, from ``read(start, stop)``.
 
     With ``path`` (the group's directory) the array is written under a temporary
