@@ -175,11 +175,9 @@ class ZarrTable(Table):
         if self._vocab_obj is None:
             with self._lock:
                 if self._vocab_obj is None:
-                    import zarr
-
                     from .vocab import DiskVocab
-                    group = zarr.open_group(str(self.path), mode=self.mode)
-                    self._vocab_obj = DiskVocab.open(group, self.path)
+                    # no zarr import on the read path: DiskVocab opens the group when it writes
+                    self._vocab_obj = DiskVocab.open(None, self.path)
                     if self._vocab_obj is None:
                         self._has_keys = False
         return self._vocab_obj
