@@ -100,8 +100,8 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
     longest line, dim)``; padding positions are zero rows; ``lengths`` names a
     ``.npy`` file to receive each line's length).  Unknown keys and
     out-of-range ids follow ``oov``: ``"error"`` (naming the first one and its
-    position), ``"zero"`` (zero rows) or ``"unk"`` (row ``unk_id``).  ``output`` ends in
-    ``.npy`` or ``.zarr``; its shape is ``ids.shape + (dim,)``.
+    position), ``"zero"`` (zero rows) or ``"unk"`` (row ``unk_id``).  ``output``
+    ends in ``.npy`` or ``.zarr``; its shape is ``ids.shape + (dim,)``.
 
     ``batch_rows`` is the number of leading rows of the input per block (by
     default about 16 MiB of output).  ``scheduler`` is ``"local"`` (a
@@ -175,7 +175,8 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         unk_id = int(as_ids(unk_id, tab.vocab_size))
     job = Job(table=table_path or "", cache_bytes=cache_bytes, input=os.path.abspath(input),
               keys=bool(keys), oov=oov, unk_id=unk_id, shape=tuple(int(s) for s in shape),
-              dim=int(dim), dtype=dtype.str, vocab_size=int(tab.vocab_size), starts=starts, offsets=offsets, out_kind=kind,
+              dim=int(dim), dtype=dtype.str, vocab_size=int(tab.vocab_size), starts=starts,
+              offsets=offsets, out_kind=kind,
               tmp="", stamp=_stamp(input, table_path))
     return job, line_lengths
 

@@ -174,7 +174,7 @@ class KeyLines:
 
     def read(self, offset: int, n_lines: int, width: int, first_line: int, table, oov: str,
              unk_id: int | None) -> np.ndarray:
-        """Ids of ``n_lines`` lines from byte ``offset``: shape ``(n_lines, width)``, -1 = zero row."""
+        """Ids of ``n_lines`` lines from byte ``offset``, shape ``(n_lines, width)`` (-1: zero)."""
         with open(self.path, "rb") as f:
             f.seek(offset)
             lines = self._decode(list(islice(f, n_lines)), first_line)

@@ -1,4 +1,4 @@
-"""Batch lookup jobs on Dask: a LocalCluster of processes and real `dask scheduler`/`dask worker`."""
+"""Batch lookup jobs on Dask: a LocalCluster of processes, real `dask scheduler` and workers."""
 
 from __future__ import annotations
 
