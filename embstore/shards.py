@@ -1,189 +1,30 @@
-"""Shard files of the ``vectors`` array: layout, chunk codecs, and the fast read path.
+"""The fast read path over the shard files of the ``vectors`` array.
 
 A shard file is ``[chunk]...[index: n x (uint64 offset, uint64 nbytes)][crc32c]`` (see
 docs/FORMAT.md).  :class:`ShardReader` keeps each shard's index (a NumPy array), a
 read-only memory map of the file and a bitset of the chunks whose crc32c it has checked.
-Uncompressed rows are gathered straight from the mapping; compressed chunks are decoded
-(only the needed ones, in a thread pool) in bounded batches.
+Uncompressed rows are gathered straight from the mapping (on Linux from all shards mapped
+side by side, :mod:`embstore.joined`, in one gather); compressed chunks are decoded (only
+the needed ones, in a thread pool) in bounded batches.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 from crc32c import crc32c
 
+from . import joined
 from .errors import CorruptStoreError
+from .layout import ABSENT, Layout, check_chunk, make_codec, pool
 
-__all__ = ["Layout", "ShardReader", "encode_chunks", "shard_bytes", "check_chunk", "pool"]
+__all__ = ["ShardReader", "ShardFile"]
 
-ABSENT = np.uint64(2**64 - 1)
-COMPRESSIONS = ("none", "zstd", "blosc")
 _DECODE_BATCH_BYTES = 32 << 20  # decoded chunks held at once by a compressed gather
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
-
-def pool() -> ThreadPoolExecutor:
-    """The shared thread pool for (de)compression (the codecs release the GIL)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2),
-                                       thread_name_prefix="embstore-codec")
-        return _pool
-
-
-def make_codec(compression: str, itemsize: int):
-    """The numcodecs codec writing ``compression`` chunks (None for ``"none"``)."""
-    if compression == "none":
-        return None
-    from numcodecs import Blosc, Zstd
-    if compression == "zstd":
-        return Zstd(level=0, checksum=False)
-    if compression == "blosc":
-        return Blosc(cname="zstd", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0,
-                     typesize=itemsize)
-    raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What the fast path needs to know about a ``vectors`` array."""
-
-    rows: int
-    dim: int
-    dtype: np.dtype
-    chunk_rows: int
-    shard_rows: int
-    compression: str  # "none", "zstd" or "blosc"
-    has_crc: bool
-    index_crc: bool
-    separator: str
-    fill_value: float
-
-    @property
-    def row_bytes(self) -> int:
-        return self.dim * self.dtype.itemsize
-
-    @property
-    def chunk_bytes(self) -> int:  # decoded
-        return self.chunk_rows * self.row_bytes
-
-    @property
-    def n_inner(self) -> int:
-        return self.shard_rows // self.chunk_rows
-
-    @property
-    def n_shards(self) -> int:
-        return -(-self.rows // self.shard_rows)
-
-    def shard_key(self, k: int) -> str:
-        return f"c{self.separator}{k}{self.separator}0"
-
-    @classmethod
-    def from_metadata(cls, meta: dict) -> Layout | None:
-        """The layout of a Zarr v3 array's ``zarr.json``, or None if the fast path cannot read it."""
-        try:
-            shape = meta["shape"]
-            dtype = np.dtype(meta["data_type"]) if isinstance(meta["data_type"], str) else None
-            grid = meta["chunk_grid"]
-            cke = meta["chunk_key_encoding"]
-            codecs = meta["codecs"]
-            if (len(shape) != 2 or dtype is None or dtype.kind != "f" or meta.get(
-                    "storage_transformers") or grid["name"] != "regular"
-                    or cke["name"] != "default" or len(codecs) != 1
-                    or codecs[0]["name"] != "sharding_indexed"):
-                return None
-            sep = cke.get("configuration", {}).get("separator", "/")
-            shard_shape = grid["configuration"]["chunk_shape"]
-            conf = codecs[0]["configuration"]
-            inner_shape = conf["chunk_shape"]
-            dim = shape[1]
-            if (shard_shape[1] != dim or inner_shape[1] != dim or dim < 1
-                    or shard_shape[0] % inner_shape[0] or conf.get("index_location", "end") != "end"):
-                return None
-            names = [c["name"] for c in conf["codecs"]]
-            if not names or names[0] != "bytes" or _endian(conf["codecs"][0]) != "little":
-                return None
-            has_crc = names[-1] == "crc32c"
-            middle = names[1:-1] if has_crc else names[1:]
-            if middle not in ([], ["zstd"], ["blosc"]):
-                return None
-            inames = [c["name"] for c in conf.get("index_codecs", [])]
-            if inames not in (["bytes", "crc32c"], ["bytes"]) or _endian(
-                    conf["index_codecs"][0]) != "little":
-                return None
-            fill = float(meta.get("fill_value") or 0.0)
-        except (KeyError, TypeError, IndexError, ValueError):
-            return None
-        return cls(rows=int(shape[0]), dim=int(dim), dtype=dtype.newbyteorder("<"),
-                   chunk_rows=int(inner_shape[0]), shard_rows=int(shard_shape[0]),
-                   compression=middle[0] if middle else "none", has_crc=has_crc,
-                   index_crc=inames == ["bytes", "crc32c"], separator=sep, fill_value=fill)
-
-
-def _endian(codec: dict) -> str:
-    return codec.get("configuration", {}).get("endian", "little")
-
-
-# -- writing ------------------------------------------------------------------------------
-def encode_chunks(rows: np.ndarray, layout: Layout, codec) -> list[bytes]:
-    """Encoded chunks (data + crc32c) of ``rows``: whole chunks, the last one zero-padded."""
-    cr = layout.chunk_rows
-    n = -(-rows.shape[0] // cr)
-    if rows.shape[0] != n * cr:
-        padded = np.zeros((n * cr, layout.dim), dtype=layout.dtype)
-        padded[: rows.shape[0]] = rows
-        rows = padded
-    raw = np.ascontiguousarray(rows, dtype=layout.dtype).reshape(n, cr * layout.dim)
-    if codec is None:
-        parts = [raw[i].tobytes() for i in range(n)]
-    else:
-        parts = list(pool().map(codec.encode, raw, chunksize=max(1, n // 32)))
-        parts = [bytes(p) for p in parts]
-    if layout.has_crc:
-        parts = [p + crc32c(p).to_bytes(4, "little") for p in parts]
-    return parts
-
-
-def shard_bytes(chunks: list[bytes | None], layout: Layout) -> list:
-    """The pieces of a shard file (chunks back to back, then the index): write them in order."""
-    index = np.full((layout.n_inner, 2), ABSENT, dtype="<u8")
-    pos = 0
-    pieces: list = []
-    for i, c in enumerate(chunks):
-        if c is None:
-            continue
-        index[i] = (pos, len(c))
-        pieces.append(c)
-        pos += len(c)
-    body = index.tobytes()
-    pieces.append(body)
-    if layout.index_crc:
-        pieces.append(crc32c(body).to_bytes(4, "little"))
-    return pieces
-
-
-def check_chunk(buf, where: str) -> memoryview:
-    """The payload of a stored chunk after checking its trailing crc32c."""
-    mv = memoryview(buf).cast("B")
-    if len(mv) < 4:
-        raise CorruptStoreError(f"{where}: {len(mv)} bytes, too short for its checksum",
-                                path=where)
-    payload = mv[:-4]
-    if crc32c(payload) != int.from_bytes(mv[-4:], "little"):
-        raise CorruptStoreError(f"{where}: crc32c mismatch (stored bytes are damaged)",
-                                path=where)
-    return payload
-
-
-# -- reading ------------------------------------------------------------------------------
 class ShardFile:
     """One shard as read: its index, memory map, and which chunks passed their crc32c."""
 
@@ -265,7 +106,9 @@ class ShardReader:
         self.codec = make_codec(layout.compression, layout.dtype.itemsize) if (
             layout.compression != "none") else None
         self._shards: dict[int, ShardFile] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._jm = None  # JoinedMap of the uncompressed layout (Linux), built on first use
+        self._jm_ok = layout.compression == "none" and joined.available()
 
     def shard(self, k: int) -> ShardFile:
         sf = self._shards.get(k)
@@ -286,12 +129,105 @@ class ShardReader:
             else:
                 for k in shards:
                     self._shards.pop(int(k), None)
+            jm, self._jm = self._jm, None
+        if jm is not None:
+            with jm.lock:
+                jm.retired = True
+                if jm.users == 0:
+                    jm.close()
+
+    def _acquire_joined(self):
+        """The joined map (built if needed) with one more user, or None."""
+        if not self._jm_ok or self.layout.rows == 0:
+            return None
+        with self._lock:
+            jm = self._jm
+            if jm is None:
+                try:
+                    L = self.layout
+                    jm = self._jm = joined.JoinedMap(L.n_shards, joined.stride_for(L), L.n_inner,
+                                                     L.row_bytes)
+                except OSError:
+                    self._jm_ok = False
+                    return None
+            with jm.lock:
+                jm.users += 1
+        return jm
+
+    @staticmethod
+    def _release_joined(jm) -> None:
+        with jm.lock:
+            jm.users -= 1
+            if jm.retired and jm.users == 0:
+                jm.close()
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (validated 1-D int64) as a new ``(n, dim)`` array."""
+        L = self.layout
+        jm = self._acquire_joined() if ids.size else None
+        if jm is not None:
+            try:
+                rows = self._take_joined(jm, ids)
+            finally:
+                self._release_joined(jm)
+            if rows is not None:
+                return rows.view(L.dtype).reshape(ids.size, L.dim)
+        out = np.empty((ids.size, L.dim), dtype=L.dtype)
+        self.gather(ids, out)
+        return out
+
+    def _take_joined(self, jm, ids: np.ndarray):
+        """One gather from the joined map, or None if a shard does not fit it."""
+        L = self.layout
+        cr = L.chunk_rows
+        gc = ids // cr
+        g = jm.goff[gc]
+        if g.min() < 0:
+            todo = np.unique(gc[g == -2] // L.n_inner)
+            if todo.size:
+                with self._lock:
+                    if jm.retired:
+                        return None
+                    try:
+                        for k in todo.tolist():
+                            if jm.goff[k * L.n_inner] == -2:
+                                jm.add(k, self.shard(k))
+                    except ValueError:  # a shard larger than the layout writes: not ours
+                        self._jm_ok = False
+                        return None
+                g = jm.goff[gc]
+        if not jm.all_verified:
+            seen = jm.gver[gc]
+            if not seen.all():
+                for c in np.unique(gc[~seen]).tolist():  # a loop per chunk, first touch only
+                    sf = self.shard(c // L.n_inner)
+                    if not sf.verified[c % L.n_inner]:
+                        sf.verify(np.array([c % L.n_inner]), L)
+                    jm.gver[c] = True
+                jm.all_verified = bool(jm.gver.all())
+        at = g + (ids - gc * cr) * L.row_bytes
+        absent = g < 0
+        if not absent.any():
+            return jm.view[at]
+        rows = np.empty(ids.size, dtype=jm.view.dtype)
+        rows[~absent] = jm.view[at[~absent]]  # never touch the slot of an absent shard
+        rows.view(L.dtype).reshape(ids.size, L.dim)[absent] = L.fill_value
+        return rows
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out`` (n, dim) with rows ``ids`` (validated 1-D int64)."""
         if ids.size == 0:
             return
         if self.layout.compression == "none":
+            jm = self._acquire_joined()
+            if jm is not None:
+                try:
+                    rows = self._take_joined(jm, ids)
+                finally:
+                    self._release_joined(jm)
+                if rows is not None:
+                    out.view(rows.dtype).reshape(-1)[:] = rows
+                    return
             self._gather_raw(ids, out)
         else:
             self._gather_decoded(ids, out)
@@ -304,6 +240,8 @@ class ShardReader:
             yield lo, None
             return
         sh = ids // sr
+        if hi < 65536:  # NumPy radix-sorts 16-bit keys: O(n)
+            sh = sh.astype(np.uint16)
         order = np.argsort(sh, kind="stable")
         ss = sh[order]
         cuts = np.flatnonzero(ss[1:] != ss[:-1]) + 1

@@ -67,7 +67,8 @@ class VerifyReport:
 
 def verify(path) -> VerifyReport:
     """Check every chunk of the table at ``path``; never raises for damage, reports it."""
-    from .shards import Layout, ShardReader
+    from .layout import Layout
+    from .shards import ShardReader
     from .zarrtable import read_table_meta
 
     root = Path(os.fspath(path)).absolute()

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DestinationExistsError, ShapeMismatchError
-from .shards import COMPRESSIONS, Layout, ShardReader, encode_chunks, make_codec, shard_bytes
+from .layout import COMPRESSIONS, Layout, encode_chunks, make_codec, shard_bytes
+from .shards import ShardReader
 
 __all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype"]
 

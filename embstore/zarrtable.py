@@ -20,7 +20,8 @@ from .cache import CacheInfo, RowCache, parse_bytes
 from .errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
 from .ids import as_ids
 from .memory import check_table_array
-from .shards import Layout, ShardReader
+from .layout import Layout
+from .shards import ShardReader
 from .table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
 from .writer import TableWriter, check_dtype, rewrite_shard, set_rows
@@ -148,6 +149,14 @@ class ZarrTable(Table):
                                     path=str(self.path)) from exc
         out[:] = rows[inv]
 
+    def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
+        if out is not None or self._reader is None or (self._cache is not None
+                                                       and self._cache.slots):
+            return super().lookup(ids, out=out)
+        ids = as_ids(ids, self.vocab_size)  # no row cache: gather straight into the result
+        self._check_open()
+        return self._reader.take(ids.reshape(-1)).reshape(ids.shape + (self.dim,))
+
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         if self._cache is not None and self._cache.slots:
             self._check_open()
@@ -248,7 +257,7 @@ class ZarrTable(Table):
         with self._lock:
             self._closed = True
             if self._reader is not None:
-                self._reader.forget()
+                self._reader.forget()  # unmaps once no thread is reading
             if self._cache is not None:
                 self._cache.clear(keep_stats=True)
             close = getattr(self._vocab_obj, "close", None)

@@ -44,9 +44,13 @@ def damaged(request, tmp_path, E):
     return path, shard
 
 
+@pytest.mark.parametrize("joined", [True, False], ids=["joined-map", "per-shard-maps"])
 @pytest.mark.parametrize("cache", [0, "1MiB"])
-def test_lookup_of_a_damaged_chunk_raises(damaged, E, cache):
+def test_lookup_of_a_damaged_chunk_raises(damaged, E, cache, joined, monkeypatch):
     path, shard = damaged
+    if not joined:
+        import embstore.joined
+        monkeypatch.setattr(embstore.joined, "available", lambda: False)
     t = embstore.open(path, cache_bytes=cache)
     np.testing.assert_array_equal(t[[0, 17, 23, 28, 39]], E[[0, 17, 23, 28, 39]])
     for ids in ([25], [1, 2, 26], np.arange(40)):

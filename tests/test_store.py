@@ -347,3 +347,29 @@ def test_reader_process_while_writer_appends(tmp_path, with_keys):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert int(out) >= 2  # the reader saw the table grow while staying consistent
+
+
+@pytest.mark.parametrize("joined", [True, False], ids=["joined-map", "per-shard-maps"])
+def test_both_uncompressed_read_paths(tmp_path, rng, monkeypatch, joined):
+    """The joined mapping (Linux) and the portable per-shard path give the same rows."""
+    import embstore.joined
+    if not joined:
+        monkeypatch.setattr(embstore.joined, "available", lambda: False)
+    E = rng.standard_normal((300, 5)).astype(np.float32)
+    t = embstore.create(tmp_path / "t", shape=(300, 5), chunk_rows=4, shard_rows=32,
+                        cache_bytes=0)
+    t.write(np.arange(0, 200), E[:200])  # shards 7..9 stay absent files: zeros
+    ref = E.copy()
+    ref[200:] = 0
+    assert (t._reader._jm_ok is joined) or not embstore.joined.available()
+    ids = rng.integers(0, 300, size=(7, 50))
+    np.testing.assert_array_equal(t[ids], ref[ids])
+    out = np.empty((7, 50, 5), np.float32)
+    np.testing.assert_array_equal(t.lookup(ids, out=out), ref[ids])
+    t.write([3, 250], np.ones((2, 5)))  # rewrites shards 0 and 7 under a live mapping
+    ref[[3, 250]] = 1
+    np.testing.assert_array_equal(t[ids], ref[ids])
+    np.testing.assert_array_equal(t.to_numpy(), ref)
+    t.close()
+    with pytest.raises(embstore.EmbstoreError, match="closed"):
+        t[0]

@@ -1,0 +1,176 @@
+"""Format-v1 building blocks: the ``vectors`` layout as read from its ``zarr.json``, the
+chunk codecs, and the byte layout of a shard file (see docs/FORMAT.md)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from crc32c import crc32c
+
+from .errors import CorruptStoreError
+
+__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "make_codec", "encode_chunks", "shard_bytes",
+           "check_chunk", "pool"]
+
+ABSENT = np.uint64(2**64 - 1)
+COMPRESSIONS = ("none", "zstd", "blosc")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> ThreadPoolExecutor:
+    """The shared thread pool for (de)compression (the codecs release the GIL)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2),
+                                       thread_name_prefix="embstore-codec")
+        return _pool
+
+
+def make_codec(compression: str, itemsize: int):
+    """The numcodecs codec writing ``compression`` chunks (None for ``"none"``)."""
+    if compression == "none":
+        return None
+    from numcodecs import Blosc, Zstd
+    if compression == "zstd":
+        return Zstd(level=0, checksum=False)
+    if compression == "blosc":
+        return Blosc(cname="zstd", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0,
+                     typesize=itemsize)
+    raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the fast path needs to know about a ``vectors`` array."""
+
+    rows: int
+    dim: int
+    dtype: np.dtype
+    chunk_rows: int
+    shard_rows: int
+    compression: str  # "none", "zstd" or "blosc"
+    has_crc: bool
+    index_crc: bool
+    separator: str
+    fill_value: float
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * self.dtype.itemsize
+
+    @property
+    def chunk_bytes(self) -> int:  # decoded
+        return self.chunk_rows * self.row_bytes
+
+    @property
+    def n_inner(self) -> int:
+        return self.shard_rows // self.chunk_rows
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.rows // self.shard_rows)
+
+    def shard_key(self, k: int) -> str:
+        return f"c{self.separator}{k}{self.separator}0"
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> Layout | None:
+        """The layout of a Zarr v3 array's ``zarr.json``, or None if the fast path cannot read it."""
+        try:
+            shape = meta["shape"]
+            dtype = np.dtype(meta["data_type"]) if isinstance(meta["data_type"], str) else None
+            grid = meta["chunk_grid"]
+            cke = meta["chunk_key_encoding"]
+            codecs = meta["codecs"]
+            if (len(shape) != 2 or dtype is None or dtype.kind != "f" or meta.get(
+                    "storage_transformers") or grid["name"] != "regular"
+                    or cke["name"] != "default" or len(codecs) != 1
+                    or codecs[0]["name"] != "sharding_indexed"):
+                return None
+            sep = cke.get("configuration", {}).get("separator", "/")
+            shard_shape = grid["configuration"]["chunk_shape"]
+            conf = codecs[0]["configuration"]
+            inner_shape = conf["chunk_shape"]
+            dim = shape[1]
+            if (shard_shape[1] != dim or inner_shape[1] != dim or dim < 1
+                    or shard_shape[0] % inner_shape[0] or conf.get("index_location", "end") != "end"):
+                return None
+            names = [c["name"] for c in conf["codecs"]]
+            if not names or names[0] != "bytes" or _endian(conf["codecs"][0]) != "little":
+                return None
+            has_crc = names[-1] == "crc32c"
+            middle = names[1:-1] if has_crc else names[1:]
+            if middle not in ([], ["zstd"], ["blosc"]):
+                return None
+            inames = [c["name"] for c in conf.get("index_codecs", [])]
+            if inames not in (["bytes", "crc32c"], ["bytes"]) or _endian(
+                    conf["index_codecs"][0]) != "little":
+                return None
+            fill = float(meta.get("fill_value") or 0.0)
+        except (KeyError, TypeError, IndexError, ValueError):
+            return None
+        return cls(rows=int(shape[0]), dim=int(dim), dtype=dtype.newbyteorder("<"),
+                   chunk_rows=int(inner_shape[0]), shard_rows=int(shard_shape[0]),
+                   compression=middle[0] if middle else "none", has_crc=has_crc,
+                   index_crc=inames == ["bytes", "crc32c"], separator=sep, fill_value=fill)
+
+
+def _endian(codec: dict) -> str:
+    return codec.get("configuration", {}).get("endian", "little")
+
+
+# -- writing ------------------------------------------------------------------------------
+def encode_chunks(rows: np.ndarray, layout: Layout, codec) -> list[bytes]:
+    """Encoded chunks (data + crc32c) of ``rows``: whole chunks, the last one zero-padded."""
+    cr = layout.chunk_rows
+    n = -(-rows.shape[0] // cr)
+    if rows.shape[0] != n * cr:
+        padded = np.zeros((n * cr, layout.dim), dtype=layout.dtype)
+        padded[: rows.shape[0]] = rows
+        rows = padded
+    raw = np.ascontiguousarray(rows, dtype=layout.dtype).reshape(n, cr * layout.dim)
+    if codec is None:
+        parts = [raw[i].tobytes() for i in range(n)]
+    else:
+        parts = list(pool().map(codec.encode, raw, chunksize=max(1, n // 32)))
+        parts = [bytes(p) for p in parts]
+    if layout.has_crc:
+        parts = [p + crc32c(p).to_bytes(4, "little") for p in parts]
+    return parts
+
+
+def shard_bytes(chunks: list[bytes | None], layout: Layout) -> list:
+    """The pieces of a shard file (chunks back to back, then the index): write them in order."""
+    index = np.full((layout.n_inner, 2), ABSENT, dtype="<u8")
+    pos = 0
+    pieces: list = []
+    for i, c in enumerate(chunks):
+        if c is None:
+            continue
+        index[i] = (pos, len(c))
+        pieces.append(c)
+        pos += len(c)
+    body = index.tobytes()
+    pieces.append(body)
+    if layout.index_crc:
+        pieces.append(crc32c(body).to_bytes(4, "little"))
+    return pieces
+
+
+def check_chunk(buf, where: str) -> memoryview:
+    """The payload of a stored chunk after checking its trailing crc32c."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) < 4:
+        raise CorruptStoreError(f"{where}: {len(mv)} bytes, too short for its checksum",
+                                path=where)
+    payload = mv[:-4]
+    if crc32c(payload) != int.from_bytes(mv[-4:], "little"):
+        raise CorruptStoreError(f"{where}: crc32c mismatch (stored bytes are damaged)",
+                                path=where)
+    return payload
