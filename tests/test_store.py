@@ -13,6 +13,7 @@ import pytest
 import zarr
 
 import embstore
+import embstore.joined
 from embstore import DestinationExistsError, ReadOnlyError, ShapeMismatchError
 from embstore.zarrtable import TableWriter
 
@@ -352,7 +353,6 @@ def test_reader_process_while_writer_appends(tmp_path, with_keys):
 @pytest.mark.parametrize("joined", [True, False], ids=["joined-map", "per-shard-maps"])
 def test_both_uncompressed_read_paths(tmp_path, rng, monkeypatch, joined):
     """The joined mapping (Linux) and the portable per-shard path give the same rows."""
-    import embstore.joined
     if not joined:
         monkeypatch.setattr(embstore.joined, "available", lambda: False)
     E = rng.standard_normal((300, 5)).astype(np.float32)
