@@ -103,12 +103,17 @@ class Head:
         return self.arr.read(a, min(b, self.n))
 
 
-def read_array_meta(path: Path, name: str) -> dict:
-    """The ``zarr.json`` of array ``name`` in the group directory ``path``."""
+def read_array_meta(path: Path, name: str, *, dir_fd: int | None = None) -> dict:
+    """The ``zarr.json`` of array ``name`` in the group directory ``path`` (or of the array
+    directory open as ``dir_fd``)."""
     file = Path(path) / name / "zarr.json"
     try:
-        with open(file, "rb") as f:
-            meta = json.loads(f.read())
+        if dir_fd is None:
+            with open(file, "rb") as f:
+                meta = json.loads(f.read())
+        else:
+            with open(os.open("zarr.json", os.O_RDONLY, dir_fd=dir_fd), "rb") as f:
+                meta = json.loads(f.read())
     except FileNotFoundError:
         raise CorruptStoreError(f"{path}: the key index array {name!r} is missing",
                                 path=path) from None
@@ -118,11 +123,27 @@ def read_array_meta(path: Path, name: str) -> dict:
 
 
 class MappedArray:
-    """Read-only view of one of our 1-D arrays through memory maps of its chunk files."""
+    """Read-only view of one of our 1-D arrays through memory maps of its chunk files.
+
+    The metadata and every chunk are opened through one directory descriptor, so
+    the view is of one version of the array even if a writer renames a new
+    version into place meanwhile (the maps keep the old files alive).
+    """
 
     def __init__(self, path: Path, name: str):
         self.dir = Path(path) / name
-        meta = read_array_meta(path, name)
+        try:
+            fd = os.open(self.dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except FileNotFoundError:
+            raise CorruptStoreError(f"{path}: the key index array {name!r} is missing",
+                                    path=path) from None
+        try:
+            self._init(path, name, read_array_meta(path, name, dir_fd=fd))
+            self._maps = [self._map_chunk(i, fd) for i in range(self.nchunks)]
+        finally:
+            os.close(fd)
+
+    def _init(self, path: Path, name: str, meta: dict) -> None:
         where = f"{self.dir}"
         try:
             (self.n,) = meta["shape"]
@@ -145,36 +166,36 @@ class MappedArray:
         self._maps: list[np.ndarray | None] = [None] * self.nchunks
         self._fences: np.ndarray | None = None
 
+    def _map_chunk(self, i: int, dir_fd: int | None = None) -> np.ndarray:
+        valid = min(self.chunk, self.n - i * self.chunk)
+        file = self.dir / "c" / str(i)
+        want = self.chunk * self.dtype.itemsize + 4
+        try:
+            cfd = os.open(f"c/{i}" if dir_fd is not None else file, os.O_RDONLY, dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise CorruptStoreError(f"{file}: chunk file is missing", path=file) from None
+        with open(cfd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != want:
+                raise CorruptStoreError(
+                    f"{file}: expected {want} bytes ({self.chunk} x {self.dtype} + crc32c), "
+                    f"got {size}", path=file)
+            return np.memmap(f, dtype=self.dtype, mode="r", shape=(valid,))
+
     def __len__(self) -> int:
         return self.n
 
     def chunk_data(self, i: int) -> np.ndarray:
         """Chunk ``i``'s valid elements (a read-only memory map)."""
         m = self._maps[i]
-        if m is None:
-            valid = min(self.chunk, self.n - i * self.chunk)
-            file = self.dir / "c" / str(i)
-            want = self.chunk * self.dtype.itemsize + 4
-            try:
-                size = os.path.getsize(file)
-            except FileNotFoundError:
-                raise CorruptStoreError(f"{file}: chunk file is missing", path=file) from None
-            if size != want:
-                raise CorruptStoreError(
-                    f"{file}: expected {want} bytes ({self.chunk} x {self.dtype} + crc32c), "
-                    f"got {size}", path=file)
-            m = np.memmap(file, dtype=self.dtype, mode="r", shape=(valid,))
-            self._maps[i] = m
+        if m is None:  # only after close()
+            m = self._maps[i] = self._map_chunk(i)
         return m
 
     def close(self) -> None:
-        """Drop the memory maps (they are made again if the array is read later)."""
+        """Drop the memory maps (they are made again, from the path, if read later)."""
         self._maps = [None] * self.nchunks
         self._fences = None
-
-    def map_all(self) -> None:
-        for i in range(self.nchunks):
-            self.chunk_data(i)
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Elements at ``idx`` (int64, within ``0..n-1``)."""

@@ -233,14 +233,15 @@ def decode_keys(flat: np.ndarray, lengths: np.ndarray) -> list[str]:
 
 
 def probe(q: EncodedKeys, qh: np.ndarray, *, size: int, search: Callable, hash_at: Callable,
-          row_at: Callable, offset_at: Callable, word_at: Callable, nrows: int,
-          nbytes: int) -> np.ndarray:
+          row_at: Callable, offset_at: Callable, word_at: Callable, row_limit: int,
+          visible: int, nbytes: int) -> np.ndarray:
     """Rows (int64, -1 where absent) of the keys ``q`` (hashes ``qh``) in a sorted index.
 
     The index has ``size`` sorted hashes: ``search(hashes)`` gives leftmost
     insertion points, ``hash_at``/``row_at`` read the sorted hashes and their
-    rows, ``offset_at`` the key offsets (``nrows + 1``), ``word_at`` 8-byte
-    words of the key bytes (``nbytes`` of them).  One pass per position in a run of equal hashes
+    rows, ``offset_at`` the key offsets, ``word_at`` 8-byte words of the key
+    bytes.  A row ``>= row_limit`` is damage; rows ``>= visible`` (added after
+    this snapshot) are skipped; the visible keys' bytes end by ``nbytes``.  One pass per position in a run of equal hashes
     (usually one or two passes in all).
     """
     n = len(q)
@@ -264,14 +265,19 @@ def probe(q: EncodedKeys, qh: np.ndarray, *, size: int, search: Callable, hash_a
         if not active.size:
             break
         rows = row_at(p)
-        if rows.min() < 0 or rows.max() >= nrows:
+        if rows.min() < 0 or rows.max() >= row_limit:
             raise CorruptStoreError(f"key index: row {int(rows.max())} out of range "
-                                    f"0..{nrows - 1} in key_order")
-        starts = offset_at(rows)
-        ends = offset_at(rows + 1)
-        if (ends < starts).any() or starts.min() < 0 or ends.max() > nbytes:
-            raise CorruptStoreError("key index: key_offsets are not increasing within key_utf8")
-        eq = keys_equal(q.subset(active), word_at, starts, ends - starts)
+                                    f"0..{row_limit - 1} in key_order")
+        eq = rows < visible
+        mine = np.flatnonzero(eq)
+        if mine.size:
+            r = rows[mine]
+            starts = offset_at(r)
+            ends = offset_at(r + 1)
+            if (ends < starts).any() or starts.min() < 0 or ends.max() > nbytes:
+                raise CorruptStoreError(
+                    "key index: key_offsets are not increasing within key_utf8")
+            eq[mine] = keys_equal(q.subset(active[mine]), word_at, starts, ends - starts)
         result[active[eq]] = rows[eq]
         active = active[~eq]
         step += 1

@@ -118,7 +118,7 @@ class KeyIndexWriter:
                              hash_at=run_h.__getitem__, row_at=run_rows.__getitem__,
                              offset_at=offsets.__getitem__,
                              word_at=words_from_bytes(utf8.__getitem__, len(utf8)),
-                             nrows=len(offsets) - 1,
+                             row_limit=len(offsets) - 1, visible=len(offsets) - 1,
                              nbytes=len(utf8))
                 found = rows >= 0
                 if found.any():

@@ -23,6 +23,7 @@ write time with :class:`FormatError`, and simply miss at lookup.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     import zarr
 
 __all__ = ["KeyIndexWriter", "DiskVocab", "INDEX_ARRAYS"]
+
+_RETRIES = 10  # attempts to map a consistent snapshot (20 ms apart)
 
 
 class DiskVocab(Vocab):
@@ -63,40 +66,54 @@ class DiskVocab(Vocab):
         return group
 
     def _map(self) -> None:
-        arrays = {name: MappedArray(self.path, name) for name in INDEX_ARRAYS}
-        for arr in arrays.values():  # a consistent snapshot even if an appender renames files
-            arr.map_all()
-        self._utf8, self._offsets = arrays["key_utf8"], arrays["key_offsets"]
-        self._hash, self._order = arrays["key_hash"], arrays["key_order"]
+        """Map the index arrays, retrying while an appender in another process swaps them."""
+        for attempt in range(_RETRIES):
+            try:
+                return self._map_once()
+            except CorruptStoreError:
+                if attempt == _RETRIES - 1:
+                    raise
+                time.sleep(0.02)
+
+    def _map_once(self) -> None:
+        # Read in the reverse of the order ``append`` writes (key_utf8, key_offsets,
+        # key_hash, key_order, then ``keys``): each array is then of the snapshot's
+        # version or newer, and newer versions only add rows (skipped: >= n).
         n = self._n
-        info = self._hash.attrs.get(INDEX_ATTR, {})
+        offsets = MappedArray(self.path, "key_offsets")
+        utf8 = MappedArray(self.path, "key_utf8")
+        hashes = MappedArray(self.path, "key_hash")
+        order = MappedArray(self.path, "key_order")
+        info = hashes.attrs.get(INDEX_ATTR, {})
         if info.get("hash") != HASH_NAME:
             raise CorruptStoreError(
                 f"{self.path}: key_hash holds hash {info.get('hash')!r}, this embstore reads "
                 f"{HASH_NAME!r}", path=self.path)
-        sizes = {"key_offsets": (len(self._offsets), n + 1), "key_hash": (len(self._hash), n),
-                 "key_order": (len(self._order), n)}
-        for name, (got, want) in sizes.items():
-            if got != want:
-                raise CorruptStoreError(
-                    f"{self.path}: {name} has {got} elements, expected {want} for {n} keys",
-                    path=self.path)
-        self._nbytes = int(self._offsets.read(n, n + 1)[0])
-        if self._nbytes + KEY_PAD != len(self._utf8):
+        if len(offsets) < n + 1 or len(hashes) < n or len(order) != len(hashes):
             raise CorruptStoreError(
-                f"{self.path}: key_utf8 has {len(self._utf8)} bytes, expected "
-                f"key_offsets[-1] + {KEY_PAD} = {self._nbytes + KEY_PAD}", path=self.path)
-        if self._utf8.nchunks == 1:  # the common case: words straight from the map
-            self._words = word_view(self._utf8.chunk_data(0)).__getitem__
+                f"{self.path}: key index sizes do not fit {n} keys: key_offsets "
+                f"{len(offsets)}, key_hash {len(hashes)}, key_order {len(order)} elements "
+                f"(expected {n + 1}, {n}, {n})", path=self.path)
+        last = int(offsets.read(len(offsets) - 1, len(offsets))[0])
+        if last + KEY_PAD > len(utf8):
+            raise CorruptStoreError(
+                f"{self.path}: key_utf8 has {len(utf8)} bytes, expected key_offsets[-1] + "
+                f"{KEY_PAD} = {last + KEY_PAD}", path=self.path)
+        self._utf8, self._offsets, self._hash, self._order = utf8, offsets, hashes, order
+        self._nbytes = int(offsets.read(n, n + 1)[0])
+        if utf8.nchunks == 1:  # the common case: words straight from the map
+            self._words = word_view(utf8.chunk_data(0)).__getitem__
         else:
-            self._words = words_from_bytes(self._utf8.take, len(self._utf8))
+            self._words = words_from_bytes(utf8.take, len(utf8))
 
     @classmethod
-    def open(cls, group: zarr.Group | None, path) -> DiskVocab | None:
+    def open(cls, group: zarr.Group | None, path, *, rows: int | None = None) -> DiskVocab | None:
         """The vocabulary of the group at ``path``, or None when it has no ``keys``.
 
         Reads five small JSON files and maps the index files; nothing else.  ``group``
         may be None: it is then opened (importing zarr) only for ``append``/``verify``.
+        ``rows`` (the table's committed row count) caps the keys seen, for readers
+        that open while another process appends.
         """
         path = Path(path)
         if not (path / "keys" / "zarr.json").is_file():
@@ -104,10 +121,11 @@ class DiskVocab(Vocab):
         meta = read_array_meta(path, "keys")
         try:
             (n,) = meta["shape"]
+            n = int(n)
         except (KeyError, TypeError, ValueError):
             raise CorruptStoreError(f"{path / 'keys'}: 'keys' must be a 1-D array, got "
                                     f"shape {meta.get('shape')!r}", path=path) from None
-        return cls(group, path, int(n))
+        return cls(group, path, n if rows is None else min(n, int(rows)))
 
     def __len__(self) -> int:
         return self._n
@@ -126,10 +144,11 @@ class DiskVocab(Vocab):
             return np.full(len(key_list), -1, dtype=np.int64)
         enc = encode_keys(key_list, strict=False)
         try:
-            return probe(enc, hash_encoded(enc), size=self._n, search=self._hash.searchsorted,
-                         hash_at=self._hash.take, row_at=self._order.take,
-                         offset_at=self._offsets.take, word_at=self._words,
-                         nrows=self._n, nbytes=self._nbytes)
+            return probe(enc, hash_encoded(enc), size=len(self._hash),
+                         search=self._hash.searchsorted, hash_at=self._hash.take,
+                         row_at=self._order.take, offset_at=self._offsets.take,
+                         word_at=self._words, row_limit=len(self._order), visible=self._n,
+                         nbytes=self._nbytes)
         except IndexError as exc:
             raise self._corrupt(exc) from None
 
@@ -167,22 +186,27 @@ class DiskVocab(Vocab):
             return
         n, g, path = self._n, self._zarr_group("r+"), self.path
         h = hash_encoded(enc)
-        arr = g["keys"]
-        arr.resize((n + m,))
-        arr[n:n + m] = np.array(keys, dtype=object)
         flat = enc.buf[: enc.nbytes]
         new_offsets = self._nbytes + np.cumsum(enc.lengths)
+        # the index first, ``keys`` last (readers take their size from ``keys``); data past
+        # this snapshot (left by an interrupted append) is dropped
         write_mapped(g, "key_utf8", self._nbytes + len(flat) + KEY_PAD, np.uint8,
                      concat_reader(Head(self._utf8, self._nbytes), flat,
                                    np.zeros(KEY_PAD, np.uint8)), path=path)
         write_mapped(g, "key_offsets", n + m + 1, np.int64,
-                     concat_reader(self._offsets, new_offsets), path=path)
+                     concat_reader(Head(self._offsets, n + 1), new_offsets), path=path)
+        old_h, old_rows = self._hash.read(0, len(self._hash)), self._order.read(0, len(self._order))
+        if len(old_h) != n:
+            old_h, old_rows = old_h[old_rows < n], old_rows[old_rows < n]
         order = np.argsort(h, kind="stable")
-        merged_h, merged_rows = merge_runs((self._hash.read(0, n), self._order.read(0, n)),
-                                       (h[order], np.arange(n, n + m, dtype=np.int64)[order]))
+        merged_h, merged_rows = merge_runs((old_h, old_rows),
+                                           (h[order], np.arange(n, n + m, dtype=np.int64)[order]))
         write_mapped(g, "key_hash", n + m, np.uint64, lambda a, b: merged_h[a:b],
                      attrs=index_attrs(), path=path)
         write_mapped(g, "key_order", n + m, np.int64, lambda a, b: merged_rows[a:b], path=path)
+        arr = g["keys"]
+        arr.resize((n + m,))
+        arr[n:n + m] = np.array(keys, dtype=object)
         self._n = n + m
         self._map()
 
@@ -198,6 +222,12 @@ class DiskVocab(Vocab):
             arr.verify(group, name)
         n = self._n
         bad = None
+        sizes = (len(self._offsets), len(self._hash), len(self._order), len(self._utf8))
+        if sizes != (n + 1, n, n, self._nbytes + KEY_PAD):
+            raise CorruptStoreError(
+                f"{self.path}: key index sizes (key_offsets, key_hash, key_order, key_utf8) "
+                f"are {sizes}, expected {(n + 1, n, n, self._nbytes + KEY_PAD)} for {n} keys "
+                "(an interrupted append? a later append repairs it)", path=self.path)
         offsets = self._offsets.read(0, n + 1)
         hashes, order = self._hash.read(0, n), self._order.read(0, n)
         if offsets[0] != 0 or (np.diff(offsets) < 0).any():

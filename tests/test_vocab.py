@@ -252,6 +252,31 @@ def test_append_then_reopen(tmp_path, request, layout):
     _check(before, _dedup(keys), extra=("new",), zarr_keys=False)
 
 
+def test_interrupted_append_is_invisible_and_repaired(tmp_path):
+    keys = [f"k{i}" for i in range(100)]
+    _build(tmp_path / "t", keys, 30)
+    _open(tmp_path / "t", mode="r+").append(["lost1", "lost2"])
+    # as if the appender died before its last step: ``keys`` still says 100
+    zarr.open_group(tmp_path / "t", mode="r+")["keys"].resize((100,))
+    vocab = _open(tmp_path / "t", lazy_group=True)
+    _check(vocab, _dedup(keys), extra=("lost1", "lost2"))
+    with pytest.raises(CorruptStoreError, match="interrupted append"):
+        vocab.verify()
+    _open(tmp_path / "t", mode="r+").append(["new"])   # drops the leftovers
+    fixed = _open(tmp_path / "t")
+    _check(fixed, _dedup(keys + ["new"]), extra=("lost1", "lost2"))
+    fixed.verify()
+
+
+def test_rows_cap(tmp_path):
+    keys = [f"k{i}" for i in range(50)]
+    _build(tmp_path / "t", keys, 50)
+    vocab = DiskVocab.open(None, tmp_path / "t", rows=40)
+    assert len(vocab) == 40
+    assert vocab.find(np.array(["k39", "k40", "k49"], dtype=object)).tolist() == [39, -1, -1]
+    assert vocab.keys_between(0, 40) == keys[:40]
+
+
 def test_append_refuses_invalid_utf8(tmp_path):
     _build(tmp_path / "t", ["a"], 1)
     vocab = _open(tmp_path / "t", mode="r+")
@@ -303,8 +328,8 @@ def test_damaged_index_refused_at_open(tmp_path, damage):
         zarr.open_group(t, mode="r+")["key_hash"].attrs["embstore_key_index"] = {"hash": "md5"}
         match = "holds hash 'md5'"
     else:
-        zarr.open_group(t, mode="r+")["keys"].resize((19,))
-        match = "key_offsets has 21 elements, expected 20 for 19 keys"
+        zarr.open_group(t, mode="r+")["keys"].resize((21,))
+        match = r"key index sizes do not fit 21 keys: key_offsets 21, key_hash 20"
     with pytest.raises(CorruptStoreError, match=match):
         _open(t)
 
