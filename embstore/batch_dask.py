@@ -65,8 +65,10 @@ def run_dask(job: Job, todo: list[int], scheduler: str, *, n_workers: int = 2, b
         raise EmbstoreError("--scheduler needs Dask: pip install 'embstore[dask]'") from None
     cluster = None
     if scheduler == "local":
+        # no dashboard (bokeh is not a dependency); its HTTP server on a free loopback port,
+        # as dashboard_address=None would still bind :8787 and clash with other clusters
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, host="127.0.0.1")
+                               dashboard_address="127.0.0.1:0", host="127.0.0.1")
         client = Client(cluster)
     else:
         try:

@@ -77,7 +77,14 @@ def assert_same(outs, expected):
 
 def test_local_cluster_same_bytes(tmp_path, job_files, table_array):
     table, ids = job_files
-    outs = run_both(CliRunner(), table, tmp_path / "ids.npy", tmp_path, "local", exts=("npy",))
+    with socket.socket() as blocker:  # Dask's default HTTP port taken must not matter
+        try:
+            blocker.bind(("127.0.0.1", 8787))
+            blocker.listen()
+        except OSError:
+            pass  # taken already: the same situation
+        outs = run_both(CliRunner(), table, tmp_path / "ids.npy", tmp_path, "local",
+                        exts=("npy",))
     assert_same(outs, np.take(table_array, ids, axis=0))
     assert not [p for p in os.listdir(tmp_path) if "partial" in p]
 
@@ -109,7 +116,8 @@ def test_real_scheduler_and_workers(tmp_path, job_files, table_array):
         with open(tmp_path / "scheduler.log", "wb") as log:
             procs.append(subprocess.Popen(
                 [str(DASK), "scheduler", "--host", "127.0.0.1", "--port",
-                 address.rsplit(":", 1)[1], "--no-dashboard", "--idle-timeout", "300"],
+                 address.rsplit(":", 1)[1], "--no-dashboard", "--dashboard-address",
+                 "127.0.0.1:0", "--idle-timeout", "300"],
                 stdout=log, stderr=log, env=env, cwd=tmp_path, start_new_session=True))
         with open(tmp_path / "worker.log", "wb") as log:
             procs.append(subprocess.Popen(

@@ -56,7 +56,7 @@ from embstore.batch import lookup_file
 if __name__ == '__main__':
     table, ids_path, out, workers = sys.argv[1:5]
     with LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True,
-                      dashboard_address=None, host='127.0.0.1') as cluster:
+                      dashboard_address='127.0.0.1:0', host='127.0.0.1') as cluster:
         lookup_file(table, ids_path, out, overwrite=True, scheduler=cluster.scheduler_address)
         s = lookup_file(table, ids_path, out, overwrite=True, scheduler=cluster.scheduler_address)
     print('SECONDS', s['seconds'])
