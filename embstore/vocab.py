@@ -4,7 +4,8 @@ Layout (in the table's Zarr group; ``V`` keys; see also docs/FORMAT.md):
 
 - ``keys``: 1-D Zarr string array (``vlen-utf8`` + zstd + crc32c, 65,536 keys a
   chunk): the contract's array, for any Zarr reader.
-- ``key_utf8`` (uint8): the UTF-8 bytes of all keys, back to back, in row order.
+- ``key_utf8`` (uint8): the UTF-8 bytes of all keys, back to back, in row order,
+  then 8 zero bytes (so keys are compared 8 bytes at a time straight from the map).
 - ``key_offsets`` (int64, ``V + 1``): key ``i`` is ``key_utf8[key_offsets[i]:key_offsets[i+1]]``.
 - ``key_hash`` (uint64, ``V``): the ``emb64-v1`` hashes (:mod:`embstore.keyhash`)
   of all keys, sorted ascending.  Attribute ``embstore_key_index`` names the hash.
@@ -19,6 +20,13 @@ with the query, walking runs of equal hashes, so a collision never gives a
 wrong id.  Keys are exact ``str``: any Unicode (``"\\x00"`` included), the empty
 string allowed; keys that are not valid Unicode (lone surrogates) are refused at
 write time with :class:`FormatError`, and simply miss at lookup.
+
+``append`` rewrites the four index arrays (O(V): append in batches) under
+temporary names, renames each into place, and grows ``keys`` last.  A reader
+takes its size from ``keys`` and maps the arrays through directory descriptors,
+so it sees one consistent snapshot (rows past it are skipped) even while
+another process appends; an interrupted append stays invisible and the next
+append overwrites its leftovers.
 """
 
 from __future__ import annotations
