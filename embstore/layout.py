@@ -174,3 +174,56 @@ def check_chunk(buf, where: str) -> memoryview:
         raise CorruptStoreError(f"{where}: crc32c mismatch (stored bytes are damaged)",
                                 path=where)
     return payload
+
+
+class ZstdDecoder:
+    """``decode(src_address, src_size, dst_address, dst_size)`` through libzstd (ctypes).
+
+    numcodecs' ``Zstd.decode`` creates a decompression context per call (~10 us, most of the
+    cost of a 4-16 KiB chunk) and holds the GIL; this keeps one context per thread and
+    ctypes releases the GIL during the call.  ``load()`` returns None without libzstd.
+    """
+
+    _shared: ZstdDecoder | None = None
+
+    def __init__(self, lib):
+        import ctypes
+        self._lib = lib
+        lib.ZSTD_createDCtx.restype = ctypes.c_void_p
+        lib.ZSTD_decompressDCtx.restype = ctypes.c_size_t
+        lib.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                            ctypes.c_void_p, ctypes.c_size_t]
+        lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
+        lib.ZSTD_isError.restype = ctypes.c_uint
+        self._local = threading.local()
+
+    @classmethod
+    def load(cls) -> ZstdDecoder | None:
+        if cls._shared is None:
+            import ctypes
+            import ctypes.util
+            names = [ctypes.util.find_library("zstd")]
+            try:
+                from numcodecs import zstd as _z  # the extension links zstd in
+                names.append(_z.__file__)
+            except ImportError:
+                pass
+            for name in names:
+                try:
+                    lib = ctypes.CDLL(name) if name else None
+                    if lib is not None and hasattr(lib, "ZSTD_decompressDCtx"):
+                        cls._shared = cls(lib)
+                        break
+                except OSError:
+                    continue
+            else:
+                cls._shared = False  # type: ignore[assignment]
+        return cls._shared or None
+
+    def decode(self, src: int, n: int, dst: int, cap: int) -> bool:
+        """Decompress into ``dst``; True if it gave exactly ``cap`` bytes."""
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = self._lib.ZSTD_createDCtx()  # one per thread, kept
+        got = self._lib.ZSTD_decompressDCtx(ctx, dst, cap, src, n)
+        return not self._lib.ZSTD_isError(got) and got == cap

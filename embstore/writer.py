@@ -19,7 +19,8 @@ from .shards import ShardReader
 
 __all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype"]
 
-CHUNK_TARGET = 16 << 10  # bytes per inner chunk
+CHUNK_TARGET = 16 << 10  # bytes per inner chunk (uncompressed)
+CHUNK_TARGET_COMPRESSED = 4 << 10  # compressed chunks are decoded whole: keep them small
 SHARD_TARGET = 128 << 20  # bytes per shard
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
@@ -36,7 +37,8 @@ def _pow2_below(x: float) -> int:
 
 
 def choose_layout(dim: int, dtype, rows: int | None = None, *, chunk_rows: int | None = None,
-                  shard_rows: int | None = None) -> tuple[int, int]:
+                  shard_rows: int | None = None,
+                  compression: str = "none") -> tuple[int, int]:
     """``(chunk_rows, shard_rows)``: the given values, or the defaults of docs/FORMAT.md."""
     rb = dim * np.dtype(dtype).itemsize
     for name, v in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)):
@@ -45,7 +47,8 @@ def choose_layout(dim: int, dtype, rows: int | None = None, *, chunk_rows: int |
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     cr = chunk_rows
     if cr is None:
-        cr = _pow2_below(CHUNK_TARGET / rb)
+        cr = _pow2_below((CHUNK_TARGET if compression == "none" else CHUNK_TARGET_COMPRESSED)
+                         / rb)
         if shard_rows is not None:
             cr = math.gcd(cr, int(shard_rows))
         elif rows is not None:
@@ -148,7 +151,7 @@ class TableWriter:
         self.compression, self.overwrite = compression, bool(overwrite)
         self._layout_args = (chunk_rows, shard_rows)
         choose_layout(self.dim, self.dtype, expected_rows, chunk_rows=chunk_rows,
-                      shard_rows=shard_rows)  # check the arguments now
+                      shard_rows=shard_rows, compression=compression)  # check arguments now
         self._check_dest()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = tempfile.mkdtemp(prefix=f"{self.path.name}.tmp-", dir=self.path.parent)
@@ -186,7 +189,7 @@ class TableWriter:
     def _decide(self, rows: int | None) -> None:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
         cr, sr = choose_layout(self.dim, self.dtype, rows, chunk_rows=self._layout_args[0],
-                               shard_rows=self._layout_args[1])
+                               shard_rows=self._layout_args[1], compression=self.compression)
         comp = {"none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
                 "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                      typesize=self.dtype.itemsize)]}[self.compression]
@@ -244,7 +247,8 @@ class TableWriter:
 
     def _flush(self, *, final: bool) -> None:
         if self._layout is None:
-            cr, sr = choose_layout(self.dim, self.dtype, None, chunk_rows=self._layout_args[0])
+            cr, sr = choose_layout(self.dim, self.dtype, None, chunk_rows=self._layout_args[0],
+                                   compression=self.compression)
             if self._pending_rows < sr and not final:
                 return
             self._decide(None if self._pending_rows >= sr else self._pending_rows)

@@ -323,12 +323,7 @@ READER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("with_keys", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(
-        reason="vocab.py: DiskVocab.append grows keys and the key index in several steps; a "
-               "reader opening in between sees CorruptStoreError", strict=False))],
-    ids=["vectors", "keys"])
+@pytest.mark.parametrize("with_keys", [False, True], ids=["vectors", "keys"])
 def test_reader_process_while_writer_appends(tmp_path, with_keys):
     D, V0, step, n = 4, 50, 25, 24
     row = lambda a, b: np.repeat(np.arange(a, b, dtype=np.float32)[:, None], D, axis=1)  # noqa
