@@ -91,6 +91,9 @@ class JoinedMap:
             self.closed = True
             _libc.munmap(self.base, self.total)
 
+    def __del__(self) -> None:  # no reader holds it any more (they hold a reference)
+        self.close()
+
 
 def stride_for(layout) -> int:
     """Bytes reserved per shard: the largest shard this layout writes, in whole pages."""

@@ -72,6 +72,7 @@ def test_default_layout_is_documented(tmp_path, rng):
     assert choose_layout(300, "float32") == (8, 65536)  # 16 KiB // 1200 B -> 8 rows
     assert choose_layout(256, "float32", 1000) == (16, 1008)
     assert choose_layout(4, "float64", shard_rows=48) == (16, 48)
+    assert choose_layout(256, "float32", compression="zstd") == (4, 131072)
 
 
 def test_create_then_write_persists(tmp_path, rng):
