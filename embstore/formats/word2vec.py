@@ -27,6 +27,7 @@ __all__ = ["read", "write", "TextReader", "write_text"]
 
 BLOCK_BYTES = 8 << 20
 MAX_LINE_BYTES = 256 << 20
+MAX_EMPTY_DIM = 1 << 31  # the largest dimension of a header with count 0
 _WS = re.compile(r"[ \t\n\r\x0b\x0c]")
 
 
@@ -72,6 +73,11 @@ class TextReader(Reader):
             count, dim = int(toks[0]), int(toks[1])
             if dim < 1:
                 raise self.error(f"expected a dimension >= 1 in the header, got {dim}", line=1)
+            # a row of dim values needs >= 2 * dim bytes: refuse before sizing anything by dim
+            most = (self.progress_total - len(first)) // 2 if count else MAX_EMPTY_DIM
+            if dim > most:
+                raise self.error(f"the header's dimension {dim} cannot fit: expected at most "
+                                 f"{most} ({self.progress_total} bytes in the file)", line=1)
             self.count, self.dim = count, dim
             self._line = 2
             self.progress_done = len(first)

@@ -48,6 +48,11 @@ class BinaryReader(Reader):
             self.count, self.dim = int(toks[0]), int(toks[1])
             if self.dim < 1:
                 raise self.error(f"expected a dimension >= 1 in the header, got {self.dim}", line=1)
+            # a row holds 4 * dim bytes: refuse before sizing a read buffer by dim
+            most = (self.progress_total - len(first)) // 4 if self.count else 1 << 31
+            if self.dim > most:
+                raise self.error(f"the header's dimension {self.dim} cannot fit: expected at "
+                                 f"most {most} ({self.progress_total} bytes in the file)", line=1)
         except BaseException:
             self._f.close()
             raise
