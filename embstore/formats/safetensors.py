@@ -12,6 +12,7 @@ then the rows block by block, one tensor named ``weight``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 
@@ -54,16 +55,22 @@ def read_header(path) -> tuple[dict, int]:
         try:
             dtype, shape = info["dtype"], [int(s) for s in info["shape"]]
             begin, end = (int(x) for x in info["data_offsets"])
+            if not isinstance(dtype, str) or min(shape, default=0) < 0:
+                raise ValueError(dtype)
         except (TypeError, KeyError, ValueError):
             raise FormatError(f"tensor {name!r}: expected dtype, shape and data_offsets, "
                               f"got {info!r}", path=path) from None
-        nbytes = _ITEMSIZE.get(dtype, 0) * int(np.prod(shape, dtype=np.int64)) if shape else \
-            _ITEMSIZE.get(dtype, 0)
+        nbytes = _ITEMSIZE.get(dtype, 0) * math.prod(shape)  # Python ints: no overflow
         if not 0 <= begin <= end <= size - data_start or end - begin != nbytes:
             raise FormatError(f"tensor {name!r}: expected {nbytes} bytes for {dtype} {shape} "
                               f"inside the file, got offsets [{begin}, {end}] of "
                               f"{size - data_start} data bytes", path=path)
         info["shape"], info["data_offsets"] = shape, [begin, end]
+    spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in header.items())
+    for (_, end0, a), (begin1, _, b) in zip(spans, spans[1:]):
+        if begin1 < end0:
+            raise FormatError(f"tensors {a!r} and {b!r} overlap (bytes {begin1}..{end0 - 1}); "
+                              "expected disjoint data_offsets", path=path)
     return header, data_start
 
 
