@@ -10,6 +10,7 @@ to safetensors, which PyTorch reads with ``safetensors.torch.load_file``).
 from __future__ import annotations
 
 import os
+import warnings
 
 from . import DEFAULT_BLOCK_ROWS
 from ._array import ArrayReader
@@ -42,12 +43,14 @@ def load_tensors(path) -> dict:
 
     path = os.fspath(path)
     try:
-        try:
-            obj = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
-        except RuntimeError as exc:  # legacy (non-zip) files cannot be memory-mapped
-            if "mmap" not in str(exc):
-                raise
-            obj = torch.load(path, weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols: not ours
+            warnings.simplefilter("ignore")
+            try:
+                obj = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+            except RuntimeError as exc:  # legacy (non-zip) files cannot be memory-mapped
+                if "mmap" not in str(exc):
+                    raise
+                obj = torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError,
             ImportError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
