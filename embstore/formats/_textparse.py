@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from operator import methodcaller
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..errors import FormatError
 __all__ = ["parse_block", "decode_keys"]
 
 _split_key = methodcaller("split", None, 1)
+_INFO_SEPARATORS = re.compile(rb"[\x1c-\x1f]")
 
 
 def _short(b: bytes, n: int = 40) -> str:
@@ -64,13 +66,17 @@ def parse_block(lines: list[bytes], *, dim: int, path, first_line: int, unicode_
     ok = all(map((2).__eq__, map(len, pairs)))
     if ok:
         raw_keys, values = zip(*pairs)
+        joined = b"\n".join(values)
         try:
-            arr = np.loadtxt(io.BytesIO(b"\n".join(values)), dtype=np.float64, ndmin=2,
+            arr = np.loadtxt(io.BytesIO(joined), dtype=np.float64, ndmin=2,
                              comments=None, encoding="latin-1")
         except ValueError:
             ok = False
         else:
-            ok = arr.shape == (n, dim) and bool(np.isfinite(arr).all())
+            # loadtxt strips \x1c-\x1f as whitespace ("\x1c1.5" -> 1.5); the slow path
+            # (float, bytes.split) does not: let it name such a line
+            ok = arr.shape == (n, dim) and bool(np.isfinite(arr).all()) and \
+                _INFO_SEPARATORS.search(joined) is None
     if not ok:
         return _slow_block(lines, dim=dim, path=path, first_line=first_line,
                            unicode_errors=unicode_errors, dtype=dtype)
