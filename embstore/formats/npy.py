@@ -20,7 +20,8 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
     """Stream the rows of a 2-D float ``.npy`` file."""
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, EOFError, OverflowError, OSError) as exc:  # EOFError: an empty file
+    except Exception as exc:  # noqa: BLE001 - NumPy's header parser raises many types
+        # (ValueError, EOFError for an empty file, OverflowError, tokenize.TokenError)
         raise FormatError(f"expected a .npy array of floats, got an unreadable file ({exc})",
                           path=path) from None
     if not isinstance(arr, np.ndarray):  # an .npz archive
