@@ -53,9 +53,10 @@ def read_header(path) -> tuple[dict, int]:
     data_start = 8 + n
     for name, info in header.items():
         try:
-            dtype, shape = info["dtype"], [int(s) for s in info["shape"]]
-            begin, end = (int(x) for x in info["data_offsets"])
-            if not isinstance(dtype, str) or min(shape, default=0) < 0:
+            dtype, shape = info["dtype"], list(info["shape"])
+            begin, end = info["data_offsets"]
+            if not isinstance(dtype, str) or not all(
+                    type(x) is int and x >= 0 for x in shape + [begin, end]):  # JSON integers
                 raise ValueError(dtype)
         except (TypeError, KeyError, ValueError):
             raise FormatError(f"tensor {name!r}: expected dtype, shape and data_offsets, "
