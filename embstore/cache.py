@@ -6,8 +6,15 @@ as many cells) is allocated up front too, and the number of slots is chosen so t
 plus bookkeeping fit in ``capacity_bytes``: the cache never holds more than its budget.
 A batch costs a handful of NumPy operations over its ids: a vectorised hash probe (one
 round per step of linear probing), one gather of the hits, one fetch of all the batch's
-distinct misses through the read path, and eviction of the least recently used slots by
-``np.argpartition`` of their stamps.
+misses through the read path, and eviction of the least recently used slots by
+``np.argpartition`` of their stamps (slots never used are filled first, with no scan).
+
+Admission: a batch caches every row that was missed before (within a window of about
+``4 * slots`` first misses: TinyLFU's "doorkeeper") plus up to ``ADMIT_ALL_BELOW`` of its
+first-time misses, taken evenly.  A small batch is thus cached whole, as by a plain LRU,
+while a large cold batch (a scan, uniformly random ids) copies little into the cache and
+so costs about what the read path costs; rows that recur (the head of a Zipf
+distribution) enter on their second use at the latest.
 
 Counting (``cache_info``): every requested id counts once (duplicates in a batch included):
 a *hit* if its row was cached when the batch started, a *miss* otherwise.  ``evictions``
@@ -29,6 +36,9 @@ __all__ = ["CacheInfo", "RowCache", "parse_bytes"]
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of ids
 _EMPTY, _TOMB = -1, -2
+#: A batch caches at most this many of its first-time misses (all of them in a small
+#: batch, as a plain LRU does), plus every row missed before (see ``RowCache._admit``).
+ADMIT_ALL_BELOW = 2048
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
@@ -81,20 +91,55 @@ class RowCache:
         self._reset()
 
     def _footprint(self, slots: int) -> int:
-        """Bytes held with ``slots`` slots: rows, slot ids, stamps, hash keys and values."""
+        """Bytes held with ``slots`` slots: rows, slot ids, stamps, hash keys and values,
+        and the one-byte-per-cell doorkeeper."""
         h = 1 << max(3, int(2 * max(1, slots) - 1).bit_length())
-        return slots * (self.row_bytes + 16) + 16 * h
+        return slots * (self.row_bytes + 16) + 16 * h + 2 * h
 
     def _reset(self) -> None:
-        self._slot_id = np.full(self.slots, -1, dtype=np.int64)
-        self._stamp = np.full(self.slots, -1, dtype=np.int64)  # -1: empty, evicted first
-        self._hk = np.full(1 << self.bits, _EMPTY, dtype=np.int64)  # id, -1 empty, -2 deleted
-        self._hv = np.zeros(1 << self.bits, dtype=np.int64)  # slot of that id
+        # the bookkeeping arrays are allocated on first use, so an open table costs nothing;
+        # once allocated they are refilled in place (no new pages to fault in)
+        if getattr(self, "_slot_id", None) is not None:
+            if self._filled:
+                self._slot_id[: self._filled] = -1
+                self._stamp[: self._filled] = -1
+            if self._used:
+                self._hk.fill(_EMPTY)
+            if getattr(self, "_seen_count", 0):
+                self._seen.fill(0)
+        else:
+            self._slot_id = self._stamp = self._hk = self._hv = self._seen = None
         self._used = 0  # hash cells not empty (live + deleted)
         self._entries = 0
+        self._filled = 0  # slots ever used (they fill in order, then LRU eviction)
+        self._seen_count = 0
         self._clock = 0
         self._gen = 0
         self.hits = self.misses = self.evictions = 0
+
+    def _allocate(self) -> None:
+        if self._slot_id is None:
+            self._slot_id = np.full(self.slots, -1, dtype=np.int64)
+            self._stamp = np.full(self.slots, -1, dtype=np.int64)  # -1: empty, evicted first
+            self._hk = np.full(1 << self.bits, _EMPTY, dtype=np.int64)  # id; -1 empty, -2 deleted
+            self._hv = np.zeros(1 << self.bits, dtype=np.int64)  # slot of that id
+            self._seen = np.zeros(2 << self.bits, dtype=np.uint8)  # doorkeeper (see _admit)
+
+    def _seen_before(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each id missed before: TinyLFU's doorkeeper, one byte per hash cell.
+
+        Marks the ids as seen.  The window is reset after about ``4 * slots`` first misses.
+        Call under the lock.
+        """
+        self._allocate()
+        cell = ((ids.astype(np.uint64) * _MULT) >> np.uint64(63 - self.bits)).astype(np.intp)
+        seen = self._seen[cell].astype(bool)
+        self._seen[cell] = 1
+        self._seen_count += int(ids.size - np.count_nonzero(seen))
+        if self._seen_count > 4 * self.slots:
+            self._seen.fill(0)
+            self._seen_count = 0
+        return seen
 
     # -- the id -> slot hash index (open addressing, linear probing, vectorised) ------------
     def _home(self, ids: np.ndarray) -> np.ndarray:
@@ -163,21 +208,47 @@ class RowCache:
                 return
             if nh:
                 slots = self._hv[cell[hit]]
+                miss_at = np.flatnonzero(~hit)
                 out[hit] = self._rows[slots]
                 self._stamp[slots] = tick
-        miss_at = np.flatnonzero(~hit)
-        uniq, inv = np.unique(ids[miss_at], return_inverse=True)
-        rows = np.empty((uniq.size, self.dim), dtype=self.dtype)
-        fetch(uniq, rows)  # one call into the read path, outside the lock
-        out[miss_at] = rows[inv]
+        # one call into the read path for all misses, outside the lock
+        if nh:
+            miss_ids = ids[miss_at]
+            rows = np.empty((miss_ids.size, self.dim), dtype=self.dtype)
+            fetch(miss_ids, rows)
+            out[miss_at] = rows
+        else:
+            miss_ids, rows = ids, out
+            fetch(ids, out)
         with self._lock:
-            if gen == self._gen:  # no write happened meanwhile: the rows are current
-                self._insert(uniq, rows, tick)
+            if gen != self._gen:  # a write happened meanwhile: the rows may be stale
+                return
+            admit = self._admit(miss_ids)
+            if admit.size:
+                uniq, first = np.unique(miss_ids[admit], return_index=True)
+                self._insert(uniq, rows[admit[first]], tick)
+
+    def _admit(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of the missed ``ids`` to cache; call under the lock.
+
+        Every row missed before (within the doorkeeper's window, see ``_seen_before``), plus
+        up to ``ADMIT_ALL_BELOW`` first-time misses, taken evenly from the batch.  A small
+        batch is thus cached whole, as by a plain LRU; a large cold batch (a scan, uniformly
+        random traffic) copies little into the cache and evicts little, while rows that
+        recur (the head of a Zipf distribution) get in on their second use at the latest.
+        """
+        seen = self._seen_before(ids)
+        first = np.flatnonzero(~seen)
+        if first.size > ADMIT_ALL_BELOW:
+            seen[first[:: -(-first.size // ADMIT_ALL_BELOW)]] = True
+            return np.flatnonzero(seen)
+        return np.arange(ids.size)
 
     def _insert(self, ids: np.ndarray, rows: np.ndarray, tick: int) -> None:
         """Cache distinct ``ids``; call under the lock."""
         if self.slots == 0 or ids.size == 0:
             return
+        self._allocate()
         present = self._probe(ids) >= 0
         if present.any():  # another thread cached some meanwhile
             ids, rows = ids[~present], rows[~present]
@@ -185,14 +256,23 @@ class RowCache:
         if k == 0:
             return
         ids, rows = ids[:k], rows[:k]
-        victims = (np.argpartition(self._stamp, k - 1)[:k] if k < self.slots
-                   else np.arange(self.slots))
-        old = self._slot_id[victims]
-        gone = old >= 0
-        if gone.any():
-            self.evictions += int(np.count_nonzero(gone))
-            self._hk[self._probe(old[gone])] = _TOMB
-            self._entries -= int(np.count_nonzero(gone))
+        fresh = min(k, self.slots - self._filled)  # never-used slots first: no eviction scan
+        victims = np.arange(self._filled, self._filled + fresh)
+        self._filled += fresh
+        if fresh < k:
+            need = k - fresh
+            stamp = self._stamp
+            if fresh:  # the slots just taken are not candidates
+                stamp = stamp.copy()
+                stamp[victims] = np.iinfo(np.int64).max
+            lru = np.argpartition(stamp, need - 1)[:need]
+            victims = np.concatenate([victims, lru])
+            old = self._slot_id[lru]
+            gone = old >= 0
+            if gone.any():
+                self.evictions += int(np.count_nonzero(gone))
+                self._hk[self._probe(old[gone])] = _TOMB
+                self._entries -= int(np.count_nonzero(gone))
         self._slot_id[victims] = ids
         self._stamp[victims] = tick
         self._rows[victims] = rows
