@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DestinationExistsError, ShapeMismatchError
-from .layout import COMPRESSIONS, Layout, encode_chunks, make_codec, shard_bytes
+from crc32c import crc32c
+
+from .layout import ABSENT, COMPRESSIONS, Layout, encode_chunks, make_codec, shard_bytes
 from .shards import ShardReader
 
 __all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype"]
@@ -62,6 +64,37 @@ def choose_layout(dim: int, dtype, rows: int | None = None, *, chunk_rows: int |
         raise ValueError(f"shard_rows must be a multiple of chunk_rows: got shard_rows={sr}, "
                          f"chunk_rows={cr}")
     return int(cr), int(sr)
+
+
+DECIDE_BYTES = 8 << 20  # pending bytes that make a table "large" (default layout)
+STREAM_CHUNKS = 256  # inner chunks encoded per write while streaming a shard
+
+
+class _ShardStream:
+    """One shard file being written: chunks appended as they come, the index at the end."""
+
+    def __init__(self, path: str, layout: Layout, codec):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.f = open(path, "wb")
+        self.layout, self.codec = layout, codec
+        self.index = np.full((layout.n_inner, 2), ABSENT, dtype="<u8")
+        self.pos = 0
+        self.chunks = 0
+
+    def write(self, rows: np.ndarray) -> None:
+        """Rows for the next whole chunks (the last chunk of the table may be partial)."""
+        for part in encode_chunks(rows, self.layout, self.codec):
+            self.f.write(part)
+            self.index[self.chunks] = (self.pos, len(part))
+            self.pos += len(part)
+            self.chunks += 1
+
+    def close(self) -> None:
+        body = self.index.tobytes()
+        self.f.write(body)
+        if self.layout.index_crc:
+            self.f.write(crc32c(body).to_bytes(4, "little"))
+        self.f.close()
 
 
 def _write_pieces(path: str, pieces: list, *, sync: bool) -> None:
@@ -160,6 +193,7 @@ class TableWriter:
         self._pending: list[np.ndarray] = []
         self._pending_rows = 0
         self._shards_done = 0
+        self._stream: _ShardStream | None = None
         self._layout: Layout | None = None
         self._codec = None
         self._attrs = dict(attrs or {})
@@ -246,33 +280,45 @@ class TableWriter:
         return int(vec.shape[0])
 
     def _flush(self, *, final: bool) -> None:
+        """Write every whole inner chunk that is pending (all rows when ``final``).
+
+        The layout is fixed once ``DECIDE_BYTES`` are pending (the table is large: the
+        default layout) or at the end (a small table: shards fitted to its size).  After
+        that, chunks stream into the current shard file as they fill, so memory holds less
+        than one chunk of rows beyond the block being added, never a whole shard.
+        """
         if self._layout is None:
-            cr, sr = choose_layout(self.dim, self.dtype, None, chunk_rows=self._layout_args[0],
-                                   compression=self.compression)
-            if self._pending_rows < sr and not final:
+            if self._pending_rows * self.dim * self.dtype.itemsize < DECIDE_BYTES and not final:
                 return
-            self._decide(None if self._pending_rows >= sr else self._pending_rows)
-        sr = self._layout.shard_rows
-        if self._pending_rows < sr and not final or not self._pending_rows:
-            return
-        block = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending = []
+            self._decide(None if not final else self._pending_rows)
+        cr = self._layout.chunk_rows
+        block = (np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+                 if self._pending else np.empty((0, self.dim), self.dtype))
+        whole = block.shape[0] if final else block.shape[0] // cr * cr
         start = 0
-        while block.shape[0] - start >= sr or (final and start < block.shape[0]):
-            self._write_shard(block[start: start + sr])
-            start += sr
-        rest = block[start:]
+        while start < whole:
+            if self._stream is None:
+                self._stream = _ShardStream(self._shard_path(self._shards_done), self._layout,
+                                            self._codec)
+            room = (self._layout.n_inner - self._stream.chunks) * cr
+            take = min(whole - start, room, STREAM_CHUNKS * cr)
+            self._stream.write(block[start: start + take])
+            start += take
+            if self._stream.chunks == self._layout.n_inner:
+                self._stream.close()
+                self._stream = None
+                self._shards_done += 1
+        rest = block[whole:]
         self._pending = [rest] if rest.shape[0] else []
         self._pending_rows = rest.shape[0]
+        if final and self._stream is not None:
+            self._stream.close()
+            self._stream = None
+            self._shards_done += 1
 
-    def _write_shard(self, rows: np.ndarray) -> None:
+    def _shard_path(self, i: int) -> str:
         L = self._layout
-        chunks = encode_chunks(rows, L, self._codec)
-        chunks += [None] * (L.n_inner - len(chunks))
-        path = os.path.join(self._tmp, "vectors", *L.shard_key(self._shards_done).split(
-            L.separator))
-        _write_pieces(path, shard_bytes(chunks, L), sync=False)
-        self._shards_done += 1
+        return os.path.join(self._tmp, "vectors", *L.shard_key(i).split(L.separator))
 
     def _declare_zero_rows(self, n: int) -> None:
         """``create``: a table of ``n`` rows of zeros (no shard files: absent reads as zeros)."""
@@ -329,6 +375,12 @@ class TableWriter:
     def abort(self) -> None:
         """Remove the temporary directory; ``path`` is left as it was."""
         self._done = True
+        if getattr(self, "_stream", None) is not None:
+            self._stream.f.close()
+            self._stream = None
+        keys = getattr(self, "_keys", None)
+        if keys is not None and hasattr(keys, "close"):
+            keys.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __enter__(self) -> TableWriter:
