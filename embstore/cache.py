@@ -187,12 +187,17 @@ class RowCache:
             pos = (pos + 1) & mask
 
     # -- lookups ----------------------------------------------------------------------
-    def gather(self, ids: np.ndarray, out: np.ndarray,
-               fetch: Callable[[np.ndarray, np.ndarray], None]) -> None:
-        """Fill ``out`` with rows ``ids`` (validated 1-D int64); ``fetch(ids, out)`` reads misses."""
+    def gather(self, ids: np.ndarray, out: np.ndarray | None,
+               fetch: Callable[[np.ndarray, np.ndarray], None],
+               take: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """Rows ``ids`` (validated 1-D int64) into ``out`` (returned), reading misses with
+        ``fetch(ids, out)`` in one call.  With ``out=None`` a new array is returned; when
+        nothing hits, it is ``take(ids)`` itself (no extra copy), if ``take`` is given."""
         n = ids.size
+        if out is None and (take is None or n == 0):
+            out = np.empty((n, self.dim), dtype=self.dtype)
         if n == 0:
-            return
+            return out
         with self._lock:
             self._clock += 1
             tick, gen = self._clock, self._gen
@@ -201,16 +206,18 @@ class RowCache:
             nh = int(np.count_nonzero(hit))
             self.hits += nh
             self.misses += n - nh
-            if nh == n:
-                slots = self._hv[cell]
-                np.take(self._rows, slots, axis=0, out=out, mode="clip")
-                self._stamp[slots] = tick
-                return
             if nh:
-                slots = self._hv[cell[hit]]
-                miss_at = np.flatnonzero(~hit)
-                out[hit] = self._rows[slots]
+                if out is None:
+                    out = np.empty((n, self.dim), dtype=self.dtype)
+                slots = self._hv[cell] if nh == n else self._hv[cell[hit]]
+                if nh == n:
+                    np.take(self._rows, slots, axis=0, out=out, mode="clip")
+                else:
+                    miss_at = np.flatnonzero(~hit)
+                    out[hit] = self._rows[slots]
                 self._stamp[slots] = tick
+                if nh == n:
+                    return out
         # one call into the read path for all misses, outside the lock
         if nh:
             miss_ids = ids[miss_at]
@@ -218,15 +225,20 @@ class RowCache:
             fetch(miss_ids, rows)
             out[miss_at] = rows
         else:
-            miss_ids, rows = ids, out
-            fetch(ids, out)
+            miss_ids = ids
+            if out is None:
+                out = take(ids)
+            else:
+                fetch(ids, out)
+            rows = out
         with self._lock:
             if gen != self._gen:  # a write happened meanwhile: the rows may be stale
-                return
+                return out
             admit = self._admit(miss_ids)
             if admit.size:
                 uniq, first = np.unique(miss_ids[admit], return_index=True)
                 self._insert(uniq, rows[admit[first]], tick)
+        return out
 
     def _admit(self, ids: np.ndarray) -> np.ndarray:
         """Positions of the missed ``ids`` to cache; call under the lock.
