@@ -20,6 +20,7 @@ from .cache import CacheInfo, RowCache, parse_bytes
 from .errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
 from .ids import as_ids
 from .memory import check_table_array
+from .metacheck import check_group_meta, check_vectors_meta
 from .layout import Layout
 from .shards import ShardReader
 from .table import Table, as_key_array
@@ -38,8 +39,10 @@ def read_json(path: Path, what: str) -> dict:
             doc = json.load(f)
     except FileNotFoundError:
         raise FormatError(f"not an embstore table: {what} is missing", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptStoreError(f"{path}: broken JSON ({exc})", path=str(path)) from None
+    except (IsADirectoryError, NotADirectoryError) as exc:
+        raise CorruptStoreError(f"{path}: cannot read ({exc.strerror})", path=str(path)) from None
     if not isinstance(doc, dict):
         raise CorruptStoreError(f"{path}: expected a JSON object", path=str(path))
     return doc
@@ -49,15 +52,9 @@ def read_table_meta(path: Path) -> tuple[dict, dict]:
     """``(embstore attributes, vectors zarr.json)`` of the table at ``path``, checked."""
     if not path.is_dir():
         raise FormatError("not an embstore table (no such directory)", path=str(path))
-    group = read_json(path / "zarr.json", "the group's zarr.json")
-    if group.get("node_type") != "group" or group.get("zarr_format") != 3:
-        raise FormatError("not an embstore table: zarr.json is not a Zarr v3 group",
-                          path=str(path))
-    attrs = (group.get("attributes") or {}).get("embstore") or {}
-    if attrs and attrs.get("format") != 1:
-        raise FormatError(f"embstore format {attrs.get('format')!r} is not supported "
-                          "(this version reads format 1)", path=str(path))
+    attrs = check_group_meta(read_json(path / "zarr.json", "the group's zarr.json"), path)
     meta = read_json(path / "vectors" / "zarr.json", "vectors/zarr.json")
+    check_vectors_meta(meta, path / "vectors" / "zarr.json", attrs)
     return attrs, meta
 
 
@@ -82,7 +79,12 @@ class ZarrTable(Table):
         self._reader = None
         if self._layout is None:  # a layout the fast path does not know: zarr-python reads
             import zarr
-            self._zarr = zarr.open_array(str(self.path / "vectors"), mode=self.mode)
+            try:
+                self._zarr = zarr.open_array(str(self.path / "vectors"), mode=self.mode)
+            except Exception as exc:  # noqa: BLE001 - zarr refuses bad metadata in many ways
+                raise CorruptStoreError(f"{self.path / 'vectors'}: zarr cannot open the array "
+                                        f"({type(exc).__name__}: {exc})",
+                                        path=str(self.path)) from None
             if self._zarr.ndim != 2:
                 raise FormatError(f"vectors must be 2-D, got shape {self._zarr.shape}",
                                   path=str(self.path))
@@ -91,6 +93,17 @@ class ZarrTable(Table):
             self._reader = ShardReader(str(self.path / "vectors"), self._layout)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
         self._vocab_obj = None
+        if self._has_keys:
+            self._check_key_count()
+
+    def _check_key_count(self) -> None:
+        """Keys must cover every row (more keys: an append in flight, they are capped)."""
+        from .keyarrays import read_array_meta
+        shape = read_array_meta(self.path, "keys").get("shape")
+        if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int
+                and shape[0] >= self.vocab_size):
+            raise CorruptStoreError(f"{self.path}/keys: expected {self.vocab_size} keys (one "
+                                    f"per row), got shape {shape!r}", path=str(self.path))
 
     # -- geometry ---------------------------------------------------------------------------
     @property
@@ -186,9 +199,14 @@ class ZarrTable(Table):
                 if self._vocab_obj is None:
                     from .vocab import DiskVocab
                     # no zarr import on the read path: DiskVocab opens the group when it writes
-                    self._vocab_obj = DiskVocab.open(None, self.path)
-                    if self._vocab_obj is None:
-                        self._has_keys = False
+                    # rows: keys past the committed row count belong to an append in flight
+                    vocab = DiskVocab.open(None, self.path, rows=self.vocab_size)
+                    if vocab is None or len(vocab) != self.vocab_size:
+                        raise CorruptStoreError(
+                            f"{self.path}: expected {self.vocab_size} keys (has_keys), got "
+                            f"{'no keys array' if vocab is None else len(vocab)}",
+                            path=str(self.path))
+                    self._vocab_obj = vocab
         return self._vocab_obj
 
     # -- writes -----------------------------------------------------------------------------

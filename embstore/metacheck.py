@@ -1,0 +1,107 @@
+"""Checks of a table's metadata before anything is sized, opened or read by it.
+
+``zarr.json`` files are untrusted input: a hostile or damaged one must give a clean
+:class:`~embstore.errors.CorruptStoreError`, never a path outside the table, an
+allocation sized by a huge shape, a division by zero or a foreign exception.  The rules
+are those of docs/FORMAT.md that every reader relies on; a layout the fast path does not
+know (other codecs) still passes here and is read by zarr-python.
+"""
+
+from __future__ import annotations
+
+from .errors import CorruptStoreError, FormatError
+
+__all__ = ["check_group_meta", "check_vectors_meta", "MAX_INNER_CHUNKS", "MAX_DIM"]
+
+FLOAT_TYPES = ("float16", "float32", "float64")
+MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
+MAX_BYTES = 1 << 60  # logical bytes of a table
+MAX_DIM = 1 << 28  # values per row (a 2 GiB float64 row)
+
+
+def _is_int(x) -> bool:
+    return type(x) is int  # JSON integers only: not true/false, not 4.0
+
+
+def _positive_ints(value, n: int) -> bool:
+    return isinstance(value, list) and len(value) == n and all(
+        _is_int(v) and v >= 1 for v in value)
+
+
+def check_group_meta(group: dict, where) -> dict:
+    """The ``embstore`` attributes of a group ``zarr.json`` (``{}`` if it has none)."""
+    if group.get("node_type") != "group" or group.get("zarr_format") != 3:
+        raise FormatError("not an embstore table: zarr.json is not a Zarr v3 group",
+                          path=str(where))
+    attributes = group.get("attributes", {})
+    if not isinstance(attributes, dict):
+        raise CorruptStoreError(f"{where}: the group's attributes must be a JSON object, got "
+                                f"{type(attributes).__name__}", path=str(where))
+    attrs = attributes.get("embstore") or {}
+    if not isinstance(attrs, dict):
+        raise CorruptStoreError(f"{where}: attributes.embstore must be a JSON object, got "
+                                f"{type(attrs).__name__}", path=str(where))
+    if attrs and (not _is_int(attrs.get("format")) or attrs.get("format") != 1):
+        raise FormatError(f"embstore format {attrs.get('format')!r} is not supported "
+                          "(this version reads format 1)", path=str(where))
+    return attrs
+
+
+def check_vectors_meta(meta: dict, where, attrs: dict | None = None) -> None:
+    """Raise :class:`CorruptStoreError` unless ``vectors/zarr.json`` describes a sane table:
+    a Zarr v3 array of shape ``(rows >= 0, 1 <= dim <= MAX_DIM)``, a float data type, a
+    regular chunk grid, chunk keys ``c/<k>/0`` (separator ``/`` or ``.``), and, when sharded,
+    inner chunks dividing the shard, at most ``MAX_INNER_CHUNKS`` of them; ``dim`` and
+    ``dtype`` as the group's ``attrs`` (the ``embstore`` attributes) record them."""
+    def bad(what: str):
+        return CorruptStoreError(f"{where}: {what}", path=str(where))
+
+    if meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
+        raise bad(f"expected a Zarr v3 array, got node_type {meta.get('node_type')!r}, "
+                  f"zarr_format {meta.get('zarr_format')!r}")
+    shape = meta.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 2 and all(_is_int(s) for s in shape)
+            and shape[0] >= 0 and shape[1] >= 1):
+        raise bad(f"expected shape [rows >= 0, dim >= 1], got {shape!r}")
+    rows, dim = shape
+    dtype = meta.get("data_type")
+    if dtype not in FLOAT_TYPES:
+        raise bad(f"expected data_type one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
+    if dim > MAX_DIM or rows * dim * 8 > MAX_BYTES:
+        raise bad(f"shape {shape} is beyond any table (rows of at most {MAX_DIM} values, "
+                  f"{MAX_BYTES} bytes in all)")
+    if attrs is not None:  # what the writer recorded in the group must agree
+        for key, value in (("dim", dim), ("dtype", dtype)):
+            if key in attrs and attrs[key] != value:
+                raise bad(f"{key} {value!r} disagrees with the group's attributes "
+                          f"({key} {attrs[key]!r})")
+    grid = meta.get("chunk_grid")
+    chunks = grid.get("configuration", {}).get("chunk_shape") if isinstance(grid, dict) else None
+    if not (isinstance(grid, dict) and grid.get("name") == "regular"
+            and _positive_ints(chunks, 2)):
+        raise bad(f"expected a regular chunk grid [rows, columns], got {grid!r}")
+    cke = meta.get("chunk_key_encoding")
+    conf = cke.get("configuration", {}) if isinstance(cke, dict) else None
+    if not (isinstance(conf, dict) and cke.get("name") == "default"
+            and conf.get("separator", "/") in ("/", ".")):
+        raise bad(f"expected chunk key encoding 'default' with separator '/' or '.', got {cke!r}")
+    codecs = meta.get("codecs")
+    if not (isinstance(codecs, list) and codecs and all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) for c in codecs)):
+        raise bad(f"expected a list of codecs, got {codecs!r}")
+    if meta.get("storage_transformers"):
+        raise bad(f"storage transformers are not supported, got {meta['storage_transformers']!r}")
+    if codecs[0]["name"] == "sharding_indexed":
+        sconf = codecs[0].get("configuration")
+        inner = sconf.get("chunk_shape") if isinstance(sconf, dict) else None
+        if not (_positive_ints(inner, 2) and chunks[0] % inner[0] == 0
+                and chunks[1] % inner[1] == 0):
+            raise bad(f"expected inner chunks dividing the shard {chunks}, got {inner!r}")
+        n_inner = (chunks[0] // inner[0]) * (chunks[1] // inner[1])
+        if n_inner > MAX_INNER_CHUNKS:
+            raise bad(f"{n_inner} inner chunks per shard, more than {MAX_INNER_CHUNKS}")
+        for key in ("codecs", "index_codecs"):
+            sub = sconf.get(key)
+            if not (isinstance(sub, list) and sub and all(
+                    isinstance(c, dict) and isinstance(c.get("name"), str) for c in sub)):
+                raise bad(f"expected a list of {key} in the sharding codec, got {sub!r}")
