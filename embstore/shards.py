@@ -47,7 +47,11 @@ class ShardFile:
             raise CorruptStoreError(
                 f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
                 "(truncated?)", path=path)
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        try:
+            mm = np.memmap(path, dtype=np.uint8, mode="r")
+        except OSError as exc:  # a directory, unreadable, ...
+            raise CorruptStoreError(f"shard {path}: cannot map ({exc.strerror or exc})",
+                                    path=path) from None
         tail = mm[size - index_len:]
         body = tail[: 16 * n]
         if layout.index_crc and crc32c(body) != int.from_bytes(bytes(tail[16 * n:]), "little"):
@@ -152,7 +156,7 @@ class ShardReader:
                     L = self.layout
                     jm = self._jm = joined.JoinedMap(L.n_shards, joined.stride_for(L), L.n_inner,
                                                      L.row_bytes)
-                except OSError:
+                except (OSError, MemoryError):  # no address range or index that large
                     self._jm_ok = False
                     return None
             with jm.lock:
@@ -346,12 +350,24 @@ class ShardReader:
             f.result()
         return dec
 
+    def existing_shards(self) -> list[int]:
+        """Numbers ``k < n_shards`` of the shard files present (by listing, not by counting
+        to ``n_shards``, which a hostile row count makes astronomically large)."""
+        L = self.layout
+        if L.separator == "/":
+            d = os.path.join(self.root, "c")
+            names = os.listdir(d) if os.path.isdir(d) else []
+        else:
+            names = [n[2:-2] for n in os.listdir(self.root) if n.startswith("c.")
+                     and n.endswith(".0")]
+        return sorted({int(n) for n in names if n.isdigit() and int(n) < L.n_shards})
+
     def verify_all(self, progress=None) -> list[tuple[str, int | None, str]]:
         """Check every shard index and every chunk: ``(shard file, chunk or None, message)``."""
         L = self.layout
         problems = []
         self.checked_chunks = 0
-        for k in range(L.n_shards):
+        for k in self.existing_shards():  # absent shards read as zeros: nothing to check
             path = os.path.join(self.root, *L.shard_key(k).split(L.separator))
             try:
                 sf = ShardFile(path, L)
@@ -363,7 +379,9 @@ class ShardReader:
                 try:
                     buf = sf.chunk(i, L)
                     if self.codec is not None:
-                        self.codec.decode(buf)
+                        size = memoryview(self.codec.decode(buf)).nbytes
+                        if size != L.chunk_bytes:
+                            raise ValueError(f"{size} bytes, expected {L.chunk_bytes}")
                 except CorruptStoreError as exc:
                     problems.append((path, i, str(exc)))
                 except Exception as exc:  # noqa: BLE001

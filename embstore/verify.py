@@ -74,7 +74,7 @@ def verify(path) -> VerifyReport:
     root = Path(os.fspath(path)).absolute()
     report = VerifyReport(str(root))
     try:
-        _, meta = read_table_meta(root)
+        attrs, meta = read_table_meta(root)
     except (FormatError, CorruptStoreError) as exc:
         report.add(str(root), None, str(exc))
         return report
@@ -99,6 +99,12 @@ def verify(path) -> VerifyReport:
         _read_all(group[name], name, report)
         if name == "vectors":
             report.vocab_size = int(group[name].shape[0])
+    if attrs.get("has_keys") and "keys" not in names:
+        report.add(f"{root}/keys", None, f"{root}/keys: missing (the table has_keys)")
+    if "keys" in names and report.vocab_size is not None and \
+            group["keys"].shape[0] != report.vocab_size:
+        report.add(f"{root}/keys", None, f"{root}/keys: {group['keys'].shape[0]} keys, expected "
+                   f"one per row ({report.vocab_size} rows)")
     return report
 
 
