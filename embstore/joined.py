@@ -55,10 +55,12 @@ class JoinedMap:
     """Shard files side by side in one reserved address range; see the module doc."""
 
     def __init__(self, n_shards: int, stride: int, n_inner: int, row_bytes: int):
+        self.closed = True  # until the range is mapped (__del__ runs after a failed __init__)
         self.stride, self.n_inner = stride, n_inner
         self.total = n_shards * stride
         self.base = _check(_libc.mmap(None, self.total, _PROT_NONE,
                                       _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE, -1, 0))
+        self.closed = False
         raw = np.ctypeslib.as_array((ctypes.c_uint8 * self.total).from_address(self.base))
         self.view = np.ndarray(shape=(self.total - row_bytes + 1,),
                                dtype=np.dtype((np.void, row_bytes)), buffer=raw, strides=(1,))
@@ -67,7 +69,6 @@ class JoinedMap:
         self.all_verified = False
         self.users = 0
         self.retired = False
-        self.closed = False
         self.lock = threading.Lock()
 
     def add(self, k: int, shard) -> None:
