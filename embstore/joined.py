@@ -75,11 +75,16 @@ class JoinedMap:
         """Map shard file ``k`` (a loaded :class:`~embstore.shards.ShardFile`) into its slot."""
         sl = slice(k * self.n_inner, (k + 1) * self.n_inner)
         if shard.mm is not None:
-            size = os.path.getsize(shard.path)
-            if size > self.stride:
-                raise ValueError(f"{shard.path}: {size} bytes, more than the {self.stride} slot")
             fd = os.open(shard.path, os.O_RDONLY)
             try:
+                st = os.fstat(fd)
+                size = st.st_size
+                if getattr(shard, "ident", None) not in (None, (st.st_dev, st.st_ino)):
+                    # a writer renamed a new shard into place since its index was read
+                    raise ValueError(f"{shard.path}: replaced since its index was read")
+                if size > self.stride:
+                    raise ValueError(f"{shard.path}: {size} bytes, more than the {self.stride} "
+                                     "slot")
                 _check(_libc.mmap(self.base + k * self.stride, size, _PROT_READ,
                                   _MAP_SHARED | _MAP_FIXED, fd, 0))
             finally:

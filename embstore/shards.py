@@ -37,21 +37,30 @@ class ShardFile:
         self.nbytes = np.zeros(n, dtype=np.int64)
         self.verified = np.zeros(n, dtype=bool)
         self.all_verified = False
+        self.ident = None
+        # size, index and map all from one open file: a writer may rename a new shard into
+        # place at any moment, and the size of one file with the bytes of another is garbage
         try:
-            size = os.path.getsize(path)
+            f = open(path, "rb")
         except FileNotFoundError:
             self.all_verified = True  # an absent shard: every chunk is the fill value
             return
-        index_len = 16 * n + (4 if layout.index_crc else 0)
-        if size < index_len:
-            raise CorruptStoreError(
-                f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
-                "(truncated?)", path=path)
-        try:
-            mm = np.memmap(path, dtype=np.uint8, mode="r")
         except OSError as exc:  # a directory, unreadable, ...
-            raise CorruptStoreError(f"shard {path}: cannot map ({exc.strerror or exc})",
+            raise CorruptStoreError(f"shard {path}: cannot open ({exc.strerror or exc})",
                                     path=path) from None
+        with f:
+            st = os.fstat(f.fileno())
+            size, self.ident = st.st_size, (st.st_dev, st.st_ino)
+            index_len = 16 * n + (4 if layout.index_crc else 0)
+            if size < index_len:
+                raise CorruptStoreError(
+                    f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
+                    "(truncated?)", path=path)
+            try:
+                mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(size,))
+            except OSError as exc:
+                raise CorruptStoreError(f"shard {path}: cannot map ({exc.strerror or exc})",
+                                        path=path) from None
         tail = mm[size - index_len:]
         body = tail[: 16 * n]
         if layout.index_crc and crc32c(body) != int.from_bytes(bytes(tail[16 * n:]), "little"):
