@@ -37,6 +37,13 @@ def decode_keys(raw: list[bytes], *, path, first_line: int, unicode_errors: str,
     ``unit="row"`` (binary formats) says ``row N`` in the message instead of a line.
     """
     joined = b"\n".join(raw)
+    if raw and joined.count(b"\n") != len(raw) - 1:  # a key holding a line break (binary)
+        i = next(i for i, k in enumerate(raw) if b"\n" in k)
+        line = line_numbers[i] if line_numbers is not None else first_line + i
+        msg = f"expected a key without line breaks, got {raw[i][:40]!r}"
+        if unit == "row":
+            raise FormatError(f"row {line}: {msg}", path=path)
+        raise FormatError(msg, path=path, line=line)
     try:
         text = joined.decode("utf-8", unicode_errors)
     except UnicodeDecodeError as exc:
