@@ -444,3 +444,24 @@ def test_hostile_cases_in_process_are_clean(scratch):
         assert "out of memory" not in msg, case
         assert_nothing_left(d, keep={name})
         scratch.drop(d)
+
+
+@pytest.mark.parametrize("raw", [b"1 1\na\n\xff " + struct.pack("<f", 1.0),
+                                 b"2 1\nab\ncd " + struct.pack("<f", 1.0) + b"e " +
+                                 struct.pack("<f", 2.0)],
+                         ids=["bad-utf8-after-newline", "newline-inside-key"])
+def test_word2vec_binary_key_with_a_line_break(scratch, raw):
+    """Found by tools/fuzz_import.py (atheris): a binary key holding "\\n" followed by an
+    invalid UTF-8 byte raised IndexError in decode_keys."""
+    d = scratch.new()
+    (d / "a.bin").write_bytes(raw)
+    res = invoke(["import", d / "a.bin", d / "dest", "--format", "word2vec-binary", "-q"])
+    if res.exit_code == 0:  # the reference may read it (a key may hold "\n" after the first byte)
+        got, keys, _ = _table(d / "dest")
+        want_keys, want = refparse.word2vec_binary(raw)
+        assert keys == want_keys
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert_clean_error(res)
+        assert_nothing_left(d, keep={"a.bin"})
+    scratch.drop(d)
