@@ -10,7 +10,6 @@ the run (and written as JSON to ``$EMBSTORE_RELIABILITY_REPORT`` when set).
 from __future__ import annotations
 
 import collections
-import json
 import os
 import shutil
 import signal
