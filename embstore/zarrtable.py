@@ -163,12 +163,16 @@ class ZarrTable(Table):
         out[:] = rows[inv]
 
     def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
-        if out is not None or self._reader is None or (self._cache is not None
-                                                       and self._cache.slots):
+        if out is not None or self._reader is None:
             return super().lookup(ids, out=out)
-        ids = as_ids(ids, self.vocab_size)  # no row cache: gather straight into the result
+        ids = as_ids(ids, self.vocab_size)  # gather straight into the result
         self._check_open()
-        return self._reader.take(ids.reshape(-1)).reshape(ids.shape + (self.dim,))
+        flat = ids.reshape(-1)
+        if self._cache is not None and self._cache.slots:
+            rows = self._cache.gather(flat, None, self._fetch, self._reader.take)
+        else:
+            rows = self._reader.take(flat)
+        return rows.reshape(ids.shape + (self.dim,))
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         if self._cache is not None and self._cache.slots:
