@@ -96,7 +96,7 @@ class Embedding:
     The order of operations is in the module docstring.
     """
 
-    def __init__(self, table, *, padding_idx: int | None = None, unk_id: int | None = None,
+    def __init__(self, table, padding_idx: int | None = None, unk_id: int | None = None,
                  oov: str = "error", scale: float | str | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0):
         self._table = _as_table(table)
