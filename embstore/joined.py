@@ -62,6 +62,7 @@ class JoinedMap:
                                       _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE, -1, 0))
         self.closed = False
         raw = np.ctypeslib.as_array((ctypes.c_uint8 * self.total).from_address(self.base))
+        self.raw = raw  # the whole range as bytes (chunk checksums are read through it)
         self.view = np.ndarray(shape=(self.total - row_bytes + 1,),
                                dtype=np.dtype((np.void, row_bytes)), buffer=raw, strides=(1,))
         self.goff = np.full(n_shards * n_inner, -2, dtype=np.int64)

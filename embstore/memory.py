@@ -100,7 +100,7 @@ class MemoryTable(Table):
             ids = as_ids(ids, self.vocab_size)
             if ids.ndim == 0:  # a 0-d index would return a view into the table
                 return self._array[int(ids)].copy()
-            return self._array[ids]
+            return np.take(self._array, ids, axis=0)  # measured faster than E[ids]
         return super().lookup(ids, out=out)
 
     def _gather(self, ids, out):

@@ -217,10 +217,17 @@ class ShardReader:
         if not jm.all_verified:
             seen = jm.gver[gc]
             if not seen.all():
-                for c in np.unique(gc[~seen]).tolist():  # a loop per chunk, first touch only
-                    sf = self.shard(c // L.n_inner)
-                    if not sf.verified[c % L.n_inner]:
-                        sf.verify(np.array([c % L.n_inner]), L)
+                # a loop per chunk, first touch only; the bytes are read through the joined
+                # map, so a page is never resident in two mappings (RSS counts both)
+                raw = jm.raw
+                for c in np.unique(gc[~seen]).tolist():
+                    k, i = divmod(c, L.n_inner)
+                    sf = self.shard(k)
+                    off = int(jm.goff[c])
+                    if L.has_crc and not sf.verified[i] and off >= 0:
+                        check_chunk(raw[off: off + int(sf.nbytes[i])],
+                                    f"shard {sf.path}, chunk {i}")
+                    sf.verified[i] = True
                     jm.gver[c] = True
                 jm.all_verified = bool(jm.gver.all())
         at = g + (ids - gc * cr) * L.row_bytes
