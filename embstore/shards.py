@@ -182,17 +182,22 @@ class ShardReader:
     def take(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (validated 1-D int64) as a new ``(n, dim)`` array."""
         L = self.layout
-        jm = self._acquire_joined() if ids.size else None
-        if jm is not None:
-            try:
-                rows = self._take_joined(jm, ids)
-            finally:
-                self._release_joined(jm)
-            if rows is not None:
-                return rows.view(L.dtype).reshape(ids.size, L.dim)
+        rows = self._via_joined(ids) if ids.size else None
+        if rows is not None:
+            return rows.view(L.dtype).reshape(ids.size, L.dim)
         out = np.empty((ids.size, L.dim), dtype=L.dtype)
         self.gather(ids, out)
         return out
+
+    def _via_joined(self, ids: np.ndarray):
+        """Rows ``ids`` gathered from the joined map, or None where it cannot serve them."""
+        jm = self._acquire_joined()
+        if jm is None:
+            return None
+        try:
+            return self._take_joined(jm, ids)
+        finally:
+            self._release_joined(jm)
 
     def _take_joined(self, jm, ids: np.ndarray):
         """One gather from the joined map, or None if a shard does not fit it."""
@@ -244,15 +249,10 @@ class ShardReader:
         if ids.size == 0:
             return
         if self.layout.compression == "none":
-            jm = self._acquire_joined()
-            if jm is not None:
-                try:
-                    rows = self._take_joined(jm, ids)
-                finally:
-                    self._release_joined(jm)
-                if rows is not None:
-                    out.view(rows.dtype).reshape(-1)[:] = rows
-                    return
+            rows = self._via_joined(ids)
+            if rows is not None:
+                out.view(rows.dtype).reshape(-1)[:] = rows
+                return
             self._gather_raw(ids, out)
         else:
             self._gather_decoded(ids, out)
