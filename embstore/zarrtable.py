@@ -292,13 +292,13 @@ class ZarrTable(Table):
 
 
 # -- module functions ---------------------------------------------------------------------
-def open(path, *, mode: str = "r", cache_bytes="256MiB") -> ZarrTable:  # noqa: A001
+def open(path, mode: str = "r", cache_bytes="256MiB") -> ZarrTable:  # noqa: A001
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
     ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it)."""
     return ZarrTable(path, mode=mode, cache_bytes=cache_bytes)
 
 
-def create(path, shape, dtype="float32", keys=None, *, chunk_rows=None, shard_rows=None,
+def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=None,
            compression: str = "none", overwrite: bool = False,
            cache_bytes="256MiB") -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
