@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from crc32c import crc32c
 
 from .errors import CorruptStoreError
 
@@ -139,7 +140,8 @@ class MappedArray:
                                     path=path) from None
         try:
             self._init(path, name, read_array_meta(path, name, dir_fd=fd))
-            self._maps = [self._map_chunk(i, fd) for i in range(self.nchunks)]
+            for i in range(self.nchunks):
+                self._maps[i], self._raws[i] = self._map_chunk(i, fd)
         finally:
             os.close(fd)
 
@@ -164,9 +166,12 @@ class MappedArray:
                 f"chunk key encoding {enc}", path=path)
         self.nchunks = -(-self.n // self.chunk) if self.n else 0
         self._maps: list[np.ndarray | None] = [None] * self.nchunks
+        self._raws: list[np.ndarray | None] = [None] * self.nchunks
+        self._ok = np.zeros(self.nchunks, dtype=bool)  # crc32c checked (once, on first use)
         self._fences: np.ndarray | None = None
 
-    def _map_chunk(self, i: int, dir_fd: int | None = None) -> np.ndarray:
+    def _map_chunk(self, i: int, dir_fd: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(valid elements, whole file as bytes)`` of chunk ``i``, from one open file."""
         valid = min(self.chunk, self.n - i * self.chunk)
         file = self.dir / "c" / str(i)
         want = self.chunk * self.dtype.itemsize + 4
@@ -180,21 +185,32 @@ class MappedArray:
                 raise CorruptStoreError(
                     f"{file}: expected {want} bytes ({self.chunk} x {self.dtype} + crc32c), "
                     f"got {size}", path=file)
-            return np.memmap(f, dtype=self.dtype, mode="r", shape=(valid,))
+            raw = np.memmap(f, dtype=np.uint8, mode="r", shape=(want,))
+        return raw[: valid * self.dtype.itemsize].view(self.dtype), raw
 
     def __len__(self) -> int:
         return self.n
 
-    def chunk_data(self, i: int) -> np.ndarray:
-        """Chunk ``i``'s valid elements (a read-only memory map)."""
+    def chunk_data(self, i: int, *, check: bool = True) -> np.ndarray:
+        """Chunk ``i``'s valid elements (a read-only memory map); its crc32c is checked the
+        first time it is used (``check=False``: not yet, for a peek such as a fence)."""
         m = self._maps[i]
         if m is None:  # only after close()
-            m = self._maps[i] = self._map_chunk(i)
+            m, self._raws[i] = self._map_chunk(i)
+            self._maps[i] = m
+        if check and not self._ok[i]:
+            raw = self._raws[i]
+            if crc32c(memoryview(raw[:-4])) != int.from_bytes(bytes(raw[-4:]), "little"):
+                raise CorruptStoreError(f"{self.dir / 'c' / str(i)}: crc32c mismatch (the key "
+                                        "index is damaged; run embstore verify)",
+                                        path=self.dir)
+            self._ok[i] = True
         return m
 
     def close(self) -> None:
         """Drop the memory maps (they are made again, from the path, if read later)."""
         self._maps = [None] * self.nchunks
+        self._raws = [None] * self.nchunks
         self._fences = None
 
     def take(self, idx: np.ndarray) -> np.ndarray:
@@ -226,7 +242,8 @@ class MappedArray:
                 return np.zeros(values.shape, dtype=np.int64)
             return np.searchsorted(self.chunk_data(0), values, side="left").astype(np.int64)
         if self._fences is None:
-            self._fences = np.array([self.chunk_data(c)[0] for c in range(self.nchunks)],
+            self._fences = np.array([self.chunk_data(c, check=False)[0]
+                                     for c in range(self.nchunks)],
                                     dtype=self.dtype)
         fences = self._fences
         # the answer lies in the last chunk whose first element is < value (or at its end)
