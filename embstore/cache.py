@@ -10,7 +10,7 @@ misses through the read path, and eviction of the least recently used slots by
 ``np.argpartition`` of their stamps (slots never used are filled first, with no scan).
 
 Admission: a batch caches every row that was missed before (within a window of about
-``4 * slots`` first misses: TinyLFU's "doorkeeper") plus up to ``ADMIT_ALL_BELOW`` of its
+``slots`` first misses: TinyLFU's "doorkeeper") plus up to ``ADMIT_ALL_BELOW`` of its
 first-time misses, taken evenly.  A small batch is thus cached whole, as by a plain LRU,
 while a large cold batch (a scan, uniformly random ids) copies little into the cache and
 so costs about what the read path costs; rows that recur (the head of a Zipf
@@ -87,6 +87,9 @@ class RowCache:
         self.slots = slots
         self.bits = max(3, int(2 * max(1, slots) - 1).bit_length())
         self._lock = threading.Lock()
+        #: reads are about as cheap as cache hits (uncompressed, memory-mapped): a batch that
+        #: mostly misses is then read whole from the store instead of merged from both
+        self.cheap_reads = False
         self._rows = np.empty((self.slots, self.dim), dtype=self.dtype)  # pages come on use
         self._reset()
 
@@ -128,7 +131,7 @@ class RowCache:
     def _seen_before(self, ids: np.ndarray) -> np.ndarray:
         """Whether each id missed before: TinyLFU's doorkeeper, one byte per hash cell.
 
-        Marks the ids as seen.  The window is reset after about ``4 * slots`` first misses.
+        Marks the ids as seen.  The window is reset after about ``slots`` first misses.
         Call under the lock.
         """
         self._allocate()
@@ -136,7 +139,7 @@ class RowCache:
         seen = self._seen[cell].astype(bool)
         self._seen[cell] = 1
         self._seen_count += int(ids.size - np.count_nonzero(seen))
-        if self._seen_count > 4 * self.slots:
+        if self._seen_count > self.slots:
             self._seen.fill(0)
             self._seen_count = 0
         return seen
@@ -206,7 +209,11 @@ class RowCache:
             nh = int(np.count_nonzero(hit))
             self.hits += nh
             self.misses += n - nh
-            if nh:
+            if nh and take is not None and out is None and self.cheap_reads and 2 * nh < n:
+                self._stamp[self._hv[cell[hit]]] = tick  # the hits stay recent
+                miss_ids = ids[~hit]
+                nh = -1  # read everything below
+            elif nh:
                 if out is None:
                     out = np.empty((n, self.dim), dtype=self.dtype)
                 slots = self._hv[cell] if nh == n else self._hv[cell[hit]]
@@ -218,26 +225,32 @@ class RowCache:
                 self._stamp[slots] = tick
                 if nh == n:
                     return out
-        # one call into the read path for all misses, outside the lock
-        if nh:
+        # one call into the read path for all misses, outside the lock; afterwards every
+        # row is in ``out`` and ``miss_pos`` says where the missed ones are
+        if nh < 0:
+            out = take(ids)
+            miss_pos = np.flatnonzero(~hit)
+        elif nh:
             miss_ids = ids[miss_at]
             rows = np.empty((miss_ids.size, self.dim), dtype=self.dtype)
             fetch(miss_ids, rows)
             out[miss_at] = rows
+            miss_pos = miss_at
         else:
             miss_ids = ids
             if out is None:
                 out = take(ids)
             else:
                 fetch(ids, out)
-            rows = out
+            miss_pos = None
         with self._lock:
             if gen != self._gen:  # a write happened meanwhile: the rows may be stale
                 return out
             admit = self._admit(miss_ids)
             if admit.size:
                 uniq, first = np.unique(miss_ids[admit], return_index=True)
-                self._insert(uniq, rows[admit[first]], tick)
+                src = admit[first] if miss_pos is None else miss_pos[admit[first]]
+                self._insert(uniq, out[src], tick)
         return out
 
     def _admit(self, ids: np.ndarray) -> np.ndarray:

@@ -71,6 +71,9 @@ class ZarrTable(Table):
         self._load_meta()
         cap = parse_bytes(cache_bytes)
         self._cache = RowCache(cap, self.dim, self.dtype) if cap else None
+        if self._cache is not None:  # reading an uncompressed row costs about a cached one
+            self._cache.cheap_reads = (self._layout is not None
+                                       and self._layout.compression == "none")
 
     def _load_meta(self) -> None:
         self._attrs, meta = read_table_meta(self.path)

@@ -211,3 +211,22 @@ def test_small_batches_are_cached_on_first_miss(table):
     t[[5, 6, 7]]
     assert t.cache_info()[:2] == (3, 3)
     t.close()
+
+
+def test_mostly_missing_batches_read_through_and_keep_hits_recent(table):
+    """Uncompressed stores: a batch that mostly misses is read whole from the store; its
+    hits still count as hits and stay recently used, and results are exact."""
+    path, E = table
+    t = embstore.open(path, cache_bytes="1MiB")
+    assert t._cache.cheap_reads
+    hot = np.arange(10)
+    t[hot]
+    t[hot]  # cached
+    before = t.cache_info()
+    ids = np.concatenate([hot, np.arange(100, 4100)])
+    np.testing.assert_array_equal(t[ids], E[ids])
+    info = t.cache_info()
+    assert info.hits - before.hits == 10 and info.misses - before.misses == 4000
+    np.testing.assert_array_equal(t[hot], E[hot])
+    assert t.cache_info().hits - info.hits == 10
+    t.close()
