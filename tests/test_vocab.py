@@ -461,9 +461,7 @@ def test_two_million_keys_open_and_throughput(tmp_path):
     assert not zarr_imported   # the read path never imports zarr
     print(f"\n2M keys: DiskVocab.open + 3 finds {seconds * 1e3:.1f} ms, anon growth "
           f"{anon / 2**20:.1f} MiB, find {rate:,.0f} keys/s (batch of 100,000)")
-    assert anon <= 64 << 20
-    assert seconds < 3.0       # target 0.3 s; lenient against a busy machine
-    assert rate > 100_000      # target 500,000 keys/s; lenient likewise
+    assert anon <= 64 << 20    # times are printed, not asserted: they live in benchmarks/
 
 
 @pytest.mark.slow
@@ -478,4 +476,4 @@ def test_two_million_keys_public_api(tmp_path):
     assert found == [17, [1999999, -1], [[0], [5]]]
     print(f"\n2M keys: embstore.open + 3 ids_of {seconds * 1e3:.1f} ms, "
           f"anon growth {anon / 2**20:.1f} MiB")
-    assert seconds < 5.0       # target 0.3 s; lenient against a busy machine
+    assert anon <= 64 << 20
