@@ -13,7 +13,7 @@ from crc32c import crc32c
 
 from .errors import CorruptStoreError
 
-__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "make_codec", "encode_chunks", "shard_bytes",
+__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "make_codec", "encode_chunks",
            "check_chunk", "pool"]
 
 ABSENT = np.uint64(2**64 - 1)
@@ -143,24 +143,6 @@ def encode_chunks(rows: np.ndarray, layout: Layout, codec) -> list[bytes]:
     if layout.has_crc:
         parts = [p + crc32c(p).to_bytes(4, "little") for p in parts]
     return parts
-
-
-def shard_bytes(chunks: list[bytes | None], layout: Layout) -> list:
-    """The pieces of a shard file (chunks back to back, then the index): write them in order."""
-    index = np.full((layout.n_inner, 2), ABSENT, dtype="<u8")
-    pos = 0
-    pieces: list = []
-    for i, c in enumerate(chunks):
-        if c is None:
-            continue
-        index[i] = (pos, len(c))
-        pieces.append(c)
-        pos += len(c)
-    body = index.tobytes()
-    pieces.append(body)
-    if layout.index_crc:
-        pieces.append(crc32c(body).to_bytes(4, "little"))
-    return pieces
 
 
 def check_chunk(buf, where: str) -> memoryview:

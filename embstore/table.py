@@ -15,8 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .cache import CacheInfo
-from .errors import (EmbstoreError, InvalidIdError, KeyNotFoundError, ReadOnlyError,
-                     ShapeMismatchError)
+from .errors import KeyNotFoundError, ReadOnlyError, ShapeMismatchError
 from .ids import as_ids, position_of
 
 __all__ = ["Table", "Vocab", "as_key_array"]

@@ -12,11 +12,11 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-
-from .errors import DestinationExistsError, ShapeMismatchError
 from crc32c import crc32c
 
-from .layout import ABSENT, COMPRESSIONS, Layout, encode_chunks, make_codec, shard_bytes
+from .errors import DestinationExistsError, ShapeMismatchError
+
+from .layout import ABSENT, COMPRESSIONS, Layout, encode_chunks, make_codec
 from .shards import ShardReader
 
 __all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype"]
@@ -97,16 +97,6 @@ class _ShardStream:
         self.f.close()
 
 
-def _write_pieces(path: str, pieces: list, *, sync: bool) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        for p in pieces:
-            f.write(p)
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def _replace_json(path: str, update) -> None:
     """Edit a JSON file atomically (temporary file + rename)."""
     with open(path, encoding="utf-8") as f:
@@ -144,16 +134,42 @@ def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.nda
     slot = np.searchsorted(touched, local // cr)
     dec.reshape(-1, L.dim)[slot * cr + local % cr] = values
     fresh = encode_chunks(dec.reshape(-1, L.dim), L, reader.codec)
-    chunks: list = [None] * L.n_inner
-    for i in range(n_valid):  # copy the untouched chunks as they are
-        if old.offsets[i] >= 0:
-            chunks[i] = bytes(old.mm[old.offsets[i]: old.offsets[i] + old.nbytes[i]])
-    for j, i in enumerate(touched.tolist()):
-        chunks[i] = fresh[j]
+    # segments of the new file: each touched chunk alone, and runs of untouched chunks that
+    # lie back to back in the old file (copied with one write each, not chunk by chunk)
+    offs, nbs = old.offsets[:n_valid], old.nbytes[:n_valid]
+    is_t = np.zeros(n_valid, dtype=bool)
+    is_t[touched] = True
+    present = offs >= 0
+    joined = np.zeros(n_valid, dtype=bool)
+    joined[1:] = ((offs[1:] == offs[:-1] + nbs[:-1]) & present[1:] & present[:-1]
+                  & ~is_t[1:] & ~is_t[:-1])
+    starts = np.flatnonzero(~joined).tolist() + [n_valid]
+    slot_of = {int(c): j for j, c in enumerate(touched.tolist())}
+    index = np.full((L.n_inner, 2), ABSENT, dtype="<u8")
     path = old.path
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        _write_pieces(tmp, shard_bytes(chunks, L), sync=True)
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)  # a shard never written before
+        with open(tmp, "wb") as f:
+            pos = 0
+            for a, b in zip(starts[:-1], starts[1:]):  # a loop per segment
+                if is_t[a]:
+                    piece = fresh[slot_of[a]]
+                    f.write(piece)
+                    index[a] = (pos, len(piece))
+                    pos += len(piece)
+                elif present[a]:
+                    lo, hi = int(offs[a]), int(offs[b - 1] + nbs[b - 1])
+                    f.write(old.buf[lo:hi])
+                    index[a:b, 0] = pos + (offs[a:b] - lo)
+                    index[a:b, 1] = nbs[a:b]
+                    pos += hi - lo
+            body = index.tobytes()
+            f.write(body)
+            if L.index_crc:
+                f.write(crc32c(body).to_bytes(4, "little"))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
