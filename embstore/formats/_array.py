@@ -9,9 +9,19 @@ import numpy as np
 
 from . import DEFAULT_BLOCK_ROWS, Reader, check_finite
 
-__all__ = ["ArrayReader", "FLOAT_KINDS"]
+__all__ = ["ArrayReader", "FLOAT_KINDS", "write_rows"]
 
 FLOAT_KINDS = ("float16", "float32", "float64")
+
+
+def write_rows(f, table, n: int, dtype, *, block_rows: int, progress=None) -> None:
+    """Write rows ``0..n-1`` of ``table`` to the open file ``f`` as raw ``dtype`` bytes,
+    one block at a time (the body of the ``.npy`` and safetensors writers)."""
+    for start in range(0, n, block_rows):
+        stop = min(n, start + block_rows)
+        f.write(np.ascontiguousarray(table[start:stop], dtype=dtype).tobytes())
+        if progress is not None:
+            progress(stop - start)
 
 
 class ArrayReader(Reader):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import DEFAULT_BLOCK_ROWS
-from ._array import FLOAT_KINDS, ArrayReader
+from ._array import FLOAT_KINDS, ArrayReader, write_rows
 from ..errors import FormatError
 
 __all__ = ["read", "write"]
@@ -45,11 +45,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     with open(path, "wb") as f:
         np.lib.format.write_array_header_2_0(f, header) if _needs_v2(header) else \
             np.lib.format.write_array_header_1_0(f, header)
-        for start in range(0, n, block_rows):
-            stop = min(n, start + block_rows)
-            f.write(np.ascontiguousarray(table[start:stop], dtype=dtype).tobytes())
-            if progress is not None:
-                progress(stop - start)
+        write_rows(f, table, n, dtype, block_rows=block_rows, progress=progress)
     return n
 
 

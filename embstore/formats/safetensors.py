@@ -19,7 +19,7 @@ import struct
 import numpy as np
 
 from . import DEFAULT_BLOCK_ROWS
-from ._array import ArrayReader
+from ._array import ArrayReader, write_rows
 from ..errors import FormatError
 
 __all__ = ["read", "write", "read_header", "choose_tensor", "TENSOR_NAME"]
@@ -136,9 +136,5 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     raw += b" " * (-len(raw) % 8)  # align the data to 8 bytes, as the reference writer does
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
-        for start in range(0, n, block_rows):
-            stop = min(n, start + block_rows)
-            f.write(np.ascontiguousarray(table[start:stop], dtype=dtype).tobytes())
-            if progress is not None:
-                progress(stop - start)
+        write_rows(f, table, n, dtype, block_rows=block_rows, progress=progress)
     return n
