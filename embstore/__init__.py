@@ -8,37 +8,29 @@ lookup jobs.
 
 from __future__ import annotations
 
+from ._version import __version__
+from .batch import lookup_file
 from .cache import CacheInfo
+from .convert import ImportResult, export_table, import_file
 from .errors import (CorruptStoreError, DestinationExistsError, EmbstoreError, FormatError,
                      InvalidIdError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError)
+from .layer import Embedding
 from .memory import MemoryTable
+from .store import TableWriter, VerifyReport, ZarrTable, create, open, save, verify  # noqa: A004
 from .table import Table
 
-__version__ = "0.1.0"
+__all__ = [
+    "__version__",
+    "Table", "MemoryTable", "ZarrTable", "CacheInfo",
+    "open", "create", "save", "verify", "VerifyReport", "TableWriter",
+    "embedding_lookup", "Embedding",
+    "import_file", "export_table", "ImportResult", "lookup_file",
+    "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
+    "ReadOnlyError", "FormatError", "ShapeMismatchError", "DestinationExistsError",
+]
 
 
 def embedding_lookup(table_or_array, ids, out=None):
     """Rows of ``table_or_array`` (a :class:`Table` or a 2-D array) for ``ids`` of any shape."""
     table = table_or_array if isinstance(table_or_array, Table) else MemoryTable(table_or_array)
     return table.lookup(ids, out=out)
-
-
-__all__ = [
-    "Table", "MemoryTable", "CacheInfo", "embedding_lookup",
-    "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
-    "ReadOnlyError", "FormatError", "ShapeMismatchError", "DestinationExistsError",
-]
-
-try:  # the on-disk backend (embstore/zarrtable.py)
-    from .zarrtable import ZarrTable, create, open, save, verify  # noqa: A004
-    __all__ += ["ZarrTable", "create", "open", "save", "verify"]
-except ImportError as _exc:  # pragma: no cover - only while the backend is being built
-    if "zarrtable" not in str(_exc):
-        raise
-
-try:  # the embedding layer (embstore/layer.py)
-    from .layer import Embedding
-    __all__ += ["Embedding"]
-except ImportError as _exc:  # pragma: no cover
-    if "layer" not in str(_exc):
-        raise

@@ -13,24 +13,29 @@ from __future__ import annotations
 import shlex
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
 import click
 import numpy as np
 
-__all__ = ["demo", "COMMANDS"]
+import embstore
+
+__all__ = ["run"]
 
 
 def _say(title: str) -> None:
     click.secho(f"\n== {title}", bold=True)
 
 
-def _run_cli(*args: str) -> None:
-    from .cli import cli
+_cli: Callable[[list[str]], object] | None = None  # runs one embstore command (set by run)
 
+
+def _run_cli(*args: str) -> None:
     click.secho("$ embstore " + " ".join(shlex.quote(a) for a in args), fg="cyan")
-    cli.main(list(args), prog_name="embstore", standalone_mode=False)
+    assert _cli is not None
+    _cli(list(args))
 
 
 def _check(ok: bool, what: str) -> None:
@@ -39,11 +44,12 @@ def _check(ok: bool, what: str) -> None:
     click.echo(f"   ok: {what}")
 
 
-@click.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False))
-@click.option("--no-dask", is_flag=True, help="Skip the Dask part of the batch job.")
-def demo(directory: str | None, no_dask: bool) -> None:
-    """Run the main job end to end in DIRECTORY (default: a temporary folder)."""
+def run(directory: str | None, *, no_dask: bool,
+        run_cli: Callable[[list[str]], object]) -> None:
+    """Run the main job end to end in ``directory`` (default: a temporary folder);
+    ``run_cli(args)`` runs one ``embstore`` command (the CLI passes itself)."""
+    global _cli
+    _cli = run_cli
     if directory is None:
         with tempfile.TemporaryDirectory(prefix="embstore-demo-") as tmp:
             _demo(Path(tmp), no_dask)
@@ -53,8 +59,6 @@ def demo(directory: str | None, no_dask: bool) -> None:
 
 
 def _demo(root: Path, no_dask: bool) -> None:
-    import embstore
-
     src = resources.files("embstore") / "data" / "lee_word2vec.txt"
     with resources.as_file(src) as src_path:
         text_lines = Path(src_path).read_text(encoding="utf-8").splitlines()
@@ -158,5 +162,3 @@ def _demo(root: Path, no_dask: bool) -> None:
     _run_cli("verify", str(store))
     click.secho("\nDemo finished: every step matched its NumPy reference.", fg="green")
 
-
-COMMANDS = [demo]

@@ -33,6 +33,8 @@ import numpy as np
 from .errors import InvalidIdError, ShapeMismatchError
 from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
+from .pooling import pool_bags
+from .search import logits, most_similar
 from .table import Table
 
 __all__ = ["Embedding"]
@@ -349,8 +351,6 @@ class Embedding:
         give zeros.  Rows are renormalised by ``max_norm`` and multiplied by
         ``scale`` before pooling.
         """
-        from .bags import pool_bags
-
         return pool_bags(self, ids, offsets, weights, mode=mode,
                          include_last_offset=include_last_offset, unk=unk)
 
@@ -361,8 +361,6 @@ class Embedding:
         ``top_k`` a pair ``(values, ids)`` of shape ``(..., k)`` sorted by descending
         value (ties: lower id first).  See :func:`embstore.search.logits`.
         """
-        from .search import logits
-
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
     def most_similar(self, query, k: int = 10, exclude=(), *, block_rows: int | None = None):
@@ -371,6 +369,4 @@ class Embedding:
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
         see :func:`embstore.search.most_similar`.
         """
-        from .search import most_similar
-
         return most_similar(self._table, query, k=k, exclude=exclude, block_rows=block_rows)

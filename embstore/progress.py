@@ -1,30 +1,28 @@
-"""Progress bars on stderr for long work, silent when asked or when stderr is not a terminal."""
+"""Progress reporting of long operations: ``on_progress(done, total)`` callbacks.
+
+The library never draws anything; the command line turns these calls into a
+progress bar (see :func:`embstore.cli.progress`).
+"""
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
+from collections.abc import Callable
 
-import click
+__all__ = ["Progress", "Tally"]
 
-__all__ = ["progress"]
+Progress = Callable[[int, "int | None"], None]
+"""``on_progress(done, total)``: units done so far, and the total if known."""
 
 
-class _Null:
+class Tally:
+    """Counts units as they finish and reports the running total to ``on_progress``."""
+
+    def __init__(self, total: int | None, on_progress: Progress | None, done: int = 0):
+        self.total, self.done, self._report = total, done, on_progress
+        if on_progress is not None and done:
+            on_progress(done, total)
+
     def update(self, n: int) -> None:
-        pass
-
-
-@contextmanager
-def progress(total: int | None, label: str, *, quiet: bool = False, unit: str = "rows"):
-    """``with progress(n, "importing") as bar: bar.update(k)``.
-
-    Shows a click progress bar on stderr only when stderr is a terminal and
-    ``quiet`` is false; otherwise every ``update`` is a no-op.
-    """
-    if quiet or not sys.stderr.isatty():
-        yield _Null()
-        return
-    with click.progressbar(length=total, label=label, file=sys.stderr,
-                           show_pos=True, item_show_func=None) as bar:
-        yield bar
+        self.done += n
+        if self._report is not None:
+            self._report(self.done, self.total)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embstore import Embedding, ShapeMismatchError
-from embstore.bags import segment_reduce
+from embstore.pooling import segment_reduce
 
 V, D = 10, 4
 

@@ -15,7 +15,7 @@ import zarr
 from click.testing import CliRunner
 
 import embstore
-import embstore.batch_io as batch_io
+import embstore.batch.io as batch_io
 from embstore.batch import lookup_file
 from embstore.cli import cli
 
@@ -215,28 +215,13 @@ def test_usage_errors(runner, tmp_path, table_path):
         assert res.exit_code == 2 and msg in res.output, (extra, res.output)
 
 
-def test_progress_counts_every_row(monkeypatch, tmp_path, table_array):
-    import embstore.batch as batch
-    from contextlib import contextmanager
-
+def test_progress_counts_every_row(tmp_path, table_array):
     seen = []
-
-    class Bar:
-        def update(self, n):
-            seen.append(n)
-
-    @contextmanager
-    def fake_progress(total, label, *, quiet=False, unit="rows"):
-        seen.append(("total", total, label, quiet))
-        yield Bar()
-
-    monkeypatch.setattr(batch, "progress", fake_progress)
     np.save(tmp_path / "ids.npy", np.zeros((45, 2), np.int64))
     np.save(tmp_path / "t.npy", table_array)
     lookup_file(tmp_path / "t.npy", tmp_path / "ids.npy", tmp_path / "o.npy", batch_rows=10,
-                quiet=False)
-    assert seen[0] == ("total", 45, "lookup", False)
-    assert sum(seen[1:]) == 45 and seen[-1] == 5
+                on_progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(10, 45), (20, 45), (30, 45), (40, 45), (45, 45)]
 
 
 # -- keys text -------------------------------------------------------------------------------
@@ -313,7 +298,7 @@ def test_keys_bad_utf8_names_line(tmp_path, table_array):
 # -- resume ----------------------------------------------------------------------------------
 KILLER = """
 import os, signal, sys
-import embstore.batch_io as bio
+import embstore.batch.io as bio
 from embstore.batch import lookup_file
 
 original = bio.ZarrSink.write

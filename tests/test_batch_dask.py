@@ -162,7 +162,7 @@ def test_real_scheduler_and_workers(tmp_path, job_files, table_array):
 
 
 def test_unreachable_scheduler_is_a_clean_error(tmp_path, job_files, monkeypatch):
-    import embstore.batch_dask as batch_dask
+    import embstore.batch.dask as batch_dask
 
     monkeypatch.setattr(batch_dask, "CONNECT_TIMEOUT", 1)
     table, _ = job_files

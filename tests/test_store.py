@@ -13,9 +13,9 @@ import pytest
 import zarr
 
 import embstore
-import embstore.joined
+import embstore.store.arena
 from embstore import DestinationExistsError, ReadOnlyError, ShapeMismatchError
-from embstore.zarrtable import TableWriter
+from embstore import TableWriter
 
 LAYOUTS = {
     "default": {},
@@ -67,7 +67,7 @@ def test_tensorstore_reads_vectors(tmp_path, E, layout):
 def test_default_layout_is_documented(tmp_path, rng):
     t = embstore.save(tmp_path / "t", rng.standard_normal((10, 256)).astype(np.float32))
     assert t.layout["chunk_rows"] == 10 and t.layout["shard_rows"] == 10  # clipped to size
-    from embstore.writer import choose_layout
+    from embstore.store.writer import choose_layout
     assert choose_layout(256, "float32") == (16, 131072)  # docs/FORMAT.md section 3
     assert choose_layout(300, "float32") == (8, 65536)  # 16 KiB // 1200 B -> 8 rows
     assert choose_layout(256, "float32", 1000) == (16, 1008)
@@ -148,7 +148,7 @@ def test_save_from_memmap_and_from_tables(tmp_path, E, keys):
 
 
 def test_save_streams_in_blocks(tmp_path, E, monkeypatch):
-    import embstore.zarrtable as zt
+    import embstore.store.table as zt
     monkeypatch.setattr(zt, "_SAVE_BLOCK_BYTES", 24 * 10)  # 10 rows a block
     seen = []
     real_add = TableWriter.add
@@ -350,14 +350,14 @@ def test_reader_process_while_writer_appends(tmp_path, with_keys):
 def test_both_uncompressed_read_paths(tmp_path, rng, monkeypatch, joined):
     """The joined mapping (Linux) and the portable per-shard path give the same rows."""
     if not joined:
-        monkeypatch.setattr(embstore.joined, "available", lambda: False)
+        monkeypatch.setattr(embstore.store.arena, "available", lambda: False)
     E = rng.standard_normal((300, 5)).astype(np.float32)
     t = embstore.create(tmp_path / "t", shape=(300, 5), chunk_rows=4, shard_rows=32,
                         cache_bytes=0)
     t.write(np.arange(0, 200), E[:200])  # shards 7..9 stay absent files: zeros
     ref = E.copy()
     ref[200:] = 0
-    assert (t._reader._jm_ok is joined) or not embstore.joined.available()
+    assert (t._reader._jm_ok is joined) or not embstore.store.arena.available()
     ids = rng.integers(0, 300, size=(7, 50))
     np.testing.assert_array_equal(t[ids], ref[ids])
     out = np.empty((7, 50, 5), np.float32)

@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import embstore
-import embstore.keyarrays
-import embstore.keyhash
-import embstore.keywriter
-import embstore.vocab
+import embstore.keys.mapped
+import embstore.keys.hashing
+import embstore.keys.writer
+import embstore.keys.index
 from embstore.errors import CorruptStoreError, FormatError
-from embstore.keyhash import encode_keys, hash_keys
+from embstore.keys.hashing import encode_keys, hash_keys
 from embstore.memory import DictVocab
-from embstore.vocab import DiskVocab, KeyIndexWriter
+from embstore.keys import DiskVocab, KeyIndexWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,12 +101,12 @@ def _check(vocab: DiskVocab, ref: dict[str, int], extra=("not-a-key",), zarr_key
 @pytest.fixture
 def tiny_hash(monkeypatch):
     """Force collisions: the real hash reduced to 5 values."""
-    real = embstore.keyhash.hash_encoded
+    real = embstore.keys.hashing.hash_encoded
 
     def tiny(enc):
         return real(enc) % np.uint64(5)
 
-    for mod in (embstore.keywriter, embstore.vocab):
+    for mod in (embstore.keys.writer, embstore.keys.index):
         monkeypatch.setattr(mod, "hash_encoded", tiny)
     return tiny
 
@@ -114,7 +114,7 @@ def tiny_hash(monkeypatch):
 @pytest.fixture
 def tiny_chunks(monkeypatch):
     """Index arrays of many chunks (chunk files of 512 bytes)."""
-    monkeypatch.setattr(embstore.keyarrays, "CHUNK_BYTES", 512)
+    monkeypatch.setattr(embstore.keys.mapped, "CHUNK_BYTES", 512)
 
 
 def _dup_keys(n=3000):
@@ -413,7 +413,7 @@ _CHILD = textwrap.dedent("""
                     return int(line.split()[1]) * 1024
     import numpy as np
     from pathlib import Path
-    from embstore.vocab import DiskVocab
+    from embstore.keys import DiskVocab
     path = Path(sys.argv[1])
     a0 = anon(); t0 = time.perf_counter()
     v = DiskVocab.open(None, path)

@@ -2,7 +2,7 @@
 
 Every input is one file for one importer: the first byte picks the format (word2vec,
 word2vec-binary, glove, fasttext, npy, safetensors, torch), the rest is the file.  The
-target imports it with :func:`embstore.formats.convert.import_file` into a fresh directory
+target imports it with :func:`embstore.convert.import_file` into a fresh directory
 and fails on anything but success or an :class:`embstore.EmbstoreError`, and on a
 destination or temporary directory left behind after an error.  (The value checks against
 independent readers live in ``tests/reliability/test_hostile_imports.py``.)
@@ -45,7 +45,7 @@ def one_input(data: bytes) -> None:
     if not data:
         return
     from embstore.errors import EmbstoreError
-    from embstore.formats.convert import import_file
+    from embstore.convert import import_file
 
     fmt = _ONLY or FORMATS[data[0] % len(FORMATS)]
     body = data if _ONLY else data[1:]
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> None:
     except ImportError:
         sys.exit("atheris is not installed: pip install atheris (or use --random N)")
     with atheris.instrument_imports(include=["embstore"]):  # coverage of embstore's code
-        import embstore.formats.convert  # noqa: F401
+        import embstore.convert  # noqa: F401
         for fmt in FORMATS:
             embstore.formats.get(fmt)
     atheris.Setup([argv[0], *rest], one_input)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import FormatError
 from . import DEFAULT_BLOCK_ROWS, Reader
 from ._textparse import _number, parse_block
 
@@ -186,8 +187,6 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
 
 def check_text_keys(keys: list[str], first_row: int, *, fmt: str) -> None:
     """Keys that would break a text line (whitespace, empty) raise naming the row."""
-    from ..errors import FormatError
-
     joined = "\x00".join(keys)
     if _WS.search(joined) is None and "" not in keys:
         return
@@ -200,8 +199,6 @@ def check_text_keys(keys: list[str], first_row: int, *, fmt: str) -> None:
 def write_text(path, table, *, header: bool, fmt: str, limit: int | None = None,
                block_rows: int = DEFAULT_BLOCK_ROWS, progress=None) -> int:
     """Write ``key v1 ... vdim`` lines (with a ``COUNT DIM`` header when ``header``)."""
-    from ..errors import FormatError
-
     keys = table.keys
     if keys is None:
         raise FormatError(f"the table has no keys; the {fmt} format needs one key per row "

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import FormatError
 from . import DEFAULT_BLOCK_ROWS, Reader, check_finite
 from ._textparse import decode_keys
 from .word2vec import _show
@@ -161,8 +162,6 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
 def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
           progress=None) -> int:
     """Write ``table`` as the C tool does (``\\n`` after each vector); gensim reads it back."""
-    from ..errors import FormatError
-
     keys = table.keys
     if keys is None:
         raise FormatError("the table has no keys; word2vec-binary needs one key per row "

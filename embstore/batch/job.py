@@ -25,43 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .batch_io import (Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into, move_into_place,
+from .dask import run_dask
+from .io import (DEFAULT_CACHE_BYTES, Job, open_table, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into, move_into_place,
                        open_sink, output_kind, read_block, remove_path)
-from .errors import DestinationExistsError, EmbstoreError, KeyNotFoundError
-from .ids import as_ids
-from .memory import MemoryTable
-from .progress import progress
-from .table import Table
+from ..errors import DestinationExistsError, EmbstoreError, KeyNotFoundError
+from ..ids import as_ids
+from ..memory import MemoryTable
+from ..progress import Progress, Tally
+from ..table import Table
 
 __all__ = ["lookup_file", "open_table", "DEFAULT_BLOCK_BYTES", "DEFAULT_CACHE_BYTES"]
 
 DEFAULT_BLOCK_BYTES = 16 << 20  # output bytes per block when batch_rows is not given
-DEFAULT_CACHE_BYTES = "auto"    # row cache of the table opened for a job (see open_table)
-COMPRESSED_CACHE_BYTES = "64MiB"
-
-
-def open_table(path, *, cache_bytes=DEFAULT_CACHE_BYTES) -> Table:
-    """A table by path: a store directory (``embstore.open``) or a 2-D ``.npy`` (memory-mapped).
-
-    ``cache_bytes="auto"`` gives no row cache to an uncompressed store (its rows
-    are gathered straight from the memory-mapped shards, about as fast as a
-    cache hit: measured on 1M x 64 float32, a 64 MiB cache made 1M lookups 3x
-    slower for uniform ids and 1.4x slower for Zipf ids) and 64 MiB to a
-    compressed one.
-    """
-    path = os.fspath(path)
-    if os.path.isfile(path) and path.lower().endswith(".npy"):
-        return MemoryTable(np.load(path, mmap_mode="r", allow_pickle=False))
-    from . import zarrtable
-
-    if cache_bytes != "auto":
-        return zarrtable.open(path, mode="r", cache_bytes=cache_bytes)
-    table = zarrtable.open(path, mode="r", cache_bytes=0)
-    layout = getattr(table, "layout", {})
-    if layout.get("compression") == "none" and layout.get("fast_path", True):
-        return table
-    table.close()
-    return zarrtable.open(path, mode="r", cache_bytes=COMPRESSED_CACHE_BYTES)
 
 
 def _check_dest(path: str | None, overwrite: bool) -> None:
@@ -89,8 +64,8 @@ def _tmp_path(output: str, kind: str) -> str:
 def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
                 unk_id: int | None = None, batch_rows: int | None = None,
                 scheduler: str | None = None, overwrite: bool = False, resume: bool = False,
-                lengths=None, quiet: bool = True, cache_bytes=DEFAULT_CACHE_BYTES,
-                n_workers: int = 2, threads: bool = True) -> dict:
+                lengths=None, cache_bytes=DEFAULT_CACHE_BYTES, n_workers: int = 2,
+                threads: bool = True, on_progress: Progress | None = None) -> dict:
     """Look up every id of ``input`` in ``table`` and write the vectors to ``output``.
 
     ``table`` is a :class:`Table` or a path (a store, or a 2-D ``.npy``); with a
@@ -107,7 +82,8 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
     default about 16 MiB of output).  ``scheduler`` is ``"local"`` (a
     ``LocalCluster`` of ``n_workers`` processes) or a Dask scheduler address.
     ``resume=True`` (Zarr output) continues a killed job from its finished blocks.
-    ``threads=False`` turns the read/lookup/write pipeline off.
+    ``threads=False`` turns the read/lookup/write pipeline off.  ``on_progress(done,
+    total)`` counts leading rows of the input as their blocks are written.
 
     Returns a summary dict: ``output``, ``shape``, ``dtype``, ``ids``, ``blocks``,
     ``resumed_blocks``, ``seconds``, ``scheduler``, ``lengths``.
@@ -140,7 +116,7 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
         return _run(tab, None if table_path is None else os.fspath(table_path), input, output,
                     kind, keys=keys, oov=oov, unk_id=unk_id, batch_rows=batch_rows,
                     scheduler=scheduler, overwrite=overwrite, resume=resume, lengths=lengths,
-                    quiet=quiet, cache_bytes=cache_bytes, n_workers=n_workers,
+                    on_progress=on_progress, cache_bytes=cache_bytes, n_workers=n_workers,
                     threads=threads, t0=t0)
     finally:
         if owned:
@@ -190,7 +166,7 @@ def _stamp(input: str, table_path: str | None) -> tuple:
 
 
 def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows, scheduler,
-         overwrite, resume, lengths, quiet, cache_bytes, n_workers, threads, t0) -> dict:
+         overwrite, resume, lengths, on_progress, cache_bytes, n_workers, threads, t0) -> dict:
     job, line_lengths = _plan(tab, table_path, input, kind, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, cache_bytes=cache_bytes)
     tmp = _tmp_path(output, kind)
@@ -212,15 +188,12 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
     todo = [i for i in range(job.n_blocks) if i not in done]
     lengths_tmp = None
     try:
-        with progress(job.rows, "lookup", quiet=quiet) as bar:
-            bar.update(sum(job.starts[i + 1] - job.starts[i] for i in done))
-            if scheduler is not None:
-                from .batch_dask import run_dask
-
-                sink.close()
-                run_dask(job, todo, scheduler, n_workers=n_workers, bar=bar)
-            else:
-                _run_local(job, tab, sink, todo, bar, threads=threads)
+        bar = Tally(job.rows, on_progress, sum(job.starts[i + 1] - job.starts[i] for i in done))
+        if scheduler is not None:
+            sink.close()
+            run_dask(job, todo, scheduler, n_workers=n_workers, bar=bar)
+        else:
+            _run_local(job, tab, sink, todo, bar, threads=threads)
         sink.close()
         if lengths is not None:
             lengths_tmp = _tmp_path(lengths, "npy")
@@ -244,7 +217,8 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
             "scheduler": scheduler, "lengths": lengths}
 
 
-def _run_local(job: Job, tab: Table, sink, todo: list[int], bar, *, threads: bool) -> None:
+def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,
+               threads: bool) -> None:
     """Read block k+1 and write block k-1 in threads while block k is looked up."""
     if not todo:
         return

@@ -14,10 +14,12 @@ from pathlib import Path
 import numpy as np
 from crc32c import crc32c
 
-from .errors import DestinationExistsError, ShapeMismatchError
+from .._version import __version__
+from ..errors import DestinationExistsError, ShapeMismatchError
+from ..keys.writer import KeyIndexWriter
 
-from .layout import ABSENT, COMPRESSIONS, Layout, encode_chunks, make_codec
-from .shards import ShardReader
+from .codecs import ABSENT, COMPRESSIONS, Layout, encode_chunks, make_codec
+from .shardread import ShardReader
 
 __all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype"]
 
@@ -219,7 +221,6 @@ class TableWriter:
             self._group = zarr.open_group(self._tmp, mode="w")
             self._keys = None
             if has_keys:
-                from .vocab import KeyIndexWriter
                 self._keys = KeyIndexWriter(self._group, expected=expected_rows)
             if shard_rows is not None or expected_rows is not None:
                 self._decide(expected_rows)
@@ -345,9 +346,8 @@ class TableWriter:
         self.rows = n
         self._shards_done = -(-n // self._layout.shard_rows)
 
-    def commit(self):
-        """Finish, rename into place and return the table opened read-only."""
-        from .zarrtable import ZarrTable
+    def commit(self) -> None:
+        """Finish and rename the new table into place (open it with :func:`embstore.open`)."""
         if self._done:
             raise ValueError("this TableWriter is already committed or aborted")
         try:
@@ -369,7 +369,6 @@ class TableWriter:
             self.abort()
             raise
         self._done = True
-        return ZarrTable(self.path, mode="r")
 
     def _swap_in(self) -> None:
         aside = None
@@ -412,5 +411,4 @@ class TableWriter:
 
 
 def _created_by() -> str:
-    from . import __version__
     return f"embstore {__version__}"

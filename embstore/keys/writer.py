@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .keyarrays import concat_reader, write_mapped
-from .keyhash import (HASH_NAME, KEY_PAD, encode_keys, first_occurrences, hash_encoded,
+from .mapped import concat_reader, write_mapped
+from .hashing import (HASH_NAME, KEY_PAD, encode_keys, first_occurrences, hash_encoded,
                       merge_runs, probe, segment_index, words_from_bytes)
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ import threading
 import numpy as np
 from crc32c import crc32c
 
-from . import joined
-from .errors import CorruptStoreError
-from .layout import ABSENT, Layout, ZstdDecoder, check_chunk, make_codec, pool
+from . import arena as joined
+from ..errors import CorruptStoreError
+from .codecs import ABSENT, Layout, ZstdDecoder, check_chunk, make_codec, pool
 
 __all__ = ["ShardReader", "ShardFile"]
 

@@ -1,7 +1,7 @@
 """Import a file into a table and export a table to a file, streamed block by block.
 
 ``import_file`` reads the source with its format's :class:`~embstore.formats.Reader`
-and feeds :class:`embstore.writer.TableWriter`, which writes beside DEST and
+and feeds :class:`embstore.store.writer.TableWriter`, which writes beside DEST and
 renames into place on success (an error leaves no DEST behind).
 ``export_table`` writes ``DEST.tmp-*`` beside DEST and renames it when complete.
 """
@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import DEFAULT_BLOCK_ROWS, WRITE_FORMATS, detect, get
-from ._textparse import decode_keys
-from ..errors import DestinationExistsError, FormatError
+from .errors import DestinationExistsError, FormatError
+from .formats import DEFAULT_BLOCK_ROWS, WRITE_FORMATS, detect, get
+from .formats._textparse import decode_keys
+from .store.table import open as open_table
+from .store.writer import TableWriter
+
+Progress = Callable[[int, "int | None"], None]  # on_progress(done, total)
 
 __all__ = ["import_file", "export_table", "ImportResult", "export_format_for", "VocabReader"]
 
@@ -108,12 +113,14 @@ def _check_dest(dest: str, overwrite: bool) -> None:
 def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, vocab=None,
                 dtype=None, limit: int | None = None, unicode_errors: str = "strict",
                 compression: str = "none", chunk_rows: int | None = None,
-                shard_rows: int | None = None, overwrite: bool = False, quiet: bool = True,
-                block_rows: int = DEFAULT_BLOCK_ROWS) -> ImportResult:
-    """Import ``src`` (a file of ``format``) into a new table at ``dest``."""
-    from ..progress import progress
-    from ..writer import TableWriter
+                shard_rows: int | None = None, overwrite: bool = False,
+                block_rows: int = DEFAULT_BLOCK_ROWS,
+                on_progress: Progress | None = None) -> ImportResult:
+    """Import ``src`` (a file of ``format``) into a new table at ``dest``.
 
+    ``on_progress(done, total)`` is called as the source is read (in the reader's units:
+    bytes of text files, rows of array files; ``total`` may be None).
+    """
     src, dest = os.fspath(src), os.fspath(dest)
     if not os.path.isfile(src):
         raise FileNotFoundError(2, "No such file", src)
@@ -140,15 +147,13 @@ def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, v
                              chunk_rows=chunk_rows, shard_rows=shard_rows,
                              compression=compression, overwrite=overwrite,
                              expected_rows=reader.size_hint(), attrs=attrs)
-        with writer, progress(reader.progress_total, f"importing {name}", quiet=quiet,
-                              unit=reader.progress_unit) as bar:
-            done = reader.progress_done
+        with writer:
             for block, keys in reader:
                 if keys_file is not None:
                     keys = keys_file.take(len(block), rows_of=name, expected=reader.count)
                 writer.add(block, keys)
-                bar.update(reader.progress_done - done)
-                done = reader.progress_done
+                if on_progress is not None:
+                    on_progress(reader.progress_done, reader.progress_total)
             if keys_file is not None and limit is None:
                 keys_file.check_end(rows_of=name)
         rows, duplicates = writer.rows, writer.duplicates
@@ -172,11 +177,10 @@ def export_format_for(dest) -> str:
 
 
 def export_table(src, dest, *, format: str | None = None, limit: int | None = None,
-                 overwrite: bool = False, quiet: bool = True,
-                 block_rows: int = DEFAULT_BLOCK_ROWS) -> int:
+                 overwrite: bool = False, block_rows: int = DEFAULT_BLOCK_ROWS,
+                 on_progress: Progress | None = None) -> int:
     """Write the table at ``src`` (a path or an open :class:`~embstore.Table`) to the file
-    ``dest``; returns the rows written."""
-    from ..progress import progress
+    ``dest``; returns the rows written.  ``on_progress(done, total)`` counts rows."""
 
     dest = os.fspath(dest)
     fmt = format or export_format_for(dest)
@@ -185,16 +189,20 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
     _check_dest(dest, overwrite)
     if os.path.isdir(dest):
         raise DestinationExistsError(f"{dest} is a directory; expected a file path to write")
-    import embstore
-
-    table = embstore.open(src) if isinstance(src, (str, os.PathLike)) else src
+    table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
     tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
                        f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:8]}")
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     try:
-        with progress(n, f"exporting {os.path.basename(dest)}", quiet=quiet) as bar:
-            rows = get(fmt).write(tmp, table, limit=limit, block_rows=block_rows,
-                                  progress=bar.update)
+        done = 0
+
+        def advance(k: int) -> None:
+            nonlocal done
+            done += k
+            if on_progress is not None:
+                on_progress(done, n)
+
+        rows = get(fmt).write(tmp, table, limit=limit, block_rows=block_rows, progress=advance)
         _check_dest(dest, overwrite)
         os.replace(tmp, dest)
     except BaseException:

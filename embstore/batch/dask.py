@@ -15,8 +15,8 @@ import uuid
 
 import numpy as np
 
-from .batch_io import Job, lookup_into, open_sink, open_source, read_block
-from .errors import EmbstoreError
+from .io import Job, lookup_into, open_sink, open_source, open_table, read_block
+from ..errors import EmbstoreError
 
 __all__ = ["run_dask", "run_block", "CONNECT_TIMEOUT"]
 
@@ -27,8 +27,6 @@ _tables_lock = threading.Lock()
 
 
 def _worker_table(path: str, cache_bytes):
-    from .batch import open_table
-
     key = (path, str(cache_bytes), os.stat(path).st_mtime_ns)
     with _tables_lock:
         table = _tables.get(key)

@@ -9,18 +9,30 @@ slower, ``np.maximum.reduceat`` up to 10x); empty bags stay zero.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .errors import ShapeMismatchError
 
-if TYPE_CHECKING:
-    from .layer import Embedding
-
 __all__ = ["pool_bags", "bag_bounds"]
 
 _MODES = ("sum", "mean", "max")
+
+
+class Embedding(Protocol):
+    """What pooling needs of an embedding layer (:class:`embstore.layer.Embedding` is one)."""
+
+    dim: int
+    dtype: np.dtype
+    padding_idx: int | None
+    scale_factor: float | None
+
+    def _map_ids(self, ids, unk) -> tuple[np.ndarray, np.ndarray | None]: ...
+
+    def _check_like_ids(self, values, shape, what: str) -> np.ndarray: ...
+
+    def _rows(self, idx: np.ndarray, zero: np.ndarray | None) -> np.ndarray: ...
 
 
 def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray]:

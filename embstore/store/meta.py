@@ -9,9 +9,13 @@ know (other codecs) still passes here and is read by zarr-python.
 
 from __future__ import annotations
 
-from .errors import CorruptStoreError, FormatError
+import json
+from pathlib import Path
 
-__all__ = ["check_group_meta", "check_vectors_meta", "MAX_INNER_CHUNKS", "MAX_DIM"]
+from ..errors import CorruptStoreError, FormatError
+
+__all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
+           "MAX_INNER_CHUNKS", "MAX_DIM"]
 
 FLOAT_TYPES = ("float16", "float32", "float64")
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
@@ -105,3 +109,28 @@ def check_vectors_meta(meta: dict, where, attrs: dict | None = None) -> None:
             if not (isinstance(sub, list) and sub and all(
                     isinstance(c, dict) and isinstance(c.get("name"), str) for c in sub)):
                 raise bad(f"expected a list of {key} in the sharding codec, got {sub!r}")
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise FormatError(f"not an embstore table: {what} is missing", path=str(path)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise CorruptStoreError(f"{path}: broken JSON ({exc})", path=str(path)) from None
+    except (IsADirectoryError, NotADirectoryError) as exc:
+        raise CorruptStoreError(f"{path}: cannot read ({exc.strerror})", path=str(path)) from None
+    if not isinstance(doc, dict):
+        raise CorruptStoreError(f"{path}: expected a JSON object", path=str(path))
+    return doc
+
+
+def read_table_meta(path: Path) -> tuple[dict, dict]:
+    """``(embstore attributes, vectors zarr.json)`` of the table at ``path``, checked."""
+    if not path.is_dir():
+        raise FormatError("not an embstore table (no such directory)", path=str(path))
+    attrs = check_group_meta(read_json(path / "zarr.json", "the group's zarr.json"), path)
+    meta = read_json(path / "vectors" / "zarr.json", "vectors/zarr.json")
+    check_vectors_meta(meta, path / "vectors" / "zarr.json", attrs)
+    return attrs, meta

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CorruptStoreError, FormatError
+from ..errors import CorruptStoreError, FormatError
 
 __all__ = ["EncodedKeys", "encode_keys", "hash_encoded", "hash_keys", "keys_equal", "word_view",
            "words_from_bytes", "decode_keys", "segment_index", "probe", "first_occurrences",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from crc32c import crc32c
 
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 
 __all__ = ["Layout", "ABSENT", "COMPRESSIONS", "make_codec", "encode_chunks",
            "check_chunk", "pool"]

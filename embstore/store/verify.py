@@ -13,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CorruptStoreError, FormatError
+from ..errors import CorruptStoreError, FormatError
+from .codecs import Layout
+from .meta import read_table_meta
+from .shardread import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify"]
 
@@ -67,10 +70,6 @@ class VerifyReport:
 
 def verify(path) -> VerifyReport:
     """Check every chunk of the table at ``path``; never raises for damage, reports it."""
-    from .layout import Layout
-    from .shards import ShardReader
-    from .zarrtable import read_table_meta
-
     root = Path(os.fspath(path)).absolute()
     report = VerifyReport(str(root))
     try:

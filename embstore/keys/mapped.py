@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from crc32c import crc32c
 
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr

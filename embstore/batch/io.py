@@ -23,10 +23,13 @@ from itertools import islice
 
 import numpy as np
 
-from .errors import EmbstoreError, FormatError, InvalidIdError, KeyNotFoundError
-from .ids import position_of
+from ..errors import EmbstoreError, FormatError, InvalidIdError, KeyNotFoundError
+from ..ids import position_of
+from ..memory import MemoryTable
+from ..store import table as zarrtable
+from ..table import Table
 
-__all__ = ["Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
+__all__ = ["open_table", "Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
            "read_block", "lookup_into", "move_into_place", "remove_path", "output_kind"]
 
 _MARKERS = ".embstore-lookup"
@@ -349,3 +352,29 @@ def move_into_place(tmp: str, dest: str) -> None:
         remove_path(old)
     else:
         os.replace(tmp, dest)
+
+
+DEFAULT_CACHE_BYTES = "auto"    # row cache of the table opened for a job (see open_table)
+COMPRESSED_CACHE_BYTES = "64MiB"
+
+
+def open_table(path, *, cache_bytes=DEFAULT_CACHE_BYTES) -> Table:
+    """A table by path: a store directory (``embstore.open``) or a 2-D ``.npy`` (memory-mapped).
+
+    ``cache_bytes="auto"`` gives no row cache to an uncompressed store (its rows
+    are gathered straight from the memory-mapped shards, about as fast as a
+    cache hit: measured on 1M x 64 float32, a 64 MiB cache made 1M lookups 3x
+    slower for uniform ids and 1.4x slower for Zipf ids) and 64 MiB to a
+    compressed one.
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path) and path.lower().endswith(".npy"):
+        return MemoryTable(np.load(path, mmap_mode="r", allow_pickle=False))
+    if cache_bytes != "auto":
+        return zarrtable.open(path, mode="r", cache_bytes=cache_bytes)
+    table = zarrtable.open(path, mode="r", cache_bytes=0)
+    layout = getattr(table, "layout", {})
+    if layout.get("compression") == "none" and layout.get("fast_path", True):
+        return table
+    table.close()
+    return zarrtable.open(path, mode="r", cache_bytes=COMPRESSED_CACHE_BYTES)

@@ -1,0 +1,16 @@
+"""The on-disk backend, format v1 (docs/FORMAT.md): sharded Zarr v3 ``vectors``.
+
+- ``meta``: read and check ``zarr.json``; ``codecs``: the layout, chunk codecs and checksums
+- ``shardread``: shard indexes and memory-mapped gathers; ``arena``: shards side by side
+- ``writer``: :class:`TableWriter` and copy-on-write shard rewrites
+- ``table``: :class:`ZarrTable` and ``open``/``create``/``save``; ``verify``: every byte checked
+"""
+
+from __future__ import annotations
+
+from .table import ZarrTable, create, open, save  # noqa: A004
+from .verify import Damage, VerifyReport, verify
+from .writer import TableWriter
+
+__all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
+           "Damage"]
