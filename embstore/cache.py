@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CacheInfo", "RowCache", "parse_bytes"]
+__all__ = ["CacheInfo", "RowCache", "NullCache", "make_cache", "parse_bytes"]
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of ids
 _EMPTY, _TOMB = -1, -2
@@ -353,3 +353,40 @@ class RowCache:
             n = self._entries
             return CacheInfo(self.hits, self.misses, self.evictions, n, n * self.row_bytes,
                              self.capacity_bytes)
+
+
+class NullCache:
+    """The row cache of a table opened with ``cache_bytes=0``: every row is read."""
+
+    slots = 0
+    cheap_reads = False
+
+    def gather(self, ids: np.ndarray, out: np.ndarray | None,
+               fetch: Callable[[np.ndarray, np.ndarray], None],
+               take: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """As :meth:`RowCache.gather` with nothing cached: ``take(ids)`` or ``fetch``."""
+        if out is None and take is not None:
+            return take(ids)
+        if out is None:
+            raise ValueError("NullCache.gather needs out= or take=")
+        if ids.size:
+            fetch(ids, out)
+        return out
+
+    def warm(self, ids: np.ndarray, fetch, *, block: int = 65536) -> int:
+        return 0
+
+    def invalidate(self, ids: np.ndarray) -> None:
+        pass
+
+    def clear(self, *, keep_stats: bool = False) -> None:
+        pass
+
+    def info(self) -> CacheInfo:
+        return CacheInfo()
+
+
+def make_cache(capacity_bytes: int, dim: int, dtype) -> RowCache | NullCache:
+    """A :class:`RowCache` of ``capacity_bytes``, or a :class:`NullCache` when it holds no row."""
+    cache = RowCache(capacity_bytes, dim, dtype) if capacity_bytes else None
+    return cache if cache is not None and cache.slots else NullCache()

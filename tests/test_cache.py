@@ -94,10 +94,10 @@ def test_lru_order(table):
     assert cache.slots == 3
     out = np.empty((1, 16), np.float32)
     for i in (1, 2, 3, 1, 4):  # 4 evicts 2, the least recently used
-        cache.gather(np.array([i]), out, t._fetch)
-    cache.gather(np.array([1, 3, 4]), np.empty((3, 16), np.float32), t._fetch)
+        cache.gather(np.array([i]), out, t._source.gather)
+    cache.gather(np.array([1, 3, 4]), np.empty((3, 16), np.float32), t._source.gather)
     assert cache.info().hits == 1 + 3 and cache.info().evictions == 1
-    cache.gather(np.array([2]), out, t._fetch)
+    cache.gather(np.array([2]), out, t._source.gather)
     assert cache.info().misses == 4 + 1
 
 

@@ -357,7 +357,7 @@ def test_both_uncompressed_read_paths(tmp_path, rng, monkeypatch, joined):
     t.write(np.arange(0, 200), E[:200])  # shards 7..9 stay absent files: zeros
     ref = E.copy()
     ref[200:] = 0
-    assert (t._reader._jm_ok is joined) or not embstore.store.arena.available()
+    assert (t._source.reader._jm_ok is joined) or not embstore.store.arena.available()
     ids = rng.integers(0, 300, size=(7, 50))
     np.testing.assert_array_equal(t[ids], ref[ids])
     out = np.empty((7, 50, 5), np.float32)

@@ -9,23 +9,21 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..cache import CacheInfo, RowCache, parse_bytes
+from ..cache import CacheInfo, make_cache, parse_bytes
 from ..errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
 from ..ids import as_ids
 from ..keys.index import DiskVocab
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
 from .meta import read_table_meta
-from .codecs import Layout
-from .shardread import ShardReader
+from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter, check_dtype, rewrite_shard, set_rows
+from .writer import TableWriter, check_dtype
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
            "Damage"]
@@ -34,7 +32,12 @@ _SAVE_BLOCK_BYTES = 64 << 20
 
 
 class ZarrTable(Table):
-    """A table stored as a sharded Zarr v3 group (format v1).  Use :func:`open`."""
+    """A table stored as a sharded Zarr v3 group (format v1).  Use :func:`open`.
+
+    Rows come from a :class:`~embstore.store.source.RowSource` (the shard fast path, or
+    zarr-python for layouts it does not know) through a row cache (a
+    :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
+    """
 
     def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB"):
         if mode not in ("r", "r+"):
@@ -44,33 +47,14 @@ class ZarrTable(Table):
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         self._closed = False
         self._load_meta()
-        cap = parse_bytes(cache_bytes)
-        self._cache = RowCache(cap, self.dim, self.dtype) if cap else None
-        if self._cache is not None:  # reading an uncompressed row costs about a cached one
-            self._cache.cheap_reads = (self._layout is not None
-                                       and self._layout.compression == "none")
+        self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype)
+        self._cache.cheap_reads = self._source.cheap_reads
 
     def _load_meta(self) -> None:
         self._attrs, meta = read_table_meta(self.path)
-        self._layout = Layout.from_metadata(meta)
-        self._zarr = None
-        self._reader = None
-        if self._layout is None:  # a layout the fast path does not know: zarr-python reads
-            import zarr
-            try:
-                self._zarr = zarr.open_array(str(self.path / "vectors"), mode=self.mode)
-            except Exception as exc:  # noqa: BLE001 - zarr refuses bad metadata in many ways
-                raise CorruptStoreError(f"{self.path / 'vectors'}: zarr cannot open the array "
-                                        f"({type(exc).__name__}: {exc})",
-                                        path=str(self.path)) from None
-            if self._zarr.ndim != 2:
-                raise FormatError(f"vectors must be 2-D, got shape {self._zarr.shape}",
-                                  path=str(self.path))
-            check_dtype(self._zarr.dtype)
-        else:
-            self._reader = ShardReader(str(self.path / "vectors"), self._layout)
+        self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj = None
+        self._vocab_obj: DiskVocab | None = None
         if self._has_keys:
             self._check_key_count()
 
@@ -85,13 +69,11 @@ class ZarrTable(Table):
     # -- geometry ---------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, int]:
-        if self._layout is not None:
-            return (self._layout.rows, self._layout.dim)
-        return tuple(int(s) for s in self._zarr.shape)  # type: ignore[return-value]
+        return self._source.shape
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(self._layout.dtype.name if self._layout else self._zarr.dtype)
+        return self._source.dtype
 
     @property
     def writable(self) -> bool:
@@ -100,13 +82,7 @@ class ZarrTable(Table):
     @property
     def layout(self) -> dict:
         """``chunk_rows``, ``shard_rows`` and ``compression`` of ``vectors`` (None if unknown)."""
-        if self._layout is None:
-            shards = getattr(self._zarr, "shards", None)
-            return {"chunk_rows": int(self._zarr.chunks[0]),
-                    "shard_rows": int(shards[0]) if shards else None, "compression": None,
-                    "fast_path": False}
-        return {"chunk_rows": self._layout.chunk_rows, "shard_rows": self._layout.shard_rows,
-                "compression": self._layout.compression, "fast_path": True}
+        return self._source.layout
 
     def info(self) -> dict:
         """What ``embstore info --json`` prints."""
@@ -125,54 +101,31 @@ class ZarrTable(Table):
         if self._closed:
             raise EmbstoreError(f"{self.path} is closed")
 
-    def _fetch(self, ids: np.ndarray, out: np.ndarray) -> None:
-        """Rows ``ids`` from the store (no row cache)."""
-        self._check_open()
-        if self._reader is not None:
-            self._reader.gather(ids, out)
-            return
-        uniq, inv = np.unique(ids, return_inverse=True)
-        try:
-            rows = self._zarr.get_orthogonal_selection((uniq, slice(None)))
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise CorruptStoreError(f"{self.path}/vectors: cannot read rows ({exc})",
-                                    path=str(self.path)) from exc
-        out[:] = rows[inv]
-
     def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
-        if out is not None or self._reader is None:
-            return super().lookup(ids, out=out)
-        ids = as_ids(ids, self.vocab_size)  # gather straight into the result
+        ids = as_ids(ids, self.vocab_size)
+        out = None if out is None else self._check_out(out, ids.shape)
         self._check_open()
         flat = ids.reshape(-1)
-        if self._cache is not None and self._cache.slots:
-            rows = self._cache.gather(flat, None, self._fetch, self._reader.take)
-        else:
-            rows = self._reader.take(flat)
-        return rows.reshape(ids.shape + (self.dim,))
+        rows = self._cache.gather(flat, None if out is None else out.reshape(-1, self.dim),
+                                  self._source.gather, self._source.take)
+        return rows.reshape(ids.shape + (self.dim,)) if out is None else out
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        if self._cache is not None and self._cache.slots:
-            self._check_open()
-            self._cache.gather(ids, out, self._fetch)
-        else:
-            self._fetch(ids, out)
+        self._check_open()
+        self._cache.gather(ids, out, self._source.gather)
 
     def _read_rows(self, start: int, stop: int) -> np.ndarray:  # scans bypass the row cache
-        out = np.empty((stop - start, self.dim), dtype=self.dtype)
-        if stop > start:
-            self._fetch(np.arange(start, stop, dtype=np.int64), out)
-        return out
+        self._check_open()
+        return self._source.read(start, max(start, stop))
 
     def warm(self, ids) -> int:
         """Load rows ``ids`` (most important first) into the row cache; returns rows loaded."""
         ids = as_ids(ids, self.vocab_size).reshape(-1)
-        if self._cache is None:
-            return 0
-        return self._cache.warm(ids, self._fetch)
+        self._check_open()
+        return self._cache.warm(ids, self._source.gather)
 
     # -- keys -------------------------------------------------------------------------------
-    def _vocab(self):
+    def _vocab(self) -> DiskVocab | None:
         if not self._has_keys:
             return None
         if self._vocab_obj is None:
@@ -195,72 +148,44 @@ class ZarrTable(Table):
         uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
         vals = vectors[::-1][last]
         with self._lock:
-            if self._reader is None:
-                self._zarr.set_orthogonal_selection((uniq, slice(None)), vals)
-            else:
-                L = self._layout
-                sr = L.shard_rows
-                sh = uniq // sr
-                cuts = np.flatnonzero(sh[1:] != sh[:-1]) + 1
-                for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, uniq.size].tolist()):
-                    k = int(sh[a])
-                    rewrite_shard(self._reader, k, uniq[a:b] - k * sr, vals[a:b],
-                                  min(sr, L.rows - k * sr))
-            if self._cache is not None:
-                self._cache.invalidate(uniq)
+            self._source.write(uniq, vals)
+            self._cache.invalidate(uniq)
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> None:
         self._check_open()
         with self._lock:
             n0, n = self.vocab_size, vectors.shape[0]
-            n1 = n0 + n
             if n == 0:
                 return
-            if self._reader is None:
-                self._zarr.resize((n1, self.dim))
-                self._zarr[n0:n1] = vectors
-            else:
-                L = self._layout
-                sr = L.shard_rows
-                for k in range(n0 // sr, (n1 - 1) // sr + 1):
-                    a, b = max(n0, k * sr), min(n1, (k + 1) * sr)
-                    rewrite_shard(self._reader, k, np.arange(a, b) - k * sr,
-                                  vectors[a - n0: b - n0], b - k * sr)
+            self._source.append(vectors)
             if keys is not None:
-                self._vocab().append(keys)
-            if self._reader is not None:
-                set_rows(str(self.path), n1)  # last: readers see the new rows only now
-                self._layout = replace(self._layout, rows=n1)
-                self._reader.layout = self._layout
+                vocab = self._vocab()
+                assert vocab is not None
+                vocab.append(keys)
+            self._source.publish_rows(n0 + n)  # last: readers see the new rows only now
 
     def refresh(self) -> None:
         """See changes made by other processes since opening (row count, shards, keys)."""
         with self._lock:
             self._check_open()
+            self._source.close()
             self._load_meta()
-            if self._cache is not None:
-                self._cache.clear(keep_stats=True)
+            self._cache.clear(keep_stats=True)
 
     # -- housekeeping -----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:
-        if self._cache is None:
-            return CacheInfo()
         return self._cache.info()
 
     def cache_clear(self) -> None:
-        if self._cache is not None:
-            self._cache.clear()
+        self._cache.clear()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._reader is not None:
-                self._reader.forget()  # unmaps once no thread is reading
-            if self._cache is not None:
-                self._cache.clear(keep_stats=True)
-            close = getattr(self._vocab_obj, "close", None)
-            if close is not None:
-                close()
+            self._source.close()
+            self._cache.clear(keep_stats=True)
+            if self._vocab_obj is not None:
+                self._vocab_obj.close()
 
     def __repr__(self) -> str:
         return (f"ZarrTable({str(self.path)!r}, mode={self.mode!r}, vocab_size="

@@ -1,0 +1,207 @@
+"""Where rows leave (and enter) the store: the row-source interface of :class:`ZarrTable`.
+
+A :class:`RowSource` reads and writes the ``vectors`` array of one table:
+
+- :class:`ShardSource`, the fast path: format-v1 shard files read through their indexes
+  (memory-mapped gathers, crc32c checked once per chunk) and rewritten copy-on-write;
+- :class:`ZarrSource`, any other Zarr v3 layout (other codecs, no sharding), read and
+  written by zarr-python.
+
+Ids given to a source are validated 1-D int64 arrays; rows are ``(n, dim)`` arrays of the
+table's dtype.  A remote table or quantised rows are one more implementation here.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CorruptStoreError, FormatError
+from .codecs import Layout
+from .shardread import ShardReader
+from .writer import check_dtype, rewrite_shard, set_rows
+
+__all__ = ["RowSource", "ShardSource", "ZarrSource", "open_source"]
+
+
+class RowSource(abc.ABC):
+    """Rows of one ``vectors`` array: geometry, reads, writes."""
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> tuple[int, int]: ...
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    @abc.abstractmethod
+    def layout(self) -> dict:
+        """``chunk_rows``, ``shard_rows``, ``compression`` (None if unknown), ``fast_path``."""
+
+    #: reading a row costs about what a row-cache hit costs (uncompressed, memory-mapped)
+    cheap_reads = False
+
+    @abc.abstractmethod
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (``(len(ids), dim)``) with rows ``ids``."""
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` as a new ``(len(ids), dim)`` array."""
+        out = np.empty((ids.size, self.shape[1]), dtype=self.dtype)
+        if ids.size:
+            self.gather(ids, out)
+        return out
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start..stop-1`` as a new array."""
+        return self.take(np.arange(start, stop, dtype=np.int64))
+
+    @abc.abstractmethod
+    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """Set rows ``ids`` (distinct, ascending) to ``values``."""
+
+    @abc.abstractmethod
+    def append(self, values: np.ndarray) -> None:
+        """Store rows after the last one; they stay invisible until :meth:`publish_rows`."""
+
+    @abc.abstractmethod
+    def publish_rows(self, rows: int) -> None:
+        """Make the table ``rows`` rows long (the commit point of an append)."""
+
+    def refresh(self) -> None:
+        """Forget what was read of the store (another process may have changed it)."""
+
+    def close(self) -> None:
+        """Release maps and files (reads in flight finish first)."""
+
+
+class ShardSource(RowSource):
+    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shardread`)."""
+
+    def __init__(self, root: Path, layout: Layout):
+        self.root = root
+        self.reader = ShardReader(str(root / "vectors"), layout)
+        self.cheap_reads = layout.compression == "none"
+
+    @property
+    def _layout(self) -> Layout:
+        return self.reader.layout
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._layout.rows, self._layout.dim)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._layout.dtype.name)
+
+    @property
+    def layout(self) -> dict:
+        L = self._layout
+        return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
+                "compression": L.compression, "fast_path": True}
+
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        self.reader.gather(ids, out)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        return self.reader.take(ids)
+
+    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+        L = self._layout
+        sr = L.shard_rows
+        sh = ids // sr
+        cuts = np.flatnonzero(sh[1:] != sh[:-1]) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.size].tolist()):  # per shard
+            k = int(sh[a])
+            rewrite_shard(self.reader, k, ids[a:b] - k * sr, values[a:b],
+                          min(sr, L.rows - k * sr))
+
+    def append(self, values: np.ndarray) -> None:
+        L = self._layout
+        sr = L.shard_rows
+        n0 = L.rows
+        n1 = n0 + values.shape[0]
+        for k in range(n0 // sr, (n1 - 1) // sr + 1):  # a loop per shard
+            a, b = max(n0, k * sr), min(n1, (k + 1) * sr)
+            rewrite_shard(self.reader, k, np.arange(a, b) - k * sr, values[a - n0: b - n0],
+                          b - k * sr)
+
+    def publish_rows(self, rows: int) -> None:
+        """Make ``rows`` rows visible (the commit point of an append)."""
+        set_rows(str(self.root), rows)
+        self.reader.layout = replace(self._layout, rows=rows)
+
+    def refresh(self) -> None:
+        self.reader.forget()
+
+    def close(self) -> None:
+        self.reader.forget()  # unmaps once no thread is reading
+
+
+class ZarrSource(RowSource):
+    """Any other Zarr v3 layout of ``vectors``, through zarr-python."""
+
+    def __init__(self, root: Path, mode: str):
+        import zarr
+
+        try:
+            self.array = zarr.open_array(str(root / "vectors"), mode=mode)
+        except Exception as exc:  # noqa: BLE001 - zarr refuses bad metadata in many ways
+            raise CorruptStoreError(f"{root / 'vectors'}: zarr cannot open the array "
+                                    f"({type(exc).__name__}: {exc})", path=str(root)) from None
+        if self.array.ndim != 2:
+            raise FormatError(f"vectors must be 2-D, got shape {self.array.shape}",
+                              path=str(root))
+        check_dtype(self.array.dtype)
+        self.root = root
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, dim = (int(s) for s in self.array.shape)
+        return rows, dim
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.array.dtype)
+
+    @property
+    def layout(self) -> dict:
+        shards = getattr(self.array, "shards", None)
+        return {"chunk_rows": int(self.array.chunks[0]),
+                "shard_rows": int(shards[0]) if shards else None, "compression": None,
+                "fast_path": False}
+
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        uniq, inv = np.unique(ids, return_inverse=True)
+        try:
+            rows = self.array.get_orthogonal_selection((uniq, slice(None)))
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise CorruptStoreError(f"{self.root}/vectors: cannot read rows ({exc})",
+                                    path=str(self.root)) from exc
+        out[:] = rows[inv]
+
+    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+        self.array.set_orthogonal_selection((ids, slice(None)), values)
+
+    def append(self, values: np.ndarray) -> None:
+        n0, dim = self.shape
+        n1 = n0 + values.shape[0]
+        self.array.resize((n1, dim))
+        self.array[n0:n1] = values
+
+    def publish_rows(self, rows: int) -> None:
+        pass  # zarr-python wrote the new shape with the rows
+
+
+def open_source(root: Path, meta: dict, mode: str) -> ShardSource | ZarrSource:
+    """The fast path when it knows the layout of ``vectors`` (``meta``), else zarr-python."""
+    layout = Layout.from_metadata(meta)
+    if layout is None:
+        return ZarrSource(root, mode)
+    return ShardSource(root, layout)
