@@ -13,7 +13,8 @@ from .batch import lookup_file
 from .cache import CacheInfo
 from .convert import ImportResult, export_table, import_file
 from .errors import (CorruptStoreError, DestinationExistsError, EmbstoreError, FormatError,
-                     InvalidIdError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError)
+                     InvalidIdError, KeyNotFoundError, NotATableError, ReadOnlyError,
+                     ShapeMismatchError)
 from .layer import Embedding
 from .memory import MemoryTable
 from .store import TableWriter, VerifyReport, ZarrTable, create, open, save, verify  # noqa: A004
@@ -26,7 +27,7 @@ __all__ = [
     "embedding_lookup", "Embedding",
     "import_file", "export_table", "ImportResult", "lookup_file",
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
-    "ReadOnlyError", "FormatError", "ShapeMismatchError", "DestinationExistsError",
+    "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
 ]
 
 

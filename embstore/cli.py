@@ -19,7 +19,7 @@ import click
 from . import demo as demo_steps
 from .batch import lookup_file, output_kind
 from .convert import export_format_for, export_table, import_file
-from .errors import EmbstoreError
+from .errors import EmbstoreError, NotATableError
 from .formats import READ_FORMATS, WRITE_FORMATS
 from .layer import Embedding
 from .store import open as open_table
@@ -32,6 +32,10 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except NotATableError as exc:
+            hint = (f"; to make a table of it: embstore import {exc.path} TABLE"
+                    if exc.is_file and not str(exc.path).lower().endswith(".npy") else "")
+            raise click.ClickException(f"{exc}{hint}") from None
         except EmbstoreError as exc:
             raise click.ClickException(str(exc)) from None
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError,
@@ -84,7 +88,7 @@ def progress(label: str, *, quiet: bool = False) -> Iterator[Callable[[int, int 
 
 
 _FILE = click.Path(exists=True, dir_okay=False)
-_TABLE = click.Path(exists=True, file_okay=False)
+_TABLE = click.Path(exists=True)  # a file gets the library's 'not a table' message
 
 
 def _say(message: str, quiet: bool) -> None:

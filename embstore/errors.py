@@ -15,6 +15,7 @@ __all__ = [
     "CorruptStoreError",
     "ReadOnlyError",
     "FormatError",
+    "NotATableError",
     "ShapeMismatchError",
     "DestinationExistsError",
 ]
@@ -79,6 +80,15 @@ class FormatError(EmbstoreError, ValueError):
         self.path = path
         self.line = line
         self.reason = message
+
+
+class NotATableError(FormatError):
+    """A path that is not an embstore table: missing, a plain file, or a folder without a
+    Zarr group.  ``is_file`` tells a file (which may be importable) from the rest."""
+
+    def __init__(self, message: str, *, path=None, is_file: bool = False):
+        super().__init__(message, path=path)
+        self.is_file = is_file
 
 
 class ShapeMismatchError(EmbstoreError, ValueError):

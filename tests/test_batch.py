@@ -170,7 +170,7 @@ def test_non_integer_ids_and_non_npy_input(runner, tmp_path, table_path):
     (tmp_path / "t.txt").write_text("not an array\n")
     res = runner.invoke(cli, ["lookup", table_path, str(tmp_path / "t.txt"),
                               str(tmp_path / "o.npy")])
-    assert res.exit_code == 1 and "not a readable .npy file" in res.output
+    assert res.exit_code == 1 and "not a .npy file of ids (it looks like text" in res.output
     res = runner.invoke(cli, ["lookup", table_path, str(tmp_path / "missing.npy"),
                               str(tmp_path / "o.npy")])
     assert res.exit_code == 2  # click's own usage error

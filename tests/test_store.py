@@ -221,11 +221,18 @@ def test_destination_exists_and_overwrite(tmp_path, E):
 
 
 def test_not_a_table(tmp_path):
-    with pytest.raises(embstore.FormatError, match="not an embstore table"):
+    with pytest.raises(embstore.NotATableError, match="nothing: no such table"):
         embstore.open(tmp_path / "nothing")
     (tmp_path / "d").mkdir()
-    with pytest.raises(embstore.FormatError, match="zarr.json is missing"):
+    with pytest.raises(embstore.NotATableError, match="is a directory but not an embstore "
+                       "table \\(it has no zarr.json\\)"):
         embstore.open(tmp_path / "d")
+    with pytest.raises(embstore.NotATableError, match="not an embstore table"):
+        embstore.verify(tmp_path / "d")  # not "DAMAGED": there is nothing to verify
+    np.save(tmp_path / "ref.npy", np.zeros((2, 2), np.float32))
+    with pytest.raises(embstore.NotATableError, match=r"ref.npy: is a file, not an embstore "
+                       r"table .*MemoryTable\(np.load"):
+        embstore.open(tmp_path / "ref.npy")
     g = zarr.open_group(str(tmp_path / "v2"), mode="w", attributes={"embstore": {"format": 2}})
     g.create_array("vectors", shape=(1, 1), dtype="f4")
     with pytest.raises(embstore.FormatError, match="format 2 is not supported"):

@@ -102,6 +102,13 @@ class NpyIds:
 
     def __init__(self, path: str):
         self.path = path
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":
+            looks_like_text = bool(magic) and all(32 <= c < 127 or c in b"\t\r\n" for c in magic)
+            raise FormatError("not a .npy file of ids" + (
+                " (it looks like text: a text file of keys is read with keys=True)"
+                if looks_like_text else f" (it starts with {magic!r})"), path=path)
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:

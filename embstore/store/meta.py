@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import CorruptStoreError, FormatError
+from ..errors import CorruptStoreError, FormatError, NotATableError
 
 __all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "MAX_INNER_CHUNKS", "MAX_DIM"]
@@ -129,7 +129,16 @@ def read_json(path: Path, what: str) -> dict:
 def read_table_meta(path: Path) -> tuple[dict, dict]:
     """``(embstore attributes, vectors zarr.json)`` of the table at ``path``, checked."""
     if not path.is_dir():
-        raise FormatError("not an embstore table (no such directory)", path=str(path))
+        if path.exists():
+            hint = (" (a .npy file opens as embstore.MemoryTable(np.load(path, mmap_mode='r')))"
+                    if path.suffix.lower() == ".npy" else "")
+            raise NotATableError("is a file, not an embstore table (a table is a directory "
+                                 "written by save, create or import_file)" + hint,
+                                 path=str(path), is_file=True)
+        raise NotATableError("no such table (no file or directory there)", path=str(path))
+    if not (path / "zarr.json").exists():
+        raise NotATableError("is a directory but not an embstore table (it has no zarr.json)",
+                             path=str(path))
     attrs = check_group_meta(read_json(path / "zarr.json", "the group's zarr.json"), path)
     meta = read_json(path / "vectors" / "zarr.json", "vectors/zarr.json")
     check_vectors_meta(meta, path / "vectors" / "zarr.json", attrs)

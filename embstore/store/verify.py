@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptStoreError, FormatError
+from ..errors import CorruptStoreError, FormatError, NotATableError
 from .codecs import Layout
 from .meta import read_table_meta
 from .shardread import ShardReader
@@ -69,11 +69,15 @@ class VerifyReport:
 
 
 def verify(path) -> VerifyReport:
-    """Check every chunk of the table at ``path``; never raises for damage, reports it."""
+    """Check every chunk of the table at ``path``; never raises for damage, reports it.
+
+    A path that is no table at all raises :class:`~embstore.errors.NotATableError`."""
     root = Path(os.fspath(path)).absolute()
     report = VerifyReport(str(root))
     try:
         attrs, meta = read_table_meta(root)
+    except NotATableError:
+        raise  # nothing to verify: not damage
     except (FormatError, CorruptStoreError) as exc:
         report.add(str(root), None, str(exc))
         return report
