@@ -145,15 +145,33 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
                    ".vec .txt).")
 @click.option("--limit", type=click.IntRange(min=0), default=None,
               help="Export only the first N rows.")
+@click.option("--vocab-out", type=click.Path(dir_okay=False), default=None,
+              help="Where the keys go for formats without keys (npy, safetensors); default: "
+                   "DEST with the extension .vocab.txt.")
+@click.option("--no-vocab-out", is_flag=True,
+              help="Write no keys file for formats without keys (the keys are lost).")
+@click.option("--tensor", default=None, help="safetensors: the tensor's name (default: weight).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-def export_cmd(src, dest, fmt, limit, overwrite, quiet):
-    """Export the table SRC to the file DEST."""
+def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, quiet):
+    """Export the table SRC to the file DEST.
+
+    \b
+    Example:
+      embstore export news.emb news.txt --format word2vec
+    """
+    if vocab_out is not None and no_vocab_out:
+        raise click.UsageError("--vocab-out and --no-vocab-out exclude each other")
     fmt = fmt or export_format_for(dest)
     with progress(f"exporting {os.path.basename(dest)}", quiet=quiet) as on_progress:
-        rows = export_table(src, dest, format=fmt, limit=limit, overwrite=overwrite,
-                            on_progress=on_progress)
-    _say(f"exported {rows} rows of {src} to {dest} ({fmt})", quiet)
+        res = export_table(src, dest, format=fmt, limit=limit, overwrite=overwrite,
+                           vocab_out=False if no_vocab_out else vocab_out, tensor=tensor,
+                           on_progress=on_progress)
+    keys = f"; keys in {res.vocab_path}" if res.vocab_path else ""
+    _say(f"exported {res.rows} rows of {src} to {dest} ({fmt}){keys}", quiet)
+    if res.keys_dropped:
+        click.echo(f"Warning: {src} has keys and {fmt} cannot hold them: they were not "
+                   "written (--no-vocab-out)", err=True)
 
 
 @click.command("info")

@@ -23,7 +23,8 @@ from .store.writer import TableWriter
 
 Progress = Callable[[int, "int | None"], None]  # on_progress(done, total)
 
-__all__ = ["import_file", "export_table", "ImportResult", "export_format_for", "VocabReader"]
+__all__ = ["import_file", "export_table", "ImportResult", "ExportResult", "vocab_path_for",
+           "export_format_for", "VocabReader"]
 
 _EXPORT_EXT = {".npy": "npy", ".safetensors": "safetensors", ".bin": "word2vec-binary",
                ".vec": "fasttext", ".txt": "word2vec", ".w2v": "word2vec"}
@@ -176,11 +177,40 @@ def export_format_for(dest) -> str:
     return _EXPORT_EXT[ext]
 
 
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export did: ``rows`` written to ``path``; ``vocab_path``: where the keys went
+    when the format cannot hold them (None: the format holds them, or no keys)."""
+
+    path: str
+    format: str
+    rows: int
+    vocab_path: str | None = None
+    keys_dropped: bool = False
+
+
+_KEYLESS_FORMATS = ("npy", "safetensors")
+
+
+def vocab_path_for(dest) -> str:
+    """Where the keys of an export to ``dest`` go by default: ``<dest stem>.vocab.txt``."""
+    root, _ = os.path.splitext(os.fspath(dest))
+    return root + ".vocab.txt"
+
+
 def export_table(src, dest, *, format: str | None = None, limit: int | None = None,
                  overwrite: bool = False, block_rows: int = DEFAULT_BLOCK_ROWS,
-                 on_progress: Progress | None = None) -> int:
+                 vocab_out=None, tensor: str | None = None,
+                 on_progress: Progress | None = None) -> ExportResult:
     """Write the table at ``src`` (a path or an open :class:`~embstore.Table`) to the file
-    ``dest``; returns the rows written.  ``on_progress(done, total)`` counts rows."""
+    ``dest``.  ``on_progress(done, total)`` counts rows.
+
+    Formats that cannot hold keys (``npy``, ``safetensors``) get the keys of a keyed table
+    in a text file beside them, one key per line (the ``vocab=`` of :func:`import_file`):
+    ``vocab_out=None`` writes ``<dest stem>.vocab.txt``, a path writes there, ``False``
+    writes none (``keys_dropped`` says so).  ``tensor`` names the safetensors tensor
+    (default ``weight``).
+    """
 
     dest = os.fspath(dest)
     fmt = format or export_format_for(dest)
@@ -189,11 +219,23 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
     _check_dest(dest, overwrite)
     if os.path.isdir(dest):
         raise DestinationExistsError(f"{dest} is a directory; expected a file path to write")
+    if tensor is not None and fmt != "safetensors":
+        raise FormatError(f"a tensor name applies to safetensors exports, not {fmt}")
     table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
+    vocab = None
+    if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
+        vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
+            os.fspath(vocab_out)
+        _check_dest(vocab, overwrite)
     tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
                        f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:8]}")
+    vocab_tmp = None if vocab is None else os.path.join(
+        os.path.dirname(os.path.abspath(vocab)),
+        f".{os.path.basename(vocab)}.tmp-{uuid.uuid4().hex[:8]}")
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     try:
+        if vocab_tmp is not None:
+            _write_vocab(vocab_tmp, table, n, block_rows)
         done = 0
 
         def advance(k: int) -> None:
@@ -202,14 +244,38 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
             if on_progress is not None:
                 on_progress(done, n)
 
-        rows = get(fmt).write(tmp, table, limit=limit, block_rows=block_rows, progress=advance)
+        extra = {} if tensor is None else {"tensor": tensor}
+        rows = get(fmt).write(tmp, table, limit=limit, block_rows=block_rows, progress=advance,
+                              **extra)
         _check_dest(dest, overwrite)
+        if vocab_tmp is not None and vocab is not None:
+            _check_dest(vocab, overwrite)
+            os.replace(vocab_tmp, vocab)
         os.replace(tmp, dest)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        for path in (tmp, vocab_tmp):
+            if path is not None and os.path.exists(path):
+                os.remove(path)
         raise
     finally:
         if table is not src:
             table.close()
-    return rows
+    return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
+                        keys_dropped=table.keys is not None and fmt in _KEYLESS_FORMATS
+                        and vocab is None)
+
+
+def _write_vocab(path: str, table, n: int, block_rows: int) -> None:
+    """The first ``n`` keys of ``table``, one a line (a key holding a line break cannot be
+    written so: a :class:`FormatError` naming its row)."""
+    with open(path, "wb") as f:
+        for a in range(0, n, block_rows):
+            keys = table.keys[a: min(n, a + block_rows)]
+            text = "\n".join(keys)
+            framed = "\n" + text + "\n"  # what VocabReader splits: b"\n", one "\r" stripped
+            if text.count("\n") != len(keys) - 1 or "\n\n" in framed or "\r\n" in framed:
+                for i, k in enumerate(keys):  # only to name the row
+                    if k == "" or "\n" in k or k.endswith("\r"):
+                        raise FormatError(f"key {k!r} at row {a + i} cannot be written to a "
+                                          "one-key-per-line vocabulary file")
+            f.write(text.encode("utf-8") + b"\n")

@@ -176,12 +176,15 @@ def test_export_round_trips(run, tmp_path):
     KeyedVectors = pytest.importorskip("gensim.models").KeyedVectors
     from safetensors.numpy import load_file
     assert run("import", d("gensim.txt"), tmp_path / "t", "-q").exit_code == 0
-    for name, fmt in [("o.npy", []), ("o.safetensors", []), ("o.txt", []), ("o.bin", []),
+    for name, fmt in [("o.npy", []), ("o.safetensors", ["--vocab-out", tmp_path / "st.txt"]),
+                      ("o.txt", []), ("o.bin", []),
                       ("o.glove", ["--format", "glove"]), ("o.vec", [])]:
         res = run("export", tmp_path / "t", tmp_path / name, *fmt)
         assert res.exit_code == 0, res.output
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy", allow_pickle=False), VALUES)
     np.testing.assert_array_equal(load_file(str(tmp_path / "o.safetensors"))["weight"], VALUES)
+    for vocab in ("o.vocab.txt", "st.txt"):  # keyless formats: the keys beside
+        assert (tmp_path / vocab).read_text(encoding="utf-8").splitlines() == KEYS
     for name, binary, no_header in [("o.txt", False, False), ("o.bin", True, False),
                                     ("o.glove", False, True), ("o.vec", False, False)]:
         kv = KeyedVectors.load_word2vec_format(str(tmp_path / name), binary=binary,

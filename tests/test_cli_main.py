@@ -46,3 +46,66 @@ def test_common_mistakes_get_helpful_errors(tmp_path):
     assert res.exit_code == 1 and "allow_pickle" not in res.output
     assert "not a .npy file of ids (it looks like text: a text file of keys is read with " \
         "keys=True)" in res.output
+
+
+def _keyed(tmp_path):
+    E = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+    keys = ["the", "cat", "sät", "on", "##ing"]
+    embstore.save(tmp_path / "k.emb", E, keys=keys).close()
+    return E, keys
+
+
+def test_keyless_exports_write_the_keys_beside(tmp_path):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    E, keys = _keyed(tmp_path)
+    for ext in ("npy", "safetensors"):
+        out = tmp_path / f"out.{ext}"
+        res = CliRunner().invoke(cli, ["export", str(tmp_path / "k.emb"), str(out)])
+        assert res.exit_code == 0, res.output
+        vocab = tmp_path / "out.vocab.txt"
+        assert vocab.read_text(encoding="utf-8").splitlines() == keys
+        assert f"keys in {vocab}" in res.output
+        # and back: the vectors file plus its keys give the same table
+        res = CliRunner().invoke(cli, ["import", str(out), str(tmp_path / f"back{ext}.emb"),
+                                       "--vocab", str(vocab)])
+        assert res.exit_code == 0, res.output
+        with embstore.open(tmp_path / f"back{ext}.emb") as t:
+            assert list(t.keys) == keys
+            np.testing.assert_array_equal(t.to_numpy(), E)
+        vocab.unlink()
+    res = CliRunner().invoke(cli, ["export", str(tmp_path / "k.emb"), str(tmp_path / "x.npy"),
+                                   "--no-vocab-out"])
+    assert res.exit_code == 0 and "they were not written" in res.output
+    assert not (tmp_path / "x.vocab.txt").exists()
+
+
+def test_safetensors_export_loads_as_a_pytorch_checkpoint(tmp_path):
+    import torch
+    from safetensors.torch import load_file, safe_open
+
+    E, _ = _keyed(tmp_path)
+    out = tmp_path / "emb.safetensors"
+    res = embstore.export_table(tmp_path / "k.emb", out, tensor="embed_tokens.weight",
+                                vocab_out=False)
+    assert res.rows == 5 and res.keys_dropped
+    with safe_open(str(out), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}  # Hugging Face's loaders refuse "np"
+    loaded = load_file(str(out))
+    assert list(loaded) == ["embed_tokens.weight"]
+    torch.testing.assert_close(loaded["embed_tokens.weight"], torch.from_numpy(E))
+    import pytest
+
+    with pytest.raises(embstore.FormatError, match="tensor name applies to safetensors"):
+        embstore.export_table(tmp_path / "k.emb", tmp_path / "e.npy", tensor="w")
+
+
+def test_keys_that_cannot_be_one_per_line_are_refused(tmp_path):
+    import pytest
+
+    embstore.save(tmp_path / "b.emb", np.eye(2, dtype=np.float32), keys=["ok", "a\nb"]).close()
+    with pytest.raises(embstore.FormatError, match=r"key 'a\\nb' at row 1 cannot be written"):
+        embstore.export_table(tmp_path / "b.emb", tmp_path / "b.npy")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.emb"]  # nothing half-written

@@ -124,14 +124,22 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
 
 
 def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
-          progress=None) -> int:
-    """Write ``table`` as one tensor named ``weight`` (``safetensors.numpy.load_file`` reads it)."""
+          progress=None, tensor: str | None = None) -> int:
+    """Write ``table`` as one tensor named ``tensor`` (default ``weight``).
+
+    The metadata says ``format: pt``, as PyTorch checkpoints do, so Hugging Face's
+    checkpoint loaders accept the file; ``safetensors.numpy.load_file`` reads it too.
+    """
+    name = TENSOR_NAME if tensor is None else tensor
+    if not isinstance(name, str) or not name or name == "__metadata__":
+        raise FormatError(f"tensor name must be a non-empty string other than '__metadata__', "
+                          f"got {name!r}")
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     dtype = np.dtype(table.dtype).newbyteorder("<")
     code = {"f2": "F16", "f4": "F32", "f8": "F64"}[dtype.str[1:]]
     nbytes = n * table.dim * dtype.itemsize
-    meta = {"__metadata__": {"format": "np"},
-            TENSOR_NAME: {"dtype": code, "shape": [n, table.dim], "data_offsets": [0, nbytes]}}
+    meta = {"__metadata__": {"format": "pt"},
+            name: {"dtype": code, "shape": [n, table.dim], "data_offsets": [0, nbytes]}}
     raw = json.dumps(meta, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # align the data to 8 bytes, as the reference writer does
     with open(path, "wb") as f:
