@@ -1,18 +1,22 @@
-"""The ``embstore`` command line (a click group): every command and the progress display.
+"""The ``embstore`` command line (a click group): every command, and progress on stderr.
 
 Every :class:`~embstore.errors.EmbstoreError` (and a missing or unreadable
 file) becomes one line ``Error: ...`` on stderr and exit code 1, never a
-traceback; usage errors are click's own (exit 2).  The library below reports
-progress through ``on_progress(done, total)`` callbacks; the bars live here.
+traceback; usage errors are click's own (exit 2).  Every command takes
+``--json`` (a JSON summary on stdout; messages stay on stderr) and ``-q``.
+The library reports progress through ``on_progress(done, total)`` callbacks;
+:func:`embstore.progress.display` shows them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import tempfile
+from collections.abc import Iterator
 
 import click
 
@@ -20,12 +24,15 @@ from . import demo as demo_steps
 from .batch import lookup_file, output_kind
 from .convert import export_format_for, export_table, import_file
 from .errors import EmbstoreError, NotATableError
-from .formats import READ_FORMATS, WRITE_FORMATS
+from .formats import READ_FORMATS, WRITE_FORMATS, detect
 from .layer import Embedding
+from .progress import display as progress
 from .store import open as open_table
 from .store import verify as verify_table
 
 __all__ = ["main", "cli"]
+
+_TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext")  # progress in bytes
 
 
 class _Group(click.Group):
@@ -52,7 +59,13 @@ def cli() -> None:
     """embstore: embedding tables larger than RAM.
 
     Import and export word2vec, GloVe, fastText, npy, safetensors and PyTorch
-    tables; inspect and verify stores; run batch lookup jobs.
+    tables; inspect and verify stores; run batch lookup jobs.  Every command
+    takes --json (a JSON summary on stdout) and -q (no progress or messages).
+
+    \b
+    Example:
+      embstore import vectors.txt vectors.emb
+      embstore similar vectors.emb king -k 5
     """
 
 
@@ -60,35 +73,12 @@ def main() -> None:
     cli(prog_name="embstore")
 
 
-@contextmanager
-def progress(label: str, *, quiet: bool = False) -> Iterator[Callable[[int, int | None], None]]:
-    """An ``on_progress(done, total)`` callback drawing a bar on stderr.
-
-    The bar is shown only when stderr is a terminal and ``quiet`` is false;
-    otherwise the callback does nothing.
-    """
-    if quiet or not sys.stderr.isatty():
-        yield lambda done, total: None
-        return
-    state: dict = {"bar": None, "done": 0}
-
-    def on_progress(done: int, total: int | None) -> None:
-        if state["bar"] is None:
-            state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr,
-                                             show_pos=True, item_show_func=None)
-            state["bar"].__enter__()
-        state["bar"].update(done - state["done"])
-        state["done"] = done
-
-    try:
-        yield on_progress
-    finally:
-        if state["bar"] is not None:
-            state["bar"].__exit__(None, None, None)
-
-
-_FILE = click.Path(exists=True, dir_okay=False)
-_TABLE = click.Path(exists=True)  # a file gets the library's 'not a table' message
+def _options(func):
+    """``--json`` and ``-q/--quiet``, the options every command takes."""
+    func = click.option("--quiet", "-q", is_flag=True,
+                        help="No progress display or messages on stderr.")(func)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print a JSON summary on stdout.")(func)
 
 
 def _say(message: str, quiet: bool) -> None:
@@ -96,7 +86,33 @@ def _say(message: str, quiet: bool) -> None:
         click.echo(message, err=True)
 
 
-@click.command("import")
+def _print_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+_FILE = click.Path(exists=True, dir_okay=False, allow_dash=True)
+_TABLE = click.Path(exists=True)  # a file gets the library's 'not a table' message
+
+
+@contextlib.contextmanager
+def _stdin_file(src: str, dest: str) -> Iterator[str]:
+    """``src``, or for ``-`` standard input copied (1 MiB at a time) to a temporary file
+    beside ``dest`` (formats are detected from their first bytes, so the input must be
+    seekable); the copy is removed afterwards."""
+    if src != "-":
+        yield src
+        return
+    parent = os.path.dirname(os.path.abspath(dest))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.stdin-", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        yield tmp
+    finally:
+        os.remove(tmp)
+
+
+@click.command("import", short_help="Import a vectors file as a table.")
 @click.argument("src", type=_FILE)
 @click.argument("dest", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(("auto",) + READ_FORMATS), default="auto",
@@ -118,28 +134,44 @@ def _say(message: str, quiet: bool) -> None:
 @click.option("--unicode-errors", type=click.Choice(("strict", "replace")), default="strict",
               show_default=True, help="Keys that are not valid UTF-8: an error, or U+FFFD.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@_options
 def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, shard_rows, limit,
-               unicode_errors, overwrite, quiet):
-    """Import SRC (word2vec, fastText, GloVe, npy, safetensors, PyTorch) as a table at DEST."""
+               unicode_errors, overwrite, as_json, quiet):
+    """Import SRC (word2vec, fastText .vec, GloVe, npy, safetensors, PyTorch) as a table
+    at DEST.  SRC '-' reads standard input.
+
+    \b
+    Examples:
+      embstore import GoogleNews-vectors-negative300.bin news.emb
+      embstore import model.safetensors bert.emb --tensor embeddings.word_embeddings.weight --vocab vocab.txt
+      gunzip -c glove.txt.gz | embstore import - glove.emb --format glove
+    """
     if tensor is not None and fmt not in ("auto", "safetensors", "torch"):
         raise click.UsageError("--tensor applies to --format safetensors or torch only")
-    with progress(f"importing {os.path.basename(src)}", quiet=quiet) as on_progress:
-        res = import_file(src, dest, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
-                          limit=limit, unicode_errors=unicode_errors, compression=compression,
-                          chunk_rows=chunk_rows, shard_rows=shard_rows, overwrite=overwrite,
-                          on_progress=on_progress)
+    with _stdin_file(src, dest) as path:
+        unit = "bytes" if (fmt if fmt != "auto" else detect(path)) in _TEXT_FORMATS else "rows"
+        with progress(f"importing {os.path.basename(src)}", quiet=quiet or as_json,
+                      unit=unit) as on_progress:
+            res = import_file(path, dest, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
+                              limit=limit, unicode_errors=unicode_errors,
+                              compression=compression, chunk_rows=chunk_rows,
+                              shard_rows=shard_rows, overwrite=overwrite,
+                              on_progress=on_progress)
+    if as_json:
+        _print_json({"source": src, "path": dest, "format": res.format, "rows": res.rows,
+                     "dim": res.dim, "dtype": res.dtype, "duplicates": res.duplicates,
+                     "tensor": res.tensor})
     what = f" tensor {res.tensor}" if res.tensor else ""
     _say(f"imported {res.rows} x {res.dim} {res.dtype} from {src} ({res.format}{what}) "
-         f"into {dest}", quiet)
-    if res.duplicates:
+         f"into {dest}", quiet or as_json)
+    if res.duplicates and not quiet:
         click.echo(f"{res.duplicates} duplicate key(s) dropped (the first occurrence wins)",
                    err=True)
 
 
-@click.command("export")
+@click.command("export", short_help="Export a table to a vectors file.")
 @click.argument("src", type=_TABLE)
-@click.argument("dest", type=click.Path())
+@click.argument("dest", type=click.Path(allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(WRITE_FORMATS), default=None,
               help="Output format (default: from DEST's extension: .npy .safetensors .bin "
                    ".vec .txt).")
@@ -152,37 +184,53 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
               help="Write no keys file for formats without keys (the keys are lost).")
 @click.option("--tensor", default=None, help="safetensors: the tensor's name (default: weight).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, quiet):
-    """Export the table SRC to the file DEST.
+@_options
+def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, as_json, quiet):
+    """Export the table SRC to the file DEST ('-': standard output, with --format).
 
     \b
-    Example:
+    Examples:
       embstore export news.emb news.txt --format word2vec
+      embstore export bert.emb bert.safetensors --tensor embed_tokens.weight
+      embstore export news.emb - --format glove | gzip > news.glove.gz
     """
     if vocab_out is not None and no_vocab_out:
         raise click.UsageError("--vocab-out and --no-vocab-out exclude each other")
+    if dest == "-":
+        if fmt is None:
+            raise click.UsageError("export to standard output ('-') needs --format")
+        if as_json:
+            raise click.UsageError("--json and DEST '-' both write to standard output")
     fmt = fmt or export_format_for(dest)
-    with progress(f"exporting {os.path.basename(dest)}", quiet=quiet) as on_progress:
-        res = export_table(src, dest, format=fmt, limit=limit, overwrite=overwrite,
+    with progress(f"exporting {os.path.basename(dest)}", quiet=quiet or as_json) as on_progress:
+        res = export_table(src, sys.stdout.buffer if dest == "-" else dest,
+                           format=fmt, limit=limit, overwrite=overwrite,
                            vocab_out=False if no_vocab_out else vocab_out, tensor=tensor,
                            on_progress=on_progress)
+    if as_json:
+        _print_json({"table": src, "path": dest, "format": fmt, "rows": res.rows,
+                     "vocab_path": res.vocab_path, "keys_dropped": res.keys_dropped})
     keys = f"; keys in {res.vocab_path}" if res.vocab_path else ""
-    _say(f"exported {res.rows} rows of {src} to {dest} ({fmt}){keys}", quiet)
-    if res.keys_dropped:
+    _say(f"exported {res.rows} rows of {src} to {dest} ({fmt}){keys}", quiet or as_json)
+    if res.keys_dropped and not quiet:
         click.echo(f"Warning: {src} has keys and {fmt} cannot hold them: they were not "
-                   "written (--no-vocab-out)", err=True)
+                   "written (use --vocab-out FILE to keep them)", err=True)
 
 
-@click.command("info")
+@click.command("info", short_help="Describe a table: size, dtype, layout, keys.")
 @click.argument("path", type=_TABLE)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-def info_cmd(path, as_json):
-    """Describe the table at PATH: size, dtype, layout, keys, bytes."""
+@_options
+def info_cmd(path, as_json, quiet):
+    """Describe the table at PATH: size, dtype, layout, keys, bytes.
+
+    \b
+    Example:
+      embstore info news.emb --json
+    """
     with open_table(path) as t:
         info = t.info()
     if as_json:
-        click.echo(json.dumps(info, indent=2, sort_keys=True))
+        _print_json(info)
         return
     for k in ("path", "vocab_size", "dim", "dtype", "has_keys", "chunk_rows", "shard_rows",
               "compression", "nbytes", "stored_bytes"):
@@ -192,45 +240,67 @@ def info_cmd(path, as_json):
         click.echo(f"{'source:':14}{json.dumps(src)}")
 
 
-@click.command("verify")
+@click.command("verify", short_help="Check every stored chunk's checksum.")
 @click.argument("path", type=_TABLE)
-def verify_cmd(path):
-    """Check every stored chunk of the table at PATH (checksums); exit 1 on damage."""
+@_options
+def verify_cmd(path, as_json, quiet):
+    """Check every stored chunk of the table at PATH (checksums); exit 1 on damage.
+
+    \b
+    Example:
+      embstore verify news.emb
+    """
     report = verify_table(path)
-    if not report.ok:
+    if as_json:
+        _print_json({"path": report.path, "ok": report.ok, "vocab_size": report.vocab_size,
+                     "shards": report.shards, "chunks": report.chunks, "arrays": report.arrays,
+                     "damaged": [{"file": d.file, "chunk": d.chunk, "message": d.message}
+                                 for d in report.damaged]})
+    elif not report.ok:
         click.echo(str(report), err=True)
+    elif not quiet:
+        click.echo(str(report))
+    if not report.ok:
         sys.exit(1)
-    click.echo(str(report))
 
 
-@click.command("similar")
+@click.command("similar", short_help="Nearest rows by cosine similarity.")
 @click.argument("table", type=_TABLE)
 @click.argument("query", nargs=-1, required=True)
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True,
               help="How many neighbours.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-def similar_cmd(table, query, k, as_json):
-    """The K rows most cosine-similar to each QUERY (a key, or a row id if TABLE has no keys)."""
+@click.option("--ids", "by_id", is_flag=True,
+              help="QUERY are row ids (the default when TABLE has no keys).")
+@_options
+def similar_cmd(table, query, k, by_id, as_json, quiet):
+    """The K rows most cosine-similar to each QUERY: a key, or a row id with --ids (or when
+    TABLE has no keys).
+
+    \b
+    Examples:
+      embstore similar news.emb king queen -k 5
+      embstore similar news.emb --ids 0 17 --json
+    """
     with open_table(table) as t:
         keyed = t.keys is not None
-        if keyed:
+        queries: list
+        if keyed and not by_id:
             queries = list(query)
         else:
             try:
                 queries = [int(q) for q in query]
             except ValueError:
-                raise click.UsageError(f"{table} has no keys; QUERY must be row ids, got "
-                                       f"{query!r}") from None
+                why = "with --ids" if keyed else f"{table} has no keys, so"
+                raise click.UsageError(f"{why} QUERY must be row ids, got {query!r}") from None
         ids, scores = Embedding(t).most_similar(queries, k=k)
         result = []
-        for q, row_ids, row_scores in zip(query, ids.tolist(), scores.tolist()):
+        for q, row_ids, row_scores in zip(queries, ids.tolist(), scores.tolist()):
             pairs = [(i, s) for i, s in zip(row_ids, row_scores) if i >= 0]
-            names = t.keys[[i for i, _ in pairs]] if keyed and pairs else [i for i, _ in pairs]
+            names = t.keys[[i for i, _ in pairs]] if keyed and pairs else [None] * len(pairs)
             result.append({"query": q, "neighbours": [
-                {"id": i, "key": names[j] if keyed else None, "score": s}
-                for j, (i, s) in enumerate(pairs)]})
+                {"id": i, "key": names[j], "score": s} for j, (i, s) in enumerate(pairs)]})
     if as_json:
-        click.echo(json.dumps(result if len(result) > 1 else result[0], indent=2))
+        _print_json(result if len(result) > 1 else result[0])
         return
     for entry in result:
         click.echo(f"{entry['query']}:")
@@ -239,7 +309,7 @@ def similar_cmd(table, query, k, as_json):
             click.echo(f"  {n['score']:.6f}  {label}")
 
 
-@click.command("lookup")
+@click.command("lookup", short_help="Batch job: vectors of every id in a file.")
 @click.argument("table", type=click.Path(exists=True))
 @click.argument("input", type=click.Path(exists=True, dir_okay=False))
 @click.argument("output", type=click.Path())
@@ -263,9 +333,9 @@ def similar_cmd(table, query, k, as_json):
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT (and --lengths) if they exist.")
 @click.option("--resume", is_flag=True,
               help="Continue a killed job from the blocks already written (Zarr OUTPUT).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@_options
 def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, scheduler, workers,
-           cache_bytes, overwrite, resume, quiet):
+           cache_bytes, overwrite, resume, as_json, quiet):
     """Write the vectors of every id in INPUT to OUTPUT.
 
     INPUT is a .npy of integer ids of any shape (or, with --keys, a text file
@@ -273,6 +343,12 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     .npy file or a .zarr directory of shape ids.shape + (dim,), written
     beside OUTPUT and renamed into place when complete.  TABLE is a store
     or a 2-D .npy file.
+
+    \b
+    Examples:
+      embstore lookup news.emb ids.npy vectors.npy
+      embstore lookup news.emb sentences.txt vectors.zarr --keys --oov zero
+      embstore lookup news.emb ids.npy vectors.zarr --scheduler local --workers 2
     """
     if oov == "unk" and unk_id is None:
         raise click.UsageError("--oov unk needs --unk-id")
@@ -282,12 +358,14 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         raise click.UsageError("--lengths needs --keys")
     if resume and output_kind(output) != "zarr":
         raise click.UsageError("--resume needs a .zarr OUTPUT (a .npy job starts over)")
-    with progress("lookup", quiet=quiet) as on_progress:
+    with progress("lookup", quiet=quiet or as_json) as on_progress:
         summary = lookup_file(table, input, output, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, scheduler=scheduler, overwrite=overwrite,
                               resume=resume, lengths=lengths, cache_bytes=cache_bytes,
                               n_workers=workers, on_progress=on_progress)
-    if not quiet:
+    if as_json:
+        _print_json(summary)
+    elif not quiet:
         resumed = summary["resumed_blocks"]
         click.echo(f"wrote {summary['output']}: shape {summary['shape']}, {summary['dtype']} "
                    f"({summary['ids']} ids in {summary['blocks']} blocks"
@@ -295,14 +373,31 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
                    err=True)
 
 
-@click.command("demo")
+@click.command("demo", short_help="Run the main job end to end (a tour).")
 @click.argument("directory", required=False, type=click.Path(file_okay=False))
 @click.option("--no-dask", is_flag=True, help="Skip the Dask part of the batch job.")
-def demo_cmd(directory: str | None, no_dask: bool) -> None:
-    """Run the main job end to end in DIRECTORY (default: a temporary folder)."""
-    demo_steps.run(directory, no_dask=no_dask,
-                   run_cli=lambda args: cli.main(list(args), prog_name="embstore",
-                                                 standalone_mode=False))
+@_options
+def demo_cmd(directory: str | None, no_dask: bool, as_json: bool, quiet: bool) -> None:
+    """Run the main job end to end in DIRECTORY (default: a temporary folder): import a
+    real word2vec file, look rows up, run the layer, a batch job, export and verify.
+
+    \b
+    Example:
+      embstore demo --no-dask
+    """
+    sink = open(os.devnull, "w") if quiet else sys.stderr  # noqa: SIM115 - closed below
+    try:
+        # with --json or -q the tour's prose goes to stderr (or nowhere), the summary to stdout
+        with contextlib.redirect_stdout(sink) if (as_json or quiet) else contextlib.nullcontext():
+            summary = demo_steps.run(directory, no_dask=no_dask,
+                                     run_cli=lambda args: cli.main(list(args),
+                                                                   prog_name="embstore",
+                                                                   standalone_mode=False))
+    finally:
+        if sink is not sys.stderr:
+            sink.close()
+    if as_json:
+        _print_json(summary)
 
 
 for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, similar_cmd, lookup, demo_cmd):

@@ -212,6 +212,9 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
     (default ``weight``).
     """
 
+    if hasattr(dest, "write"):  # a binary stream (standard output): written straight through
+        return _export_to_stream(src, dest, format=format, limit=limit, block_rows=block_rows,
+                                 vocab_out=vocab_out, tensor=tensor, on_progress=on_progress)
     dest = os.fspath(dest)
     fmt = format or export_format_for(dest)
     if fmt not in WRITE_FORMATS:
@@ -263,6 +266,37 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
     return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
                         keys_dropped=table.keys is not None and fmt in _KEYLESS_FORMATS
                         and vocab is None)
+
+
+def _export_to_stream(src, stream, *, format, limit, block_rows, vocab_out, tensor,
+                      on_progress) -> ExportResult:
+    """``export_table`` to an open binary stream: no temporary file, no rename (a pipe)."""
+    if format not in WRITE_FORMATS:
+        raise FormatError(f"an export to a stream needs format= one of {', '.join(WRITE_FORMATS)}"
+                          f", got {format!r}")
+    table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
+    try:
+        n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+        keyless = table.keys is not None and format in _KEYLESS_FORMATS
+        vocab = os.fspath(vocab_out) if keyless and vocab_out not in (None, True, False) else None
+        if vocab is not None:
+            _write_vocab(vocab, table, n, block_rows)
+        done = 0
+
+        def advance(k: int) -> None:
+            nonlocal done
+            done += k
+            if on_progress is not None:
+                on_progress(done, n)
+
+        extra = {} if tensor is None else {"tensor": tensor}
+        rows = get(format).write(stream, table, limit=limit, block_rows=block_rows,
+                                 progress=advance, **extra)
+    finally:
+        if table is not src:
+            table.close()
+    return ExportResult(path="-", format=format, rows=rows, vocab_path=vocab,
+                        keys_dropped=keyless and vocab is None)
 
 
 def _write_vocab(path: str, table, n: int, block_rows: int) -> None:

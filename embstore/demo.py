@@ -38,24 +38,33 @@ def _run_cli(*args: str) -> None:
     _cli(list(args))
 
 
+_passed: list[str] = []  # the checks that passed in this run
+
+
 def _check(ok: bool, what: str) -> None:
     if not ok:
         raise click.ClickException(f"demo check failed: {what}")
+    _passed.append(what)
     click.echo(f"   ok: {what}")
 
 
 def run(directory: str | None, *, no_dask: bool,
-        run_cli: Callable[[list[str]], object]) -> None:
+        run_cli: Callable[[list[str]], object]) -> dict:
     """Run the main job end to end in ``directory`` (default: a temporary folder);
-    ``run_cli(args)`` runs one ``embstore`` command (the CLI passes itself)."""
+    ``run_cli(args)`` runs one ``embstore`` command (the CLI passes itself).  Returns a
+    summary: ``ok``, ``checks`` (what was checked against NumPy), ``seconds``."""
     global _cli
     _cli = run_cli
+    _passed.clear()
+    t0 = time.perf_counter()
     if directory is None:
         with tempfile.TemporaryDirectory(prefix="embstore-demo-") as tmp:
             _demo(Path(tmp), no_dask)
     else:
         Path(directory).mkdir(parents=True, exist_ok=True)
         _demo(Path(directory), no_dask)
+    return {"ok": True, "directory": directory, "checks": list(_passed),
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def _demo(root: Path, no_dask: bool) -> None:

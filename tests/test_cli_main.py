@@ -109,3 +109,114 @@ def test_keys_that_cannot_be_one_per_line_are_refused(tmp_path):
     with pytest.raises(embstore.FormatError, match=r"key 'a\\nb' at row 1 cannot be written"):
         embstore.export_table(tmp_path / "b.emb", tmp_path / "b.npy")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.emb"]  # nothing half-written
+
+
+def _cli(*args, input=None):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
+
+
+def test_every_command_prints_json(tmp_path):
+    import json
+
+    E, keys = _keyed(tmp_path)
+    t = tmp_path / "k.emb"
+    np.save(tmp_path / "ids.npy", np.array([[0, 1], [4, 2]]))
+    docs = {}
+    for name, args in [
+        ("info", ["info", t]),
+        ("verify", ["verify", t]),
+        ("similar", ["similar", t, "cat", "-k", "2"]),
+        ("export", ["export", t, tmp_path / "e.txt"]),
+        ("import", ["import", tmp_path / "e.txt", tmp_path / "i.emb"]),
+        ("lookup", ["lookup", t, tmp_path / "ids.npy", tmp_path / "o.npy"]),
+    ]:
+        res = _cli(*args, "--json")
+        assert res.exit_code == 0, (name, res.output)
+        docs[name] = json.loads(res.stdout)
+    assert docs["info"]["vocab_size"] == 5 and docs["verify"]["ok"] is True
+    assert [n["key"] for n in docs["similar"]["neighbours"]] == \
+        [keys[i] for i in np.argsort(-(E @ E[1] / np.linalg.norm(E, axis=1)))[1:3]]
+    assert docs["export"]["rows"] == 5 and docs["import"]["rows"] == 5
+    assert docs["lookup"]["shape"] == [2, 2, 4]
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), E[[[0, 1], [4, 2]]])
+
+
+def test_quiet_everywhere_and_similar_by_id(tmp_path):
+    E, keys = _keyed(tmp_path)
+    t = tmp_path / "k.emb"
+    for args in (["info", t], ["verify", t], ["similar", t, "cat"],
+                 ["export", t, tmp_path / "q.txt"]):
+        assert _cli(*args, "-q").exit_code == 0
+    res = _cli("verify", t, "-q")
+    assert res.output == ""
+    by_key, by_id = _cli("similar", t, "cat", "--json"), _cli("similar", t, "--ids", "1", "--json")
+    import json
+
+    a, b = json.loads(by_key.stdout), json.loads(by_id.stdout)
+    assert b["query"] == 1 and a["neighbours"] == b["neighbours"]
+    res = _cli("similar", t, "--ids", "cat")
+    assert res.exit_code == 2 and "with --ids QUERY must be row ids" in res.output
+
+
+def test_dash_streams_to_stdout_and_from_stdin(tmp_path):
+    E, keys = _keyed(tmp_path)
+    t = tmp_path / "k.emb"
+    res = _cli("export", t, "-", "--format", "glove")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == keys
+    np.testing.assert_array_equal(
+        np.array([[float(v) for v in line.split()[1:]] for line in lines], np.float32), E)
+    assert _cli("export", t, "-").exit_code == 2  # which format? it must be said
+    res = _cli("import", "-", tmp_path / "from-stdin.emb", "--format", "glove",
+               input=res.stdout)
+    assert res.exit_code == 0, res.output
+    with embstore.open(tmp_path / "from-stdin.emb") as back:
+        assert list(back.keys) == keys
+        np.testing.assert_array_equal(back.to_numpy(), E)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["from-stdin.emb", "k.emb"]
+
+
+def test_help_summaries_are_whole_and_every_command_has_an_example():
+    from embstore.cli import cli
+
+    res = _cli("--help")
+    listed = {line.split()[0]: line for line in res.output.splitlines()[1:]
+              if line.startswith("  ") and line.split() and line.split()[0] in cli.commands}
+    assert set(listed) == set(cli.commands)
+    for name, line in listed.items():
+        assert not line.rstrip().endswith("..."), line
+        assert "Example" in _cli(name, "--help").output, name
+
+
+def test_progress_display_units_rate_and_log_lines():
+    import io
+
+    from embstore.progress import Display
+
+    now = [0.0]
+    log = io.StringIO()
+    d = Display("importing x.txt", unit="bytes", stream=log, tty=False, interval=10,
+                clock=lambda: now[0])
+    for t, done in ((1, 1_000_000), (11, 5_000_000), (12, 6_000_000), (25, 9_000_000)):
+        now[0] = t
+        d(done, 10_000_000)
+    d.close()
+    # one line per 10 s, never in between: a log is not flooded
+    assert log.getvalue().splitlines() == [
+        "importing x.txt: 5.0 MB of 10.0 MB (50%), 454.5 kB/s, 11 s left",
+        "importing x.txt: 9.0 MB of 10.0 MB (90%), 360.0 kB/s, 3 s left"]
+    term = io.StringIO()
+    now[0] = 29.0
+    d = Display("lookup", stream=term, tty=True, clock=lambda: now[0])
+    now[0] = 30.0
+    d(40, 45)
+    now[0] = 31.0
+    d(45, 45)
+    d.close()
+    assert term.getvalue() == ("\r\x1b[K" + "lookup: 40 rows of 45 rows (89%), 40 rows/s, 0 s left"
+                               "\r\x1b[K" + "lookup: 45 rows of 45 rows (100%), 22 rows/s\n")

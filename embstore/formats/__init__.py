@@ -18,11 +18,13 @@ from the extension and the first bytes of a file.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import struct
 from collections.abc import Iterator
+from typing import IO
 from types import ModuleType
 
 import numpy as np
@@ -30,7 +32,7 @@ import numpy as np
 from ..errors import FormatError
 
 __all__ = ["FORMATS", "READ_FORMATS", "WRITE_FORMATS", "Reader", "detect", "get",
-           "DEFAULT_BLOCK_ROWS"]
+           "DEFAULT_BLOCK_ROWS", "open_output"]
 
 DEFAULT_BLOCK_ROWS = 65536
 
@@ -126,6 +128,18 @@ class Reader:
 
     def error(self, message: str, line: int | None = None) -> FormatError:
         return FormatError(message, path=self.path, line=line)
+
+
+@contextlib.contextmanager
+def open_output(path_or_stream) -> Iterator[IO[bytes]]:
+    """A binary file to write: ``path_or_stream`` opened ``"wb"``, or, if it is already a
+    writable binary stream (standard output), that stream, flushed but left open."""
+    if hasattr(path_or_stream, "write"):
+        yield path_or_stream
+        path_or_stream.flush()
+        return
+    with open(path_or_stream, "wb") as f:
+        yield f
 
 
 def check_finite(reader: Reader, block: np.ndarray, first_row: int) -> None:

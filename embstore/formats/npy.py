@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DEFAULT_BLOCK_ROWS
+from . import DEFAULT_BLOCK_ROWS, open_output
 from ._array import FLOAT_KINDS, ArrayReader, write_rows
 from ..errors import FormatError
 
@@ -42,7 +42,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     dtype = np.dtype(table.dtype)
     header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
               "shape": (n, table.dim)}
-    with open(path, "wb") as f:
+    with open_output(path) as f:
         np.lib.format.write_array_header_2_0(f, header) if _needs_v2(header) else \
             np.lib.format.write_array_header_1_0(f, header)
         write_rows(f, table, n, dtype, block_rows=block_rows, progress=progress)

@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from . import DEFAULT_BLOCK_ROWS
+from . import DEFAULT_BLOCK_ROWS, open_output
 from ._array import ArrayReader, write_rows
 from ..errors import FormatError
 
@@ -142,7 +142,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
             name: {"dtype": code, "shape": [n, table.dim], "data_offsets": [0, nbytes]}}
     raw = json.dumps(meta, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # align the data to 8 bytes, as the reference writer does
-    with open(path, "wb") as f:
+    with open_output(path) as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         write_rows(f, table, n, dtype, block_rows=block_rows, progress=progress)
     return n

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import FormatError
-from . import DEFAULT_BLOCK_ROWS, Reader
+from . import DEFAULT_BLOCK_ROWS, open_output, Reader
 from ._textparse import _number, parse_block
 
 __all__ = ["read", "write", "TextReader", "write_text"]
@@ -208,7 +208,7 @@ def write_text(path, table, *, header: bool, fmt: str, limit: int | None = None,
     dtype = np.dtype(table.dtype)
     spec = "%r" if dtype == np.float64 else "%.9g"
     fmt_row = "%s " + " ".join([spec] * dim)
-    with open(path, "wb") as f:
+    with open_output(path) as f:
         if header:
             f.write(f"{n} {dim}\n".encode())
         for start in range(0, n, block_rows):

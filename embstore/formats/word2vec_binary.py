@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import FormatError
-from . import DEFAULT_BLOCK_ROWS, Reader, check_finite
+from . import DEFAULT_BLOCK_ROWS, open_output, Reader, check_finite
 from ._textparse import decode_keys
 from .word2vec import _show
 
@@ -169,7 +169,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     dim = table.dim
     vb = 4 * dim
-    with open(path, "wb") as f:
+    with open_output(path) as f:
         f.write(f"{n} {dim}\n".encode())
         for start in range(0, n, block_rows):
             stop = min(n, start + block_rows)
