@@ -80,7 +80,7 @@ def run(ctx, res) -> None:
     if len(cfg["workers"]) > 1:
         a, b = (DASK.format(w, "s" if w > 1 else "") for w in cfg["workers"][:2])
         compare(res, "batch job: Dask scaling", rates.get(b), rates.get(a))
-    absolute(res, "batch job: peak RSS (issue 7)", res.find(case, EMB + " [peak RSS]"), at_most=600)
+    absolute(res, "batch job: peak RSS", res.find(case, EMB + " [peak RSS]"), at_most=600)
     compare(res, "batch job: peak RSS, embstore vs in-RAM baseline", res.find(case, EMB + " [peak RSS]"),
             res.find(case, RAM + " [peak RSS]"))
 

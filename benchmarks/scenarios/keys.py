@@ -64,4 +64,4 @@ def run(ctx, res) -> None:
                                   [n / (v / 1e3) for v in m.values])
         res.measurements.append(rates[name])
     compare(res, "keys/s: embstore vs gensim dict", rates.get(EMB), rates.get(GENSIM))
-    absolute(res, "key lookups per second (issue 5)", rates.get(EMB), at_least=500_000)
+    absolute(res, "key lookups per second", rates.get(EMB), at_least=500_000)
