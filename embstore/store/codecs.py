@@ -84,11 +84,11 @@ class Layout:
         """The layout of a Zarr v3 array's ``zarr.json``, or None if the fast path cannot read it."""
         try:
             shape = meta["shape"]
-            dtype = np.dtype(meta["data_type"]) if isinstance(meta["data_type"], str) else None
+            dtype = _code_dtype(meta["data_type"])
             grid = meta["chunk_grid"]
             cke = meta["chunk_key_encoding"]
             codecs = meta["codecs"]
-            if (len(shape) != 2 or dtype is None or dtype.kind != "f" or meta.get(
+            if (len(shape) != 2 or dtype is None or meta.get(
                     "storage_transformers") or grid["name"] != "regular"
                     or cke["name"] != "default" or len(codecs) != 1
                     or codecs[0]["name"] != "sharding_indexed"):
@@ -119,6 +119,15 @@ class Layout:
                    chunk_rows=int(inner_shape[0]), shard_rows=int(shard_shape[0]),
                    compression=middle[0] if middle else "none", has_crc=has_crc,
                    index_crc=inames == ["bytes", "crc32c"], separator=sep, fill_value=fill)
+
+
+def _code_dtype(data_type) -> np.dtype | None:
+    """The NumPy dtype of the stored values (bfloat16: its uint16 codes), or None."""
+    if data_type == "bfloat16":
+        return np.dtype("<u2")
+    if data_type in ("float16", "float32", "float64", "int8"):
+        return np.dtype(data_type)
+    return None
 
 
 def _endian(codec: dict) -> str:

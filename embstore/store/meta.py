@@ -17,7 +17,7 @@ from ..errors import CorruptStoreError, FormatError, NotATableError
 __all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "MAX_INNER_CHUNKS", "MAX_DIM"]
 
-FLOAT_TYPES = ("float16", "float32", "float64")
+FLOAT_TYPES = ("float16", "float32", "float64", "bfloat16", "int8")  # storage dtypes
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
 MAX_BYTES = 1 << 60  # logical bytes of a table
 MAX_DIM = 1 << 28  # values per row (a 2 GiB float64 row)
@@ -53,7 +53,7 @@ def check_group_meta(group: dict, where) -> dict:
 
 def check_vectors_meta(meta: dict, where, attrs: dict | None = None) -> None:
     """Raise :class:`CorruptStoreError` unless ``vectors/zarr.json`` describes a sane table:
-    a Zarr v3 array of shape ``(rows >= 0, 1 <= dim <= MAX_DIM)``, a float data type, a
+    a Zarr v3 array of shape ``(rows >= 0, 1 <= dim <= MAX_DIM)``, a storage data type (float16/32/64, bfloat16, int8), a
     regular chunk grid, chunk keys ``c/<k>/0`` (separator ``/`` or ``.``), and, when sharded,
     inner chunks dividing the shard, at most ``MAX_INNER_CHUNKS`` of them; ``dim`` and
     ``dtype`` as the group's ``attrs`` (the ``embstore`` attributes) record them."""

@@ -7,8 +7,12 @@ A :class:`RowSource` reads and writes the ``vectors`` array of one table:
 - :class:`ZarrSource`, any other Zarr v3 layout (other codecs, no sharding), read and
   written by zarr-python.
 
+- :class:`Bf16Source` and :class:`Int8Source` wrap the source of the stored codes (and of
+  the ``row_scale`` array) and decode rows into float32 as they leave the store, so
+  :class:`ZarrTable` and its row cache only ever see float rows.
+
 Ids given to a source are validated 1-D int64 arrays; rows are ``(n, dim)`` arrays of the
-table's dtype.  A remote table or quantised rows are one more implementation here.
+table's dtype.  A remote table is one more implementation here.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import numpy as np
 
 from ..errors import CorruptStoreError, FormatError
 from .codecs import Layout
+from .meta import check_vectors_meta, read_json
+from .quant import SCALE_ARRAY, bf16_decode, bf16_encode, int8_dequantise, int8_quantise
 from .shardread import ShardReader
-from .writer import check_dtype, rewrite_shard, set_rows
+from .writer import rewrite_shard, set_rows
 
-__all__ = ["RowSource", "ShardSource", "ZarrSource", "open_source"]
+__all__ = ["RowSource", "ShardSource", "ZarrSource", "Bf16Source", "Int8Source",
+           "open_source"]
 
 
 class RowSource(abc.ABC):
@@ -45,6 +52,15 @@ class RowSource(abc.ABC):
 
     #: reading a row costs about what a row-cache hit costs (uncompressed, memory-mapped)
     cheap_reads = False
+
+    @property
+    def storage_dtype(self) -> str:
+        """The dtype of the stored values (``bfloat16`` and ``int8`` are decoded to float32)."""
+        return self.dtype.name
+
+    def raw(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``(codes, scale, offset)`` of rows ``ids`` as stored (floats: the rows, None, None)."""
+        return self.take(ids), None, None
 
     @abc.abstractmethod
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
@@ -83,9 +99,9 @@ class RowSource(abc.ABC):
 class ShardSource(RowSource):
     """Format-v1 shard files: the fast path (see :mod:`embstore.store.shardread`)."""
 
-    def __init__(self, root: Path, layout: Layout):
-        self.root = root
-        self.reader = ShardReader(str(root / "vectors"), layout)
+    def __init__(self, root: Path, layout: Layout, name: str = "vectors"):
+        self.root, self.name = root, name
+        self.reader = ShardReader(str(root / name), layout)
         self.cheap_reads = layout.compression == "none"
 
     @property
@@ -134,7 +150,7 @@ class ShardSource(RowSource):
 
     def publish_rows(self, rows: int) -> None:
         """Make ``rows`` rows visible (the commit point of an append)."""
-        set_rows(str(self.root), rows)
+        set_rows(str(self.root), rows, self.name)
         self.reader.layout = replace(self._layout, rows=rows)
 
     def refresh(self) -> None:
@@ -147,19 +163,18 @@ class ShardSource(RowSource):
 class ZarrSource(RowSource):
     """Any other Zarr v3 layout of ``vectors``, through zarr-python."""
 
-    def __init__(self, root: Path, mode: str):
+    def __init__(self, root: Path, mode: str, name: str = "vectors"):
         import zarr
 
         try:
-            self.array = zarr.open_array(str(root / "vectors"), mode=mode)
+            self.array = zarr.open_array(str(root / name), mode=mode)
         except Exception as exc:  # noqa: BLE001 - zarr refuses bad metadata in many ways
-            raise CorruptStoreError(f"{root / 'vectors'}: zarr cannot open the array "
+            raise CorruptStoreError(f"{root / name}: zarr cannot open the array "
                                     f"({type(exc).__name__}: {exc})", path=str(root)) from None
         if self.array.ndim != 2:
-            raise FormatError(f"vectors must be 2-D, got shape {self.array.shape}",
+            raise FormatError(f"{name} must be 2-D, got shape {self.array.shape}",
                               path=str(root))
-        check_dtype(self.array.dtype)
-        self.root = root
+        self.root, self.name = root, name
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -182,7 +197,7 @@ class ZarrSource(RowSource):
         try:
             rows = self.array.get_orthogonal_selection((uniq, slice(None)))
         except (ValueError, RuntimeError, OSError) as exc:
-            raise CorruptStoreError(f"{self.root}/vectors: cannot read rows ({exc})",
+            raise CorruptStoreError(f"{self.root}/{self.name}: cannot read rows ({exc})",
                                     path=str(self.root)) from exc
         out[:] = rows[inv]
 
@@ -199,9 +214,104 @@ class ZarrSource(RowSource):
         pass  # zarr-python wrote the new shape with the rows
 
 
-def open_source(root: Path, meta: dict, mode: str) -> ShardSource | ZarrSource:
-    """The fast path when it knows the layout of ``vectors`` (``meta``), else zarr-python."""
+class Bf16Source(RowSource):
+    """bfloat16 rows: ``uint16`` codes from ``inner``, widened to float32 (exact) on the way
+    out and rounded to nearest even on the way in."""
+
+    def __init__(self, inner: RowSource):
+        self.inner = inner
+        self.cheap_reads = inner.cheap_reads
+
+    shape = property(lambda self: self.inner.shape)
+    layout = property(lambda self: self.inner.layout)
+    dtype = property(lambda self: np.dtype(np.float32))
+    storage_dtype = property(lambda self: "bfloat16")
+
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        bf16_decode(self.inner.take(ids), out)
+
+    def raw(self, ids: np.ndarray):
+        return self.inner.take(ids), None, None
+
+    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+        self.inner.write(ids, bf16_encode(values))
+
+    def append(self, values: np.ndarray) -> None:
+        self.inner.append(bf16_encode(values))
+
+    def publish_rows(self, rows: int) -> None:
+        self.inner.publish_rows(rows)
+
+    def refresh(self) -> None:
+        self.inner.refresh()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Int8Source(Bf16Source):
+    """int8 rows quantised row-wise: codes from ``inner``, ``[scale, offset]`` per row from
+    ``scales`` (the ``row_scale`` array); ``code * scale + offset`` in float32 on the way
+    out, quantised again (to nearest) on the way in."""
+
+    def __init__(self, inner: RowSource, scales: RowSource):
+        super().__init__(inner)
+        self.scales = scales
+
+    storage_dtype = property(lambda self: "int8")
+
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        int8_dequantise(self.inner.take(ids), self.scales.take(ids), out)
+
+    def raw(self, ids: np.ndarray):
+        rs = self.scales.take(ids)
+        return self.inner.take(ids), rs[:, 0].copy(), rs[:, 1].copy()
+
+    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+        codes, rs = int8_quantise(values)
+        self.scales.write(ids, rs)
+        self.inner.write(ids, codes)
+
+    def append(self, values: np.ndarray) -> None:
+        codes, rs = int8_quantise(values)
+        self.scales.append(rs)
+        self.inner.append(codes)
+
+    def publish_rows(self, rows: int) -> None:
+        self.scales.publish_rows(rows)  # readers take the row count from vectors: last
+        self.inner.publish_rows(rows)
+
+    def refresh(self) -> None:
+        self.scales.refresh()
+        self.inner.refresh()
+
+    def close(self) -> None:
+        self.scales.close()
+        self.inner.close()
+
+
+def _open_array(root: Path, meta: dict, mode: str, name: str) -> ShardSource | ZarrSource:
+    """The fast path when it knows the layout of the array (``meta``), else zarr-python."""
     layout = Layout.from_metadata(meta)
     if layout is None:
-        return ZarrSource(root, mode)
-    return ShardSource(root, layout)
+        return ZarrSource(root, mode, name)
+    return ShardSource(root, layout, name)
+
+
+def open_source(root: Path, meta: dict, mode: str) -> RowSource:
+    """The row source of the table at ``root`` whose ``vectors/zarr.json`` is ``meta``."""
+    codes = _open_array(root, meta, mode, "vectors")
+    kind = meta.get("data_type")
+    if kind == "bfloat16":
+        return Bf16Source(codes)
+    if kind != "int8":
+        return codes
+    where = root / SCALE_ARRAY / "zarr.json"
+    smeta = read_json(where, f"{SCALE_ARRAY}/zarr.json (int8 vectors need their row scales)")
+    check_vectors_meta(smeta, where)
+    if smeta["data_type"] != "float32" or smeta["shape"][1] != 2 or \
+            smeta["shape"][0] < meta["shape"][0]:
+        raise CorruptStoreError(f"{where}: expected float32 of shape [>= {meta['shape'][0]}, 2] "
+                                f"(scale, offset per row), got {smeta['data_type']} "
+                                f"{smeta['shape']}", path=str(root))
+    return Int8Source(codes, _open_array(root, smeta, mode, SCALE_ARRAY))

@@ -23,7 +23,7 @@ from .meta import read_table_meta
 from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter, check_dtype
+from .writer import TableWriter, check_storage
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
            "Damage"]
@@ -76,6 +76,12 @@ class ZarrTable(Table):
         return self._source.dtype
 
     @property
+    def storage_dtype(self) -> str:
+        """The dtype rows are stored in: ``float16``/``32``/``64``, or ``bfloat16`` and ``int8``
+        (then lookups return float32, :attr:`dtype`, and :meth:`raw` gives the codes)."""
+        return self._source.storage_dtype
+
+    @property
     def writable(self) -> bool:
         return self.mode == "r+" and not self._closed
 
@@ -90,8 +96,10 @@ class ZarrTable(Table):
                      for d, _, files in os.walk(self.path) for f in files)
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
+                "storage_dtype": self.storage_dtype,
                 **{k: v for k, v in self.layout.items() if k != "fast_path"},
                 "has_keys": self._has_keys, "nbytes": self.nbytes, "stored_bytes": stored,
+                "saved_bytes": self.nbytes - stored,
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
                     "format", "dim", "dtype", "chunk_rows", "shard_rows", "compression",
                     "has_keys")}}
@@ -109,6 +117,18 @@ class ZarrTable(Table):
         rows = self._cache.gather(flat, None if out is None else out.reshape(-1, self.dim),
                                   self._source.gather, self._source.take)
         return rows.reshape(ids.shape + (self.dim,)) if out is None else out
+
+    def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Rows ``ids`` (any shape) as stored, for computing on the codes: ``(codes, scale,
+        offset)`` with ``codes`` of shape ``ids.shape + (dim,)``.  int8: int8 codes and the
+        float32 ``scale`` and ``offset`` of each row (shape ``ids.shape``; a row is
+        ``codes * scale[..., None] + offset[..., None]``); bfloat16: the uint16 bit patterns
+        (``ml_dtypes.bfloat16`` views them), None, None; float tables: the rows, None, None."""
+        ids = as_ids(ids, self.vocab_size)
+        self._check_open()
+        codes, scale, offset = self._source.raw(ids.reshape(-1))
+        shaped = (lambda a: None if a is None else a.reshape(ids.shape))  # noqa: E731
+        return codes.reshape(ids.shape + (self.dim,)), shaped(scale), shaped(offset)
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self._check_open()
@@ -188,8 +208,10 @@ class ZarrTable(Table):
                 self._vocab_obj.close()
 
     def __repr__(self) -> str:
+        stored = "" if self.storage_dtype == self.dtype.name else \
+            f", storage_dtype={self.storage_dtype}"
         return (f"ZarrTable({str(self.path)!r}, mode={self.mode!r}, vocab_size="
-                f"{self.vocab_size}, dim={self.dim}, dtype={self.dtype})")
+                f"{self.vocab_size}, dim={self.dim}, dtype={self.dtype}{stored})")
 
 
 # -- module functions ---------------------------------------------------------------------
@@ -241,25 +263,30 @@ def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
          cache_bytes="256MiB") -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
+    ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
+    ``float64``, ``bfloat16`` (rounded to nearest even) or ``int8`` (quantised row-wise).
+
     Streamed in blocks: the source is never held in memory whole.  Returns the new table,
     opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
     """
     src = array_or_table
     if isinstance(src, Table):
         rows, dim = src.shape
-        src_dtype = src.dtype
+        src_dtype = getattr(src, "storage_dtype", src.dtype)
         if keys is None and src.keys is not None:
             keys = src.keys
         blocks = lambda n: src.iter_blocks(n)  # noqa: E731
     else:
-        arr = check_table_array(src)
+        arr = np.asarray(src)
+        if not (arr.dtype.name == "bfloat16" and arr.ndim == 2):  # ml_dtypes: stored as is
+            arr = check_table_array(src)
         rows, dim = arr.shape
-        src_dtype = arr.dtype
+        src_dtype = arr.dtype.name
         blocks = lambda n: ((s, arr[s: s + n]) for s in range(0, rows, n))  # noqa: E731
     if keys is not None and len(keys) != rows:
         raise ShapeMismatchError(f"got {len(keys)} keys for a table of {rows} rows")
-    dt = check_dtype(dtype if dtype is not None else src_dtype)
-    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * dt.itemsize))
+    dt = check_storage(dtype if dtype is not None else src_dtype)
+    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * 4))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
                      overwrite=overwrite, expected_rows=rows) as w:

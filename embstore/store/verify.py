@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import CorruptStoreError, FormatError, NotATableError
 from .codecs import Layout
-from .meta import read_table_meta
+from .meta import read_json, read_table_meta
+from .quant import SCALE_ARRAY
 from .shardread import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify"]
@@ -81,34 +82,53 @@ def verify(path) -> VerifyReport:
     except (FormatError, CorruptStoreError) as exc:
         report.add(str(root), None, str(exc))
         return report
-    layout = Layout.from_metadata(meta)
-    if layout is not None:
-        report.vocab_size = layout.rows
-        reader = ShardReader(str(root / "vectors"), layout)
+    fast = set()
+    for name in ("vectors", SCALE_ARRAY):  # row_scale: the int8 tables' scales
+        m = meta if name == "vectors" else _array_meta(root, name)
+        layout = None if m is None else Layout.from_metadata(m)
+        if layout is None:
+            continue
+        fast.add(name)
+        reader = ShardReader(str(root / name), layout)
         for file, chunk, message in reader.verify_all():
             report.add(file, chunk, message)
-        report.shards = layout.n_shards
-        report.chunks = reader.checked_chunks
-    import zarr
-    try:
-        group = zarr.open_group(str(root), mode="r")
-        names = sorted(name for name, _ in group.arrays())
-    except Exception as exc:  # noqa: BLE001 - any zarr failure is damage to report
-        report.add(str(root), None, f"{root}: zarr cannot open the group ({exc})")
-        return report
-    for name in names:
-        if name == "vectors" and layout is not None:
-            continue
-        _read_all(group[name], name, report)
         if name == "vectors":
-            report.vocab_size = int(group[name].shape[0])
+            report.vocab_size = layout.rows
+            report.shards = layout.n_shards
+            report.chunks = reader.checked_chunks
+        else:
+            report.arrays.append(name)
+    import zarr
+    # arrays listed from the directory: zarr-python cannot open a group holding bfloat16
+    names = sorted(p.name for p in root.iterdir() if _array_meta(root, p.name) is not None)
+    for name in names:
+        if name in fast:
+            continue
+        try:
+            arr = zarr.open_array(str(root / name), mode="r")
+        except Exception as exc:  # noqa: BLE001 - any zarr failure is damage to report
+            report.add(f"{root}/{name}", None, f"{root}/{name}: zarr cannot open the array "
+                       f"({type(exc).__name__}: {exc})")
+            continue
+        _read_all(arr, name, report)
+        if name == "vectors":
+            report.vocab_size = int(arr.shape[0])
     if attrs.get("has_keys") and "keys" not in names:
         report.add(f"{root}/keys", None, f"{root}/keys: missing (the table has_keys)")
-    if "keys" in names and report.vocab_size is not None and \
-            group["keys"].shape[0] != report.vocab_size:
-        report.add(f"{root}/keys", None, f"{root}/keys: {group['keys'].shape[0]} keys, expected "
+    nkeys = (_array_meta(root, "keys") or {}).get("shape", [None])[0]
+    if "keys" in names and report.vocab_size is not None and nkeys != report.vocab_size:
+        report.add(f"{root}/keys", None, f"{root}/keys: {nkeys} keys, expected "
                    f"one per row ({report.vocab_size} rows)")
     return report
+
+
+def _array_meta(root: Path, name: str) -> dict | None:
+    """The zarr.json of the array ``name`` in the group (None if it is not an array)."""
+    try:
+        meta = read_json(root / name / "zarr.json", f"{name}/zarr.json")
+    except (FormatError, CorruptStoreError):
+        return None
+    return meta if meta.get("node_type") == "array" else None
 
 
 def _read_all(arr, name: str, report: VerifyReport) -> None:

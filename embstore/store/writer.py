@@ -12,24 +12,36 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from crc32c import crc32c
 
 from .._version import __version__
 from ..errors import DestinationExistsError, ShapeMismatchError
 from ..keys.writer import KeyIndexWriter
 
-from .codecs import ABSENT, COMPRESSIONS, Layout, encode_chunks, make_codec
-from .shardread import ShardReader
+from .codecs import COMPRESSIONS, Layout, make_codec
+from .quant import (SCALE_ARRAY, STORAGE_DTYPES, bf16_decode, bf16_encode, bf16_finite,
+                    code_dtype, int8_quantise, logical_dtype, storage_name)
+from .shardwrite import RowStream, rewrite_shard
 
-__all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype"]
+__all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype",
+           "check_storage"]
 
 CHUNK_TARGET = 16 << 10  # bytes per inner chunk (uncompressed)
 CHUNK_TARGET_COMPRESSED = 4 << 10  # compressed chunks are decoded whole: keep them small
 SHARD_TARGET = 128 << 20  # bytes per shard
 FLOAT_DTYPES = ("float16", "float32", "float64")
+SCALE_CHUNK_ROWS = 512  # row_scale rows per chunk: 4 KiB, one page per cold touch
+
+
+def check_storage(dtype) -> str:
+    """The storage dtype name of ``dtype``: float16/32/64, bfloat16 or int8."""
+    name = storage_name(dtype)
+    if name is None:
+        raise ShapeMismatchError(f"dtype must be one of {STORAGE_DTYPES}, got {dtype}")
+    return name
 
 
 def check_dtype(dtype) -> np.dtype:
+    """A float dtype rows can be held in (the storage dtypes that NumPy has)."""
     dt = np.dtype(dtype)
     if dt.name not in FLOAT_DTYPES:
         raise ShapeMismatchError(f"dtype must be one of {FLOAT_DTYPES}, got {dt}")
@@ -43,8 +55,15 @@ def _pow2_below(x: float) -> int:
 def choose_layout(dim: int, dtype, rows: int | None = None, *, chunk_rows: int | None = None,
                   shard_rows: int | None = None,
                   compression: str = "none") -> tuple[int, int]:
-    """``(chunk_rows, shard_rows)``: the given values, or the defaults of docs/FORMAT.md."""
-    rb = dim * np.dtype(dtype).itemsize
+    """``(chunk_rows, shard_rows)``: the given values, or the defaults of docs/FORMAT.md.
+
+    Rows per chunk are sized by the logical (looked-up) row, so a bfloat16 or int8 table has
+    as many rows per chunk as its float32 original and a cold chunk read moves 2x or 4x
+    fewer bytes; shards are sized by the stored bytes.
+    """
+    name = check_storage(dtype)
+    rb = dim * code_dtype(name).itemsize
+    lrb = dim * logical_dtype(name).itemsize
     for name, v in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
                               or v < 1):
@@ -52,7 +71,7 @@ def choose_layout(dim: int, dtype, rows: int | None = None, *, chunk_rows: int |
     cr = chunk_rows
     if cr is None:
         cr = _pow2_below((CHUNK_TARGET if compression == "none" else CHUNK_TARGET_COMPRESSED)
-                         / rb)
+                         / lrb)
         if shard_rows is not None:
             cr = math.gcd(cr, int(shard_rows))
         elif rows is not None:
@@ -69,34 +88,6 @@ def choose_layout(dim: int, dtype, rows: int | None = None, *, chunk_rows: int |
 
 
 DECIDE_BYTES = 8 << 20  # pending bytes that make a table "large" (default layout)
-STREAM_CHUNKS = 256  # inner chunks encoded per write while streaming a shard
-
-
-class _ShardStream:
-    """One shard file being written: chunks appended as they come, the index at the end."""
-
-    def __init__(self, path: str, layout: Layout, codec):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.f = open(path, "wb")
-        self.layout, self.codec = layout, codec
-        self.index = np.full((layout.n_inner, 2), ABSENT, dtype="<u8")
-        self.pos = 0
-        self.chunks = 0
-
-    def write(self, rows: np.ndarray) -> None:
-        """Rows for the next whole chunks (the last chunk of the table may be partial)."""
-        for part in encode_chunks(rows, self.layout, self.codec):
-            self.f.write(part)
-            self.index[self.chunks] = (self.pos, len(part))
-            self.pos += len(part)
-            self.chunks += 1
-
-    def close(self) -> None:
-        body = self.index.tobytes()
-        self.f.write(body)
-        if self.layout.index_crc:
-            self.f.write(crc32c(body).to_bytes(4, "little"))
-        self.f.close()
 
 
 def _replace_json(path: str, update) -> None:
@@ -112,72 +103,11 @@ def _replace_json(path: str, update) -> None:
     os.replace(tmp, path)
 
 
-def set_rows(root: str, rows: int) -> None:
-    """Set the row count of the ``vectors`` array at ``root`` (its zarr.json, atomically)."""
+def set_rows(root: str, rows: int, name: str = "vectors") -> None:
+    """Set the row count of the array ``name`` at ``root`` (its zarr.json, atomically)."""
     def upd(doc):
         doc["shape"][0] = int(rows)
-    _replace_json(os.path.join(root, "vectors", "zarr.json"), upd)
-
-
-def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.ndarray,
-                  valid_rows: int) -> None:
-    """Rewrite shard ``k`` with rows ``local`` (shard-relative, distinct) set to ``values``.
-
-    ``valid_rows`` rows of the shard are inside the array after the change.  Untouched chunks
-    are copied as stored; touched ones are decoded, patched and encoded again.  The new shard
-    replaces the old file by an atomic rename, so readers see the old or the new shard whole.
-    """
-    L = reader.layout
-    cr = L.chunk_rows
-    old = reader.shard(k)
-    n_valid = -(-valid_rows // cr)
-    touched = np.unique(local // cr)
-    dec = reader.decode_chunks(k * L.n_inner + touched)
-    slot = np.searchsorted(touched, local // cr)
-    dec.reshape(-1, L.dim)[slot * cr + local % cr] = values
-    fresh = encode_chunks(dec.reshape(-1, L.dim), L, reader.codec)
-    # segments of the new file: each touched chunk alone, and runs of untouched chunks that
-    # lie back to back in the old file (copied with one write each, not chunk by chunk)
-    offs, nbs = old.offsets[:n_valid], old.nbytes[:n_valid]
-    is_t = np.zeros(n_valid, dtype=bool)
-    is_t[touched] = True
-    present = offs >= 0
-    joined = np.zeros(n_valid, dtype=bool)
-    joined[1:] = ((offs[1:] == offs[:-1] + nbs[:-1]) & present[1:] & present[:-1]
-                  & ~is_t[1:] & ~is_t[:-1])
-    starts = np.flatnonzero(~joined).tolist() + [n_valid]
-    slot_of = {int(c): j for j, c in enumerate(touched.tolist())}
-    index = np.full((L.n_inner, 2), ABSENT, dtype="<u8")
-    path = old.path
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)  # a shard never written before
-        with open(tmp, "wb") as f:
-            pos = 0
-            for a, b in zip(starts[:-1], starts[1:]):  # a loop per segment
-                if is_t[a]:
-                    piece = fresh[slot_of[a]]
-                    f.write(piece)
-                    index[a] = (pos, len(piece))
-                    pos += len(piece)
-                elif present[a]:
-                    lo, hi = int(offs[a]), int(offs[b - 1] + nbs[b - 1])
-                    f.write(old.buf[lo:hi])
-                    index[a:b, 0] = pos + (offs[a:b] - lo)
-                    index[a:b, 1] = nbs[a:b]
-                    pos += hi - lo
-            body = index.tobytes()
-            f.write(body)
-            if L.index_crc:
-                f.write(crc32c(body).to_bytes(4, "little"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    reader.forget([k])
+    _replace_json(os.path.join(root, name, "zarr.json"), upd)
 
 
 class TableWriter:
@@ -198,22 +128,21 @@ class TableWriter:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         self.path = Path(os.fspath(path)).absolute()
-        self.dim, self.dtype = int(dim), check_dtype(dtype)
+        self.dim, self.storage = int(dim), check_storage(dtype)
+        self.dtype = logical_dtype(self.storage)  # rows are checked as this, stored as codes
         self.compression, self.overwrite = compression, bool(overwrite)
         self._layout_args = (chunk_rows, shard_rows)
-        choose_layout(self.dim, self.dtype, expected_rows, chunk_rows=chunk_rows,
+        choose_layout(self.dim, self.storage, expected_rows, chunk_rows=chunk_rows,
                       shard_rows=shard_rows, compression=compression)  # check arguments now
         self._check_dest()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = tempfile.mkdtemp(prefix=f"{self.path.name}.tmp-", dir=self.path.parent)
         self.rows = 0
         self._seen = 0
-        self._pending: list[np.ndarray] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray | None]] = []  # (codes, row_scale)
         self._pending_rows = 0
-        self._shards_done = 0
-        self._stream: _ShardStream | None = None
+        self._streams: list[RowStream] = []  # vectors (and row_scale), once decided
         self._layout: Layout | None = None
-        self._codec = None
         self._attrs = dict(attrs or {})
         self._done = False
         self._strict_keys = False  # save/create: duplicate keys are an error, not dropped
@@ -239,19 +168,36 @@ class TableWriter:
 
     def _decide(self, rows: int | None) -> None:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
-        cr, sr = choose_layout(self.dim, self.dtype, rows, chunk_rows=self._layout_args[0],
+        cr, sr = choose_layout(self.dim, self.storage, rows, chunk_rows=self._layout_args[0],
                                shard_rows=self._layout_args[1], compression=self.compression)
+        codes = code_dtype(self.storage)
         comp = {"none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
                 "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
-                                     typesize=self.dtype.itemsize)]}[self.compression]
+                                     typesize=codes.itemsize)]}[self.compression]
         arr = self._group.create_array(
-            "vectors", shape=(0, self.dim), dtype=self.dtype, chunks=(cr, self.dim),
+            "vectors", shape=(0, self.dim), dtype=codes, chunks=(cr, self.dim),
             shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
             compressors=comp + [Crc32cCodec()], fill_value=0)
-        layout = Layout.from_metadata(arr.metadata.to_dict())
+        meta = arr.metadata.to_dict()
+        if self.storage == "bfloat16":  # zarr-python 3.1 has no bfloat16: written as uint16
+            meta["data_type"] = "bfloat16"
+            _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
+                          lambda doc: doc.update(data_type="bfloat16"))
+        layout = Layout.from_metadata(meta)
         assert layout is not None and layout.has_crc
         self._layout = layout
-        self._codec = make_codec(self.compression, self.dtype.itemsize)
+        self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
+                                   make_codec(self.compression, codes.itemsize))]
+        if self.storage == "int8":
+            scr = min(SCALE_CHUNK_ROWS, cr * _pow2_below(SCALE_CHUNK_ROWS / cr))
+            ssr = max(scr, sr // scr * scr)
+            sarr = self._group.create_array(
+                SCALE_ARRAY, shape=(0, 2), dtype="float32", chunks=(scr, 2), shards=(ssr, 2),
+                serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
+                fill_value=0)
+            slayout = Layout.from_metadata(sarr.metadata.to_dict())
+            assert slayout is not None
+            self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None))
 
     def add(self, vectors: np.ndarray, keys: list[str] | None = None) -> int:
         """Append a block of rows ``(n, dim)`` (with ``has_keys``, one key per row).
@@ -261,17 +207,23 @@ class TableWriter:
         if self._done:
             raise ValueError("this TableWriter is already committed or aborted")
         vec = np.asarray(vectors)
+        if vec.dtype.name == "bfloat16" and vec.dtype.itemsize == 2:  # ml_dtypes: widen (exact)
+            vec = bf16_decode(vec.view(np.uint16).reshape(vec.shape),
+                              np.empty(vec.shape, np.float32))
         if vec.ndim != 2 or vec.shape[1] != self.dim or vec.dtype.kind not in "fiu":
             raise ShapeMismatchError(f"expected numeric vectors of shape (n, {self.dim}), got "
                                      f"shape {vec.shape} and dtype {vec.dtype}")
         with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
             vec = np.ascontiguousarray(vec, dtype=self.dtype)
         finite = np.isfinite(vec).all(axis=1)
+        codes, scales = self._encode(vec)
+        if self.storage == "bfloat16":
+            finite &= bf16_finite(codes)  # the largest float32 values round to infinity
         if not finite.all():
             i = int(np.argmin(finite))
             err = ShapeMismatchError(
                 f"input row {self._seen + i} (row {i} of this block) holds NaN or infinity"
-                + (f" after conversion to {self.dtype}" if np.isfinite(
+                + (f" after conversion to {self.storage}" if np.isfinite(
                     np.asarray(vectors)[i]).all() else ""))
             err.row = self._seen + i
             raise err
@@ -285,16 +237,26 @@ class TableWriter:
                 raise ShapeMismatchError(f"key {keys[i]!r} at row {self._seen + i} repeats an "
                                          "earlier key (keys must be distinct)")
             if not mask.all():
-                vec = vec[mask]
+                codes = codes[mask]
+                scales = None if scales is None else scales[mask]
         elif keys is not None:
             raise ShapeMismatchError("this writer has no keys (has_keys=False), got keys")
         self._seen += len(finite)
-        if vec.shape[0]:
-            self._pending.append(vec)
-            self._pending_rows += vec.shape[0]
-            self.rows += vec.shape[0]
+        if codes.shape[0]:
+            self._pending.append((codes, scales))
+            self._pending_rows += codes.shape[0]
+            self.rows += codes.shape[0]
             self._flush(final=False)
-        return int(vec.shape[0])
+        return int(codes.shape[0])
+
+    def _encode(self, vec: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(codes, row_scale)`` of finite-checked rows (row_scale for int8 only)."""
+        if self.storage == "bfloat16":
+            return bf16_encode(vec), None
+        if self.storage == "int8":
+            ok = np.isfinite(vec).all(axis=1)
+            return int8_quantise(np.where(ok[:, None], vec, 0))
+        return vec, None
 
     def _flush(self, *, final: bool) -> None:
         """Write every whole inner chunk that is pending (all rows when ``final``).
@@ -308,43 +270,24 @@ class TableWriter:
             if self._pending_rows * self.dim * self.dtype.itemsize < DECIDE_BYTES and not final:
                 return
             self._decide(None if not final else self._pending_rows)
-        cr = self._layout.chunk_rows
-        block = (np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
-                 if self._pending else np.empty((0, self.dim), self.dtype))
-        whole = block.shape[0] if final else block.shape[0] // cr * cr
-        start = 0
-        while start < whole:
-            if self._stream is None:
-                self._stream = _ShardStream(self._shard_path(self._shards_done), self._layout,
-                                            self._codec)
-            room = (self._layout.n_inner - self._stream.chunks) * cr
-            take = min(whole - start, room, STREAM_CHUNKS * cr)
-            self._stream.write(block[start: start + take])
-            start += take
-            if self._stream.chunks == self._layout.n_inner:
-                self._stream.close()
-                self._stream = None
-                self._shards_done += 1
-        rest = block[whole:]
-        self._pending = [rest] if rest.shape[0] else []
-        self._pending_rows = rest.shape[0]
-        if final and self._stream is not None:
-            self._stream.close()
-            self._stream = None
-            self._shards_done += 1
-
-    def _shard_path(self, i: int) -> str:
-        L = self._layout
-        return os.path.join(self._tmp, "vectors", *L.shard_key(i).split(L.separator))
+        for codes, scales in self._pending:
+            self._streams[0].add(codes)
+            if scales is not None:
+                self._streams[1].add(scales)
+        self._pending, self._pending_rows = [], 0
+        if final:
+            for stream in self._streams:
+                stream.add(np.empty((0, stream.layout.dim), stream.layout.dtype), final=True)
 
     def _declare_zero_rows(self, n: int) -> None:
         """``create``: a table of ``n`` rows of zeros (no shard files: absent reads as zeros)."""
-        if self.rows or self._layout is not None and self._shards_done:
+        if self.rows or self._layout is not None and self._streams[0].shards_done:
             raise ValueError("zero rows can only be declared on an empty writer")
         if self._layout is None:
             self._decide(n)
         self.rows = n
-        self._shards_done = -(-n // self._layout.shard_rows)
+        for stream in self._streams:
+            stream.skip_to(n)
 
     def commit(self) -> None:
         """Finish and rename the new table into place (open it with :func:`embstore.open`)."""
@@ -357,11 +300,13 @@ class TableWriter:
             if self._keys is not None:
                 self._keys.finish()
             L = self._layout
-            meta = {"format": 1, "dim": self.dim, "dtype": self.dtype.name,
+            meta = {"format": 1, "dim": self.dim, "dtype": self.storage,
                     "chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
                     "compression": self.compression, "has_keys": self._keys is not None,
                     "created_by": _created_by()}
             self._group.update_attributes({"embstore": {**self._attrs, **meta}})
+            if self.storage == "int8":
+                set_rows(self._tmp, self.rows, SCALE_ARRAY)
             set_rows(self._tmp, self.rows)
             self._check_dest()
             self._swap_in()
@@ -390,9 +335,8 @@ class TableWriter:
     def abort(self) -> None:
         """Remove the temporary directory; ``path`` is left as it was."""
         self._done = True
-        if getattr(self, "_stream", None) is not None:
-            self._stream.f.close()
-            self._stream = None
+        for stream in getattr(self, "_streams", ()):
+            stream.abort()
         keys = getattr(self, "_keys", None)
         if keys is not None and hasattr(keys, "close"):
             keys.close()
