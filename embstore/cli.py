@@ -121,8 +121,10 @@ def _stdin_file(src: str, dest: str) -> Iterator[str]:
               "(default: the only 2-D float tensor).")
 @click.option("--vocab", type=_FILE, default=None,
               help="Text file with one key per line, for formats without keys.")
-@click.option("--dtype", type=click.Choice(("float32", "float16", "float64")), default=None,
-              help="Stored dtype (default: the source's; text formats: float32).")
+@click.option("--dtype", type=click.Choice(("float32", "float16", "float64", "bfloat16", "int8")),
+              default=None, help="Stored dtype (default: the source's, bfloat16 kept; text "
+              "formats: float32). bfloat16 and int8 (row-wise quantised) are looked up as "
+              "float32.")
 @click.option("--compression", type=click.Choice(("none", "zstd", "blosc")), default="none",
               show_default=True, help="Compression of the stored chunks.")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
@@ -232,8 +234,8 @@ def info_cmd(path, as_json, quiet):
     if as_json:
         _print_json(info)
         return
-    for k in ("path", "vocab_size", "dim", "dtype", "has_keys", "chunk_rows", "shard_rows",
-              "compression", "nbytes", "stored_bytes"):
+    for k in ("path", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys", "chunk_rows",
+              "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
         click.echo(f"{k + ':':14}{info.get(k)}")
     src = info.get("attributes", {}).get("source")
     if src:

@@ -19,7 +19,8 @@ from .errors import DestinationExistsError, FormatError
 from .formats import DEFAULT_BLOCK_ROWS, WRITE_FORMATS, detect, get
 from .formats._textparse import decode_keys
 from .store.table import open as open_table
-from .store.writer import TableWriter
+from .store.quant import QUANTISED
+from .store.writer import TableWriter, check_storage
 
 Progress = Callable[[int, "int | None"], None]  # on_progress(done, total)
 
@@ -130,8 +131,12 @@ def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, v
     module = get(fmt)
     if tensor is not None and fmt not in ("safetensors", "torch"):
         raise FormatError(f"--tensor applies to safetensors and torch files, got format {fmt}")
+    storage = None if dtype is None else check_storage(dtype)
+    # quantised storage: the reader yields its float rows and the writer encodes them
     reader = module.read(src, block_rows=block_rows, limit=limit, unicode_errors=unicode_errors,
-                         tensor=tensor, dtype=dtype)
+                         tensor=tensor, dtype=None if storage in QUANTISED else storage)
+    if storage is None:  # the source's own dtype, bfloat16 kept native
+        storage = reader.native_dtype or np.dtype(reader.dtype).name
     keys_file = None
     try:
         if vocab is not None:
@@ -143,7 +148,7 @@ def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, v
         attrs = {"source": {"format": fmt, "file": name}}
         if getattr(reader, "tensor", None):
             attrs["source"]["tensor"] = reader.tensor
-        writer = TableWriter(dest, dim=reader.dim, dtype=reader.dtype,
+        writer = TableWriter(dest, dim=reader.dim, dtype=storage,
                              has_keys=reader.has_keys or keys_file is not None,
                              chunk_rows=chunk_rows, shard_rows=shard_rows,
                              compression=compression, overwrite=overwrite,
@@ -163,7 +168,7 @@ def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, v
         if keys_file is not None:
             keys_file.close()
     return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
-                        dtype=np.dtype(reader.dtype).name, duplicates=duplicates,
+                        dtype=storage, duplicates=duplicates,
                         tensor=getattr(reader, "tensor", None))
 
 

@@ -88,7 +88,9 @@ class Reader:
 
     ``dim``: row length; ``count``: rows the source holds when known up front
     (``None`` otherwise; a text header's count is only a claim, checked while
-    reading); ``dtype``: dtype of the yielded blocks; ``has_keys``;
+    reading); ``dtype``: dtype of the yielded blocks; ``native_dtype``: the source's
+    own dtype when NumPy lacks it and the blocks widen it exactly (``"bfloat16"``, whose
+    blocks arrive as float32), else None; ``has_keys``;
     ``progress_total``/``progress_done`` in ``progress_unit`` ("bytes" or "rows").
     """
 
@@ -96,6 +98,7 @@ class Reader:
     dim: int = 0
     count: int | None = None
     dtype: np.dtype = np.dtype(np.float32)
+    native_dtype: str | None = None
     has_keys: bool = False
     progress_unit: str = "rows"
     progress_total: int | None = None

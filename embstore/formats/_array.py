@@ -14,12 +14,15 @@ __all__ = ["ArrayReader", "FLOAT_KINDS", "write_rows"]
 FLOAT_KINDS = ("float16", "float32", "float64")
 
 
-def write_rows(f, table, n: int, dtype, *, block_rows: int, progress=None) -> None:
+def write_rows(f, table, n: int, dtype, *, block_rows: int, progress=None,
+               encode=None) -> None:
     """Write rows ``0..n-1`` of ``table`` to the open file ``f`` as raw ``dtype`` bytes,
-    one block at a time (the body of the ``.npy`` and safetensors writers)."""
+    one block at a time (the body of the ``.npy`` and safetensors writers); ``encode``
+    turns a block into those bytes' array when a cast cannot (bfloat16)."""
     for start in range(0, n, block_rows):
         stop = min(n, start + block_rows)
-        f.write(np.ascontiguousarray(table[start:stop], dtype=dtype).tobytes())
+        block = table[start:stop] if encode is None else encode(table[start:stop])
+        f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
         if progress is not None:
             progress(stop - start)
 

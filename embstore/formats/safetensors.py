@@ -4,9 +4,11 @@ then the raw little-endian tensor bytes.
 
 Read: the header is parsed here (its length is bounded by the file size, so a
 header bomb fails before anything is allocated), the chosen tensor is
-memory-mapped and streamed by rows; bfloat16 becomes float32.  ``tensor=None``
+memory-mapped and streamed by rows; bfloat16 arrives as float32 (exact) with
+``native_dtype = "bfloat16"``, so an import can store it natively.  ``tensor=None``
 picks the only 2-D float tensor, else the error lists them.  Write: header,
-then the rows block by block, one tensor named ``weight``.
+then the rows block by block, one tensor named ``weight``; a table stored in
+bfloat16 (``table.storage_dtype``) is written as BF16, bit for bit.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
     reader = ArrayReader(path, arr, format="safetensors", shape=shape, source_dtype=source_dtype,
                          to_numpy=to_numpy, block_rows=block_rows, limit=limit, dtype=dtype)
     reader.tensor = name
+    if info["dtype"] == "BF16" and dtype is None:
+        reader.native_dtype = "bfloat16"
     return reader
 
 
@@ -137,6 +141,11 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     dtype = np.dtype(table.dtype).newbyteorder("<")
     code = {"f2": "F16", "f4": "F32", "f8": "F64"}[dtype.str[1:]]
+    encode = None
+    if getattr(table, "storage_dtype", None) == "bfloat16" and dtype.str == "<f4":
+        # the rows are bfloat16 widened to float32: their high halves are the stored bits
+        code, dtype = "BF16", np.dtype("<u2")
+        encode = _bf16_bits
     nbytes = n * table.dim * dtype.itemsize
     meta = {"__metadata__": {"format": "pt"},
             name: {"dtype": code, "shape": [n, table.dim], "data_offsets": [0, nbytes]}}
@@ -144,5 +153,10 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     raw += b" " * (-len(raw) % 8)  # align the data to 8 bytes, as the reference writer does
     with open_output(path) as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
-        write_rows(f, table, n, dtype, block_rows=block_rows, progress=progress)
+        write_rows(f, table, n, dtype, block_rows=block_rows, progress=progress, encode=encode)
     return n
+
+
+def _bf16_bits(rows: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits of float32 ``rows`` that hold bfloat16 values (exact)."""
+    return (np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32) >> 16).astype("<u2")

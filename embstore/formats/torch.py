@@ -84,4 +84,6 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
                          source_dtype=source_dtype, to_numpy=to_numpy, block_rows=block_rows,
                          limit=limit, dtype=dtype)
     reader.tensor = name
+    if t.dtype == torch.bfloat16 and dtype is None:
+        reader.native_dtype = "bfloat16"  # a table can keep it: blocks widen it exactly
     return reader
