@@ -52,6 +52,8 @@ CONFIGS = {
         "import": {"rows": 1_000_000, "dim": 100, "reps": 2},
         "batch": {"rows": 1_000_000, "dim": 64, "ids": 8192 * 512, "reps": 2, "workers": [1, 2]},
         "limits": {"copy_bytes": 1 << 30, "file_rows": 1_000_000, "file_dim": 256, "reps": 5},
+        "compact": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 15, "batches": 4,
+                    "cold_batches": 3},
     },
     "quick": {
         "lookup": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "slow_reps": 1,
@@ -63,6 +65,8 @@ CONFIGS = {
         "import": {"rows": 50_000, "dim": 100, "reps": 1},
         "batch": {"rows": 100_000, "dim": 64, "ids": 1024 * 512, "reps": 1, "workers": [1, 2]},
         "limits": {"copy_bytes": 256 << 20, "file_rows": 100_000, "file_dim": 256, "reps": 3},
+        "compact": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "batches": 2,
+                    "cold_batches": 2},
     },
     "smoke": {  # the test suite's run: every code path, tiny sizes, not a measurement
         "lookup": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1,
@@ -73,6 +77,8 @@ CONFIGS = {
         "import": {"rows": 2_000, "dim": 16, "reps": 1},
         "batch": {"rows": 5_000, "dim": 16, "ids": 16 * 512, "reps": 1, "workers": [1]},
         "limits": {"copy_bytes": 16 << 20, "file_rows": 5_000, "file_dim": 16, "reps": 2},
+        "compact": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "batches": 2,
+                    "cold_batches": 2},
     },
 }
 
