@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import embstore
 from embstore import CorruptStoreError, ShapeMismatchError
@@ -135,6 +138,33 @@ def test_int8_values_follow_the_documented_formula(tmp_path, E):
     assert (codes.min(1) == -128).all() and (codes.max(1) == 127).all()
     err = np.abs(got.astype(np.float64) - E)
     assert (err <= 0.5 * scale[:, None] * (1 + 1e-5) + 1e-6 * np.abs(E)).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=40),
+                  elements=st.floats(-2.0**100, 2.0**100, width=32)))
+def test_int8_quantisation_bound_holds_for_any_rows(x):
+    """Any finite rows (ranges from 0 to 2**101, subnormals included): the half-step bound,
+    the formula of docs/FORMAT.md, no warnings (pytest turns them into errors)."""
+    from embstore.store.quant import int8_dequantise, int8_quantise
+    codes, rs = int8_quantise(x)
+    got = int8_dequantise(codes, rs, np.empty(x.shape, np.float32))
+    np.testing.assert_array_equal(got, dequant_by_spec(codes, rs[:, 0], rs[:, 1]))
+    x64 = x.astype(np.float64)
+    span = x64.max(1) - x64.min(1) if x.size else np.zeros(len(x))
+    tiny = span < 255 * 1.5e-45  # a range below float32's resolution: a constant row
+    bound = np.where(tiny, span, 0.5 * rs[:, 0].astype(np.float64) * (1 + 1e-5))[:, None]
+    assert (np.abs(got - x64) <= bound + 1e-6 * np.abs(x64) + 1e-44).all()
+
+
+def test_int8_refuses_a_range_beyond_float32(tmp_path):
+    m = np.finfo(np.float32).max
+    x = np.zeros((3, 4), np.float32)
+    x[1, :2] = [m, -m]
+    with pytest.raises(ShapeMismatchError, match="row 1 of this block spans 6.806e\\+38"):
+        embstore.save(tmp_path / "t", x, dtype="int8")
+    x[1, 1] = 0  # a range of exactly float32's largest value still fits
+    np.testing.assert_array_equal(embstore.save(tmp_path / "t", x, dtype="int8")[1], x[1])
 
 
 def test_int8_constant_rows_are_exact(tmp_path):

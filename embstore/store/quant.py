@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ShapeMismatchError
+
 __all__ = ["STORAGE_DTYPES", "QUANTISED", "SCALE_ARRAY", "storage_name", "code_dtype",
            "logical_dtype", "bf16_encode", "bf16_decode", "int8_quantise", "int8_dequantise"]
 
@@ -26,6 +28,7 @@ QUANTISED = ("bfloat16", "int8")  # stored as codes, looked up as float32
 SCALE_ARRAY = "row_scale"  # int8 tables: (vocab_size, 2) float32, [scale, offset] per row
 _CODES = {"bfloat16": np.dtype("<u2"), "int8": np.dtype("i1")}
 _BLOCK_BYTES = 1 << 20  # output bytes per dequantisation block (fits in L2)
+_MAX_RANGE = float(np.finfo(np.float32).max)  # -128 * scale stays finite in float32
 
 
 def storage_name(dtype) -> str | None:
@@ -93,6 +96,14 @@ def int8_quantise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = x.shape[0]
     lo = x.min(axis=1) if x.size else np.zeros(n)
     hi = x.max(axis=1) if x.size else np.zeros(n)
+    wide = hi - lo > _MAX_RANGE
+    if wide.any():  # code * scale would overflow float32
+        i = int(np.argmax(wide))
+        err = ShapeMismatchError(f"row {i} of this block spans {hi[i] - lo[i]:.4g} (from "
+                                 f"{lo[i]:.4g} to {hi[i]:.4g}); int8 rows hold a range of at "
+                                 f"most {_MAX_RANGE:.4g}")
+        err.row = i
+        raise err
     scale = ((hi - lo) / 255.0).astype(np.float32)
     offset = (lo + 128.0 * scale.astype(np.float64)).astype(np.float32)
     s64 = scale.astype(np.float64)
