@@ -272,6 +272,8 @@ class Table(abc.ABC):
         want = tuple(lead_shape) + (self.dim,)
         if vec.shape != want:
             raise ShapeMismatchError(f"{what}: expected vectors of shape {want}, got {vec.shape}")
+        if vec.dtype.name == "bfloat16":  # ml_dtypes' NumPy bfloat16: widened exactly
+            vec = vec.astype(np.float32)
         if vec.dtype.kind not in "fiu":
             raise ShapeMismatchError(f"{what}: expected numeric vectors, got dtype {vec.dtype}")
         vec = np.ascontiguousarray(vec, dtype=self.dtype)

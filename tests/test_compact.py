@@ -85,6 +85,22 @@ def test_bfloat16_rounds_as_torch_bit_for_bit(tmp_path, rng):
     np.testing.assert_array_equal(codes[0, 1], ref[0].view(np.uint32) >> 16)
 
 
+def test_bfloat16_arrays_tables_and_create(tmp_path, rng):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = rng.standard_normal((50, 8)).astype(ml_dtypes.bfloat16)  # a NumPy bfloat16 array
+    t = embstore.save(tmp_path / "a", x)  # kept as bfloat16 without asking
+    assert t.storage_dtype == "bfloat16"
+    np.testing.assert_array_equal(t.raw(np.arange(50))[0], x.view(np.uint16))
+    t2 = embstore.save(tmp_path / "b", t)  # a table's storage dtype is kept
+    assert t2.storage_dtype == "bfloat16"
+    np.testing.assert_array_equal(t2.to_numpy(), x.astype(np.float32))
+    with embstore.create(tmp_path / "c", shape=(100, 8), dtype="bfloat16") as t3:
+        t3.write([99], x[:1])
+        t3.append(x[1:3])
+        np.testing.assert_array_equal(t3[[0, 99, 100, 101]],
+                                      np.r_[np.zeros((1, 8)), x[:3].astype(np.float32)])
+
+
 def test_bfloat16_overflow_is_refused(tmp_path):
     x = np.ones((3, 4), np.float32)
     x[2, 1] = np.finfo(np.float32).max  # finite in float32, infinity in bfloat16

@@ -20,6 +20,7 @@ from ..keys.index import DiskVocab
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
 from .meta import read_table_meta
+from .quant import logical_dtype
 from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
@@ -286,7 +287,7 @@ def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
     if keys is not None and len(keys) != rows:
         raise ShapeMismatchError(f"got {len(keys)} keys for a table of {rows} rows")
     dt = check_storage(dtype if dtype is not None else src_dtype)
-    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * 4))
+    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
                      overwrite=overwrite, expected_rows=rows) as w:
