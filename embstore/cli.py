@@ -236,10 +236,10 @@ def info_cmd(path, as_json, quiet):
         return
     for k in ("path", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys", "chunk_rows",
               "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
-        click.echo(f"{k + ':':14}{info.get(k)}")
+        click.echo(f"{k + ':':15}{info.get(k)}")
     src = info.get("attributes", {}).get("source")
     if src:
-        click.echo(f"{'source:':14}{json.dumps(src)}")
+        click.echo(f"{'source:':15}{json.dumps(src)}")
 
 
 @click.command("verify", short_help="Check every stored chunk's checksum.")

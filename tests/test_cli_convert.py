@@ -217,7 +217,7 @@ def test_info_json_and_verify(run, tmp_path):
                                        for r, _, fs in os.walk(dest) for f in fs)
     assert info["attributes"]["source"] == {"format": "word2vec-binary", "file": "gensim.bin"}
     res = run("info", dest)
-    assert res.exit_code == 0 and "vocab_size:   5" in res.stdout
+    assert res.exit_code == 0 and "vocab_size:    5" in res.stdout
     res = run("verify", dest)
     assert res.exit_code == 0 and res.stdout.startswith("OK ")
     shard = next(os.path.join(r, f) for r, _, fs in os.walk(dest / "vectors") for f in fs
