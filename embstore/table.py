@@ -165,6 +165,17 @@ class Table(abc.ABC):
     def nbytes(self) -> int:
         return self.vocab_size * self.dim * self.dtype.itemsize
 
+    @property
+    def storage_dtype(self) -> str:
+        """The dtype rows are stored in (on-disk tables may store ``bfloat16`` or ``int8``
+        codes and return :attr:`dtype` rows); here the same as :attr:`dtype`."""
+        return self.dtype.name
+
+    def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``(codes, scale, offset)`` of rows ``ids`` as stored: for a table that stores its
+        dtype, the rows themselves and None, None (see ``ZarrTable.raw``)."""
+        return self.lookup(ids), None, None
+
     def __len__(self) -> int:
         return self.vocab_size
 

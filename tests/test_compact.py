@@ -366,6 +366,10 @@ def test_every_path_returns_the_decoded_rows(tmp_path, E):
     D = t.to_numpy()
     assert D.dtype == np.float32
     m = embstore.MemoryTable(D.copy(), keys=keys)  # the reference: the same values in memory
+    assert m.storage_dtype == "float32"
+    rows, scale, offset = m.raw([[1], [2]])
+    np.testing.assert_array_equal(rows, D[[[1], [2]]])
+    assert scale is None and offset is None
     ids = np.array([[1, 2, 3], [299, 0, 5]])
     np.testing.assert_array_equal(t[ids], D[ids])
     np.testing.assert_array_equal(t.lookup_keys([["w1", "w3"]]), D[[[1, 3]]])
