@@ -147,6 +147,20 @@ def test_safetensors_bf16_imports_natively_and_exports_bit_exact(tmp_path):
     assert torch.equal(back.view(torch.int16), w.view(torch.int16))
 
 
+def test_torch_bf16_imports_natively(tmp_path):
+    src = Path(__file__).parent / "data" / "bf16.pt"
+    ref = torch.load(src, weights_only=True)["embedding.weight"]
+    res = embstore.import_file(src, tmp_path / "t")
+    assert res.dtype == "bfloat16"
+    with embstore.open(tmp_path / "t") as t:
+        assert t.storage_dtype == "bfloat16"
+        codes = t.raw(np.arange(t.vocab_size))[0]
+        np.testing.assert_array_equal(codes, ref.view(torch.int16).numpy().view(np.uint16))
+    res = embstore.import_file(src, tmp_path / "f", dtype="float32")
+    assert res.dtype == "float32"
+    np.testing.assert_array_equal(embstore.open(tmp_path / "f").to_numpy(), ref.float().numpy())
+
+
 # -- int8 ---------------------------------------------------------------------------------------
 def test_int8_values_follow_the_documented_formula(tmp_path, E):
     t = embstore.save(tmp_path / "t", E, dtype="int8")
