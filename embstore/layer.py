@@ -14,11 +14,16 @@ that goes into a ``bag``):
    by ``max_norm / (norm + 1e-7)``, as ``torch.nn.functional.embedding`` does
    (PyTorch renormalises before it reads, so the order is the same); only the
    returned rows change, never the table;
-4. ``padding_idx``: rows whose (resulting) id is ``padding_idx`` become zero,
-   as ``torch.nn.Embedding`` returns its zero-initialised padding row;
-5. ``mask``: positions where the mask is false/0 become zero rows;
-6. ``weights``: each row is multiplied by its weight;
-7. ``scale``: every row is multiplied by ``scale`` (or ``sqrt(dim)``).
+4. ``mask``: positions where the mask is false/0 become zero rows;
+5. ``weights``: each row is multiplied by its weight;
+6. ``scale``: every row is multiplied by ``scale`` (or ``sqrt(dim)``).
+
+``padding_idx`` follows PyTorch: a plain lookup returns the stored row at
+``padding_idx`` (``torch.nn.Embedding`` with pretrained weights does the same;
+it is zero in PyTorch only because a fresh module initialises that row to
+zero, and a real model's pad row is not zero).  Bags leave padding entries out
+of sums, means (the count) and max, as ``torch.nn.EmbeddingBag`` does.  To zero
+padding positions, pass ``mask=ids != padding_idx``.
 
 Results are C-contiguous arrays of the table's dtype.
 """
@@ -85,8 +90,9 @@ class Embedding:
     ``table`` is any :class:`embstore.Table` or a 2-D float array (wrapped in a
     :class:`MemoryTable` without copying).
 
-    - ``padding_idx``: rows of this id come back as zeros and are left out of
-      bags (negative values count from the end, as in PyTorch).
+    - ``padding_idx``: entries of this id are left out of bags (negative values
+      count from the end, as in PyTorch); a plain lookup returns the stored row,
+      as ``torch.nn.Embedding`` does (use ``mask`` to zero positions).
     - ``oov``: what out-of-range ids do: ``"error"`` raises
       :class:`InvalidIdError`, ``"unk"`` maps them to ``unk_id``, ``"clip"``
       clamps them into ``0..vocab_size-1``, ``"zero"`` gives zero rows.  Ids that
@@ -208,7 +214,7 @@ class Embedding:
         return idx, zero
 
     def _rows(self, idx: np.ndarray, zero: np.ndarray | None) -> np.ndarray:
-        """Steps 2-4: lookup, ``max_norm``, ``padding_idx`` for mapped ids."""
+        """Steps 2-3: lookup and ``max_norm`` for mapped ids (a new, writable array)."""
         if zero is not None and self.vocab_size == 0:
             rows = np.zeros(idx.shape + (self.dim,), dtype=self.dtype)
         else:
@@ -219,10 +225,6 @@ class Embedding:
                 rows[zero] = 0
         if self.max_norm is not None and rows.size:
             self._renorm(rows.reshape(-1, self.dim))
-        if self.padding_idx is not None:
-            pad = idx == self.padding_idx
-            if pad.any():
-                rows[pad] = 0
         return rows
 
     def _renorm(self, flat: np.ndarray) -> None:
@@ -269,7 +271,7 @@ class Embedding:
     def __call__(self, ids, mask=None, weights=None, unk=None) -> np.ndarray:
         """Rows for ``ids`` of any shape: ``ids.shape + (dim,)``, the table's dtype."""
         if (self.oov == "error" and unk is None and mask is None and weights is None
-                and self.padding_idx is None and self.max_norm is None and self.scale is None):
+                and self.max_norm is None and self.scale is None):
             return self._table.lookup(ids)  # the plain lookup: nothing to do on top
         idx, zero = self._map_ids(ids, unk)
         if mask is not None:

@@ -150,7 +150,7 @@ def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_
 
 
 def _weighted_rows(emb: Embedding, idx, zero, w, acc) -> tuple[np.ndarray, np.ndarray | None]:
-    """Rows (lookup, max_norm, padding zeroed) times weight and scale; weights as ``acc``."""
+    """Rows (lookup, max_norm) times weight and scale; weights as ``acc``."""
     rows = emb._rows(idx, zero).astype(acc, copy=False)
     factor = emb.scale_factor
     wk = None
@@ -179,11 +179,11 @@ def _fixed_bags(emb: Embedding, idx, zero, w, mode, acc) -> np.ndarray:
         return np.zeros((nbags, emb.dim), dtype=acc)
     keep = None if emb.padding_idx is None else idx != emb.padding_idx
     if w is not None and keep is not None:
-        w = np.where(keep, w, 0)  # padding rows are zero already; their weight must not count
+        w = np.where(keep, w, 0)  # a padding entry's weight must not count in a mean
     rows, wk = _weighted_rows(emb, idx, zero, w, acc)
+    if keep is not None:  # the stored padding row need not be zero: leave it out
+        rows[~keep] = -np.inf if mode == "max" else 0
     if mode == "max":
-        if keep is not None:
-            rows[~keep] = -np.inf
         out = rows.max(axis=1)
         if keep is not None:
             out[~keep.any(axis=1)] = 0  # bags made only of padding

@@ -215,3 +215,27 @@ def test_long_bags_match_torch(rng):
         want = torch_bag(E, ids, offsets, mode=mode, padding_idx=0)
         got = Embedding(E, padding_idx=0).bag(ids, offsets, mode=mode)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_torch_nonzero_pad_row_on_backends(make_table, rng, mode):
+    """A pretrained table whose pad row is not zero: bags leave it out, in memory and on disk."""
+    E = rng.standard_normal((V, D)).astype(np.float32) + 3  # every row, the pad row too, > 0
+    emb = Embedding(make_table(E), padding_idx=4)
+    ids2d = rng.integers(0, V, size=(6, 5))
+    ids2d[0] = 4  # a bag made only of padding
+    ids2d[1, :3] = 4
+    np.testing.assert_allclose(emb.bag(ids2d, mode=mode),
+                               torch_bag(E, ids2d, mode=mode, padding_idx=4), rtol=1e-5)
+    ids1d = ids2d.reshape(-1)
+    offsets = np.array([0, 5, 5, 12, 20])
+    np.testing.assert_allclose(emb.bag(ids1d, offsets, mode=mode),
+                               torch_bag(E, ids1d, offsets, mode=mode, padding_idx=4), rtol=1e-5)
+    if mode == "sum":
+        w = rng.uniform(0.5, 2, size=ids1d.shape).astype(np.float32)
+        np.testing.assert_allclose(emb.bag(ids1d, offsets, weights=w, mode="sum"),
+                                   torch_bag(E, ids1d, offsets, w, mode="sum", padding_idx=4),
+                                   rtol=1e-5)
+        np.testing.assert_allclose(emb.bag(ids2d, weights=w.reshape(ids2d.shape), mode="sum"),
+                                   torch_bag(E, ids2d, None, w.reshape(ids2d.shape), mode="sum",
+                                             padding_idx=4), rtol=1e-5)

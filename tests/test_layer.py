@@ -42,8 +42,7 @@ def test_all_options_on_backends(make_table, E, ids, rng):
     rows = E[ids].astype(np.float64)
     norms = np.linalg.norm(rows, axis=-1, keepdims=True)
     rows = np.where(norms > 1.5, rows * (1.5 / (norms + 1e-7)), rows)
-    rows[ids == 2] = 0
-    rows[~mask] = 0
+    rows[~mask] = 0  # padding_idx does not zero rows (as torch): the mask does
     want = rows * weights[..., None] * math.sqrt(D)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert got.dtype == np.float32
@@ -151,7 +150,8 @@ def test_padding_negative_index(E):
     emb = Embedding(E, padding_idx=-1)
     assert emb.padding_idx == V - 1
     got = emb([0, V - 1])
-    np.testing.assert_array_equal(got, np.stack([E[0], np.zeros(D, np.float32)]))
+    np.testing.assert_array_equal(got, E[[0, V - 1]])  # the stored pad row, as torch
+    assert E[V - 1].any()
 
 
 def test_mask_int_and_bool(E, ids):
@@ -215,20 +215,26 @@ def test_contextual(E, rng):
 
 
 # -- PyTorch equivalence ----------------------------------------------------------------------
-def test_torch_embedding_plain_and_padding(E, rng):
+def test_torch_embedding_plain_and_padding(make_table, E, rng):
+    """padding_idx as torch with pretrained weights: the stored (non-zero) pad row comes back."""
     torch = pytest.importorskip("torch")
     ids = rng.integers(0, V, size=(4, 6))
     ids[0, :3] = 3
+    ids[1, -2:] = V - 2
+    assert E[3].any() and E[V - 2].any()
+    t = make_table(E)
     for p in (3, -2):
-        m = torch.nn.Embedding(V, D, padding_idx=p)
-        with torch.no_grad():
-            m.weight.copy_(torch.from_numpy(E))
-            m.weight[p] = 0  # what nn.Embedding(padding_idx=p) initialises
+        m = torch.nn.Embedding.from_pretrained(torch.from_numpy(E.copy()), padding_idx=p)
         want = m(torch.from_numpy(ids)).detach().numpy()
-        got = Embedding(E, padding_idx=p)(ids)
+        F = torch.nn.functional
+        np.testing.assert_array_equal(
+            want, F.embedding(torch.from_numpy(ids), torch.from_numpy(E), padding_idx=p))
+        got = Embedding(t, padding_idx=p)(ids)
         np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(Embedding(t, padding_idx=p)(ids, mask=ids != p % V),
+                                      np.where((ids != p % V)[..., None], want, 0))
     want = torch.nn.Embedding.from_pretrained(torch.from_numpy(E))(torch.from_numpy(ids))
-    np.testing.assert_array_equal(Embedding(E)(ids), want.numpy())
+    np.testing.assert_array_equal(Embedding(t)(ids), want.numpy())
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, math.inf])
@@ -249,10 +255,8 @@ def test_torch_module_max_norm_with_padding_and_scale(E, rng):
     torch = pytest.importorskip("torch")
     ids = rng.integers(0, V, size=(3, 8))
     ids[:, 0] = 0
-    m = torch.nn.Embedding(V, D, padding_idx=0, max_norm=2.0)
-    with torch.no_grad():
-        m.weight.copy_(torch.from_numpy(E))
-        m.weight[0] = 0
+    m = torch.nn.Embedding.from_pretrained(torch.from_numpy(E.copy()), padding_idx=0,
+                                           max_norm=2.0)
     want = m(torch.from_numpy(ids)).detach().numpy() * 3.0
     got = Embedding(E, padding_idx=0, max_norm=2.0, scale=3.0)(ids)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
