@@ -227,6 +227,42 @@ class Table(abc.ABC):
         """The whole table as one in-memory array."""
         return self._read_rows(0, self.vocab_size)
 
+    # -- NumPy and Python protocols ---------------------------------------------------------
+    _ARRAY_BLOCK_BYTES = 64 << 20  # __array__ with a dtype change converts 64 MiB at a time
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """``np.asarray(t)``: the whole table, read in large blocks (never row by row).
+
+        NumPy 2 signature: ``copy=False`` raises ``ValueError`` because a table's
+        rows must be copied out of it.
+        """
+        if copy is False:
+            raise ValueError(f"{type(self).__name__} cannot give an array without a copy; "
+                             f"use np.asarray(table) or table.to_numpy()")
+        want = self.dtype if dtype is None else np.dtype(dtype)
+        if want == self.dtype:
+            return self.to_numpy()
+        out = np.empty(self.shape, dtype=want)
+        block = max(1, self._ARRAY_BLOCK_BYTES // max(1, self.dim * self.dtype.itemsize))
+        for start, rows in self.iter_blocks(block):
+            out[start:start + len(rows)] = rows
+        return out
+
+    _ITER_BLOCK_ROWS = 4096
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """Rows one at a time, read in blocks (use :meth:`iter_blocks` for whole blocks)."""
+        for _, rows in self.iter_blocks(self._ITER_BLOCK_ROWS):
+            yield from rows
+
+    def __contains__(self, key) -> bool:
+        """``"king" in t``: whether ``key`` is one of the table's keys (False without keys)."""
+        if not isinstance(key, str):
+            raise TypeError(f"'in' tests keys (str) of a table, got {type(key).__name__} "
+                            f"{key!r}; ids are 0 <= id < len(table)")
+        vocab = self._vocab()
+        return vocab is not None and bool(vocab.find(np.array([key], dtype=object))[0] >= 0)
+
     # -- keys -------------------------------------------------------------------------
     @property
     def keys(self) -> KeySequence | None:
