@@ -300,7 +300,9 @@ def similar_cmd(table, query, k, by_id, as_json, quiet):
             pairs = [(i, s) for i, s in zip(row_ids, row_scores) if i >= 0]
             names = t.keys[[i for i, _ in pairs]] if keyed and pairs else [None] * len(pairs)
             result.append({"query": q, "neighbours": [
-                {"id": i, "key": names[j], "score": s} for j, (i, s) in enumerate(pairs)]})
+                {"id": i, "key": names[j],
+                 "score": None if s != s else s}  # NaN (zero-norm row): null in JSON
+                for j, (i, s) in enumerate(pairs)]})
     if as_json:
         _print_json(result if len(result) > 1 else result[0])
         return
@@ -308,7 +310,8 @@ def similar_cmd(table, query, k, by_id, as_json, quiet):
         click.echo(f"{entry['query']}:")
         for n in entry["neighbours"]:
             label = n["key"] if n["key"] is not None else n["id"]
-            click.echo(f"  {n['score']:.6f}  {label}")
+            score = "undefined (zero norm)" if n["score"] is None else f"{n['score']:.6f}"
+            click.echo(f"  {score}  {label}")
 
 
 @click.command("lookup", short_help="Batch job: vectors of every id in a file.")

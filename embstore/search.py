@@ -3,7 +3,8 @@
 Both read the table with ``Table.iter_blocks(block_rows)``, so at most one
 block of rows is in memory at a time (plus the scores of that block), and keep
 a running top-k merged block by block.  Ranking is by descending score, ties
-broken by lower id; NaN scores rank below everything.
+broken by lower id; NaN scores rank below every number (but above ``-inf``, the
+score of places left empty by ``exclude``).
 """
 
 from __future__ import annotations
@@ -51,20 +52,26 @@ def _check_k(k, name: str) -> int:
     return int(k)
 
 
+def _rank_key(values: np.ndarray) -> np.ndarray:
+    """``values`` with NaN replaced by the lowest finite number (below all, above -inf)."""
+    nan = np.isnan(values)
+    if not nan.any():
+        return values
+    return np.where(nan, -np.finfo(values.dtype).max, values)
+
+
 def top_k_columns(values: np.ndarray, k: int) -> np.ndarray:
     """Column indices ``(n, k)``, ascending, of the ``k`` largest values of each row.
 
-    Among equal values the leftmost columns win; NaN ranks lowest.  Vectorised:
+    Among equal values the leftmost columns win; NaN ranks below every number
+    except ``-inf``.  Vectorised:
     one ``np.partition`` finds each row's k-th largest value, the rows where that
     value is tied across the boundary take their leftmost ties.
     """
     n, m = values.shape
     if k >= m:
         return np.broadcast_to(np.arange(m), (n, m))
-    key = values
-    nan = np.isnan(values)
-    if nan.any():
-        key = np.where(nan, -np.inf, values)
+    key = _rank_key(values)
     kth = np.partition(key, m - k, axis=1)[:, m - k][:, None]
     sel = key > kth
     eq = key == kth
@@ -101,7 +108,7 @@ class _RunningTopK:
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """``(values, ids)`` sorted by descending value, ties by ascending id."""
-        order = np.argsort(-self.values, axis=1, kind="stable")  # -NaN is NaN: last
+        order = np.argsort(-_rank_key(self.values), axis=1, kind="stable")
         return (np.take_along_axis(self.values, order, axis=1),
                 np.take_along_axis(self.ids, order, axis=1))
 
@@ -206,7 +213,9 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
     1-D list/array of ids or keys.  A single query gives ``(k,)`` arrays, a batch
     ``(n, k)``.  A query given as an id or key is left out of its own results (as
     gensim does); ``exclude`` (ids and/or keys) is left out of every result.
-    ``cosine = q . row / (|q| |row|)``; rows or queries of norm zero score 0.
+    ``cosine = q . row / (|q| |row|)``.  Cosine is undefined for a row or query
+    of norm zero: it scores NaN and ranks below every row with a real score
+    (so a zero row never outranks a real neighbour, even one of cosine -1).
     When fewer than ``k`` rows remain, the result has as many columns as the
     query with the most candidates; the missing places of other queries hold id
     -1 and score -inf.
@@ -219,6 +228,7 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
     q = np.ascontiguousarray(q, dtype=dtype)
     qnorm = np.sqrt(np.einsum("ij,ij->i", q, q))
     q = q / np.where(qnorm == 0, 1, qnorm)[:, None]
+    zero_q = np.flatnonzero(qnorm == 0)
     n = q.shape[0]
     vocab = table.vocab_size
     left = np.full(n, vocab - excl.size, dtype=np.int64)
@@ -234,6 +244,8 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
             norms = np.sqrt(np.einsum("ij,ij->i", b, b))
             scores = q @ b.T
             scores /= np.where(norms == 0, 1, norms)
+            scores[:, norms == 0] = np.nan  # undefined cosine: ranks below real scores
+            scores[zero_q] = np.nan
             gone = excl[(excl >= start) & (excl < stop)]
             if gone.size:
                 scores[:, gone - start] = -np.inf

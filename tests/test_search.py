@@ -183,10 +183,23 @@ def test_most_similar_batch(E, rng):
 
 def test_most_similar_zero_norm_rows_and_queries(E):
     ids, scores = Embedding(E).most_similar(np.zeros(D), k=3)
-    np.testing.assert_array_equal(ids, [0, 1, 2])  # every score 0: lower ids first
-    np.testing.assert_array_equal(scores, [0, 0, 0])
+    np.testing.assert_array_equal(ids, [0, 1, 2])  # every score undefined: lower ids first
+    assert np.isnan(scores).all()
     ids, scores = Embedding(E).most_similar(7, k=V)  # the zero row itself as the query
-    assert (scores[ids >= 0] == 0).all() and 7 not in ids
+    assert ids.shape == (V - 1,) and 7 not in ids and np.isnan(scores).all()
+
+
+def test_zero_norm_rows_never_outrank_real_neighbours(rng):
+    """A zero row scores NaN and ranks last, below rows of negative cosine (it scored 0)."""
+    E = np.array([[1, 0], [0, 0], [-1, 0.1], [-1, -0.1], [0, 0], [-0.5, 0.5]], np.float32)
+    q = np.array([1.0, 0.0])
+    for block_rows in (1, 2, 6):
+        ids, scores = Embedding(E).most_similar(q, k=6, block_rows=block_rows)
+        np.testing.assert_array_equal(ids, [0, 5, 2, 3, 1, 4])
+        assert (scores[:4] < 1.01).all() and scores[2] < 0 and np.isnan(scores[4:]).all()
+        ids, scores = Embedding(E).most_similar(0, k=5, exclude=[3], block_rows=block_rows)
+        np.testing.assert_array_equal(ids, [5, 2, 1, 4])  # zero rows before excluded places
+        assert np.isnan(scores[2:]).all()
 
 
 def test_most_similar_k_beyond_candidates(E):
@@ -230,7 +243,7 @@ def test_most_similar_errors(E):
 def test_most_similar_matches_gensim(E, rng):
     gensim_models = pytest.importorskip("gensim.models")
     E = E.copy()
-    E[7] = rng.standard_normal(D)  # gensim scores a zero row NaN (0/0); we score it 0
+    E[7] = rng.standard_normal(D)  # gensim scores a zero row NaN (0/0); we too, but rank it last
     kv = gensim_models.KeyedVectors(vector_size=D)
     kv.add_vectors(KEYS, E)
     emb = Embedding(embstore.MemoryTable(E, keys=KEYS))
