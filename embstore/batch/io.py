@@ -223,11 +223,11 @@ def read_block(job: Job, source, i: int, table) -> np.ndarray:
     a, b = job.block(i)
     if job.keys:
         return source.read(job.offsets[i], b - a, job.inner[0], a, table, job.oov, job.unk_id)
-    ids = source.read(a, b)
-    if job.oov != "error":  # out-of-range ids become zero rows or the unk row
+    ids = source.read(a, b)  # may be a read-only view of the memory-mapped input
+    if job.oov != "error":  # out-of-range ids become zero rows or the unk row: a new array
         bad = (ids < 0) | (ids >= job.vocab_size)
         if bad.any():
-            ids[bad] = -1 if job.oov == "zero" else job.unk_id
+            ids = np.where(bad, np.int64(-1 if job.oov == "zero" else job.unk_id), ids)
     return ids
 
 

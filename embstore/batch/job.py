@@ -201,7 +201,7 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
                 np.save(f, line_lengths, allow_pickle=False)
     except BaseException as exc:
         sink.close()
-        if kind == "npy" or isinstance(exc, EmbstoreError):  # a Zarr job stays resumable
+        if not (kind == "zarr" and _resumable_failure(exc)):
             remove_path(tmp)
         if lengths_tmp is not None:
             remove_path(lengths_tmp)
@@ -215,6 +215,18 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
             "ids": int(np.prod(job.shape, dtype=np.int64)), "blocks": job.n_blocks,
             "resumed_blocks": len(done), "seconds": time.perf_counter() - t0,
             "scheduler": scheduler, "lengths": lengths}
+
+
+def _resumable_failure(exc: BaseException) -> bool:
+    """Whether a Zarr job that stopped on ``exc`` keeps its partial output for ``resume``.
+
+    An interruption (Ctrl-C, exit) or an I/O failure (disk full, lost connection) may
+    succeed when run again, so the finished blocks are kept; a data error or a bug
+    would fail again, so its partial output is removed.
+    """
+    if not isinstance(exc, Exception):
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, EmbstoreError)
 
 
 def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,
