@@ -154,7 +154,8 @@ class ZarrTable(Table):
                 if self._vocab_obj is None:
                     # no zarr import on the read path: DiskVocab opens the group when it writes
                     # rows: keys past the committed row count belong to an append in flight
-                    vocab = DiskVocab.open(None, self.path, rows=self.vocab_size)
+                    vocab = DiskVocab.open(None, self.path, rows=self.vocab_size,
+                                           writable=self.writable)
                     if vocab is None or len(vocab) != self.vocab_size:
                         raise CorruptStoreError(
                             f"{self.path}: expected {self.vocab_size} keys (has_keys), got "
