@@ -28,7 +28,9 @@ from .formats import READ_FORMATS, WRITE_FORMATS, detect
 from .layer import Embedding
 from .progress import display as progress
 from .store import open as open_table
+from .keys.foreign import build_key_index
 from .store import verify as verify_table
+from .store.verify import checksum_status
 
 __all__ = ["main", "cli"]
 
@@ -231,12 +233,17 @@ def info_cmd(path, as_json, quiet):
     """
     with open_table(path) as t:
         info = t.info()
+    sums = checksum_status(path)  # arrays written without crc32c cannot be verified
+    info["checksummed"] = all(sums.values())
     if as_json:
         _print_json(info)
         return
     for k in ("path", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys", "chunk_rows",
               "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
         click.echo(f"{k + ':':15}{info.get(k)}")
+    bare = [name for name, ok in sums.items() if not ok]
+    click.echo(f"{'checksummed:':15}" + ("yes" if not bare else
+                                         f"no ({', '.join(bare)} without crc32c: not verifiable)"))
     src = info.get("attributes", {}).get("source")
     if src:
         click.echo(f"{'source:':15}{json.dumps(src)}")
@@ -246,7 +253,8 @@ def info_cmd(path, as_json, quiet):
 @click.argument("path", type=_TABLE)
 @_options
 def verify_cmd(path, as_json, quiet):
-    """Check every stored chunk of the table at PATH (checksums); exit 1 on damage.
+    """Check every stored chunk of the table at PATH (checksums); exit 1 on damage, or when
+    chunks of vectors carry no checksum (written without crc32c: they cannot be verified).
 
     \b
     Example:
@@ -256,14 +264,44 @@ def verify_cmd(path, as_json, quiet):
     if as_json:
         _print_json({"path": report.path, "ok": report.ok, "vocab_size": report.vocab_size,
                      "shards": report.shards, "chunks": report.chunks, "arrays": report.arrays,
+                     "checksummed": report.checksummed, "unchecked": report.unchecked,
+                     "unchecked_arrays": report.unchecked_arrays,
                      "damaged": [{"file": d.file, "chunk": d.chunk, "message": d.message}
                                  for d in report.damaged]})
+    elif not report.damaged and not report.checksummed:
+        raise click.ClickException(f"{report.path} cannot be verified: "
+                                   f"{report.unchecked_line()}")
     elif not report.ok:
         click.echo(str(report), err=True)
     elif not quiet:
         click.echo(str(report))
     if not report.ok:
         sys.exit(1)
+
+
+@click.command("reindex", short_help="Build a table's key index from its keys array.")
+@click.argument("path", type=_TABLE)
+@_options
+def reindex_cmd(path, as_json, quiet):
+    """Build (or rebuild) the key index of the table at PATH from its `keys` array.
+
+    For a table whose keys were written by another Zarr tool, or whose key index
+    `verify` reports damaged.
+
+    \b
+    Example:
+      embstore reindex vectors.zarr
+    """
+    with open_table(path, mode="r+") as t:
+        if not t.info()["has_keys"]:
+            raise click.ClickException(f"{path} has no keys array: nothing to index")
+        build_key_index(t.path, t.vocab_size)
+    with open_table(path) as t:
+        n = len(t.keys)
+    if as_json:
+        _print_json({"path": path, "keys": n})
+    elif not quiet:
+        click.echo(f"indexed {n} keys of {path}")
 
 
 @click.command("similar", short_help="Nearest rows by cosine similarity.")
@@ -405,5 +443,6 @@ def demo_cmd(directory: str | None, no_dask: bool, as_json: bool, quiet: bool) -
         _print_json(summary)
 
 
-for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, similar_cmd, lookup, demo_cmd):
+for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, similar_cmd, lookup,
+                 demo_cmd):
     cli.add_command(_command)

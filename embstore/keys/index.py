@@ -31,8 +31,6 @@ append overwrites its leftovers.
 
 from __future__ import annotations
 
-import logging
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import CorruptStoreError
+from .foreign import MemoryKeyIndex, build_key_index, has_key_index
 from .mapped import Head, MappedArray, concat_reader, read_array_meta, write_mapped
 from .hashing import (HASH_NAME, KEY_PAD, EncodedKeys, decode_keys, encode_keys,
                       hash_encoded, merge_runs, probe, segment_index, word_view,
@@ -51,119 +50,9 @@ if TYPE_CHECKING:
     import zarr
 
 __all__ = ["KeyIndexWriter", "DiskVocab", "MemoryKeyIndex", "INDEX_ARRAYS", "has_key_index",
-           "build_key_index", "read_key_array"]
+           "build_key_index"]
 
 _RETRIES = 10  # attempts to map a consistent snapshot (20 ms apart)
-_log = logging.getLogger("embstore")
-
-
-def has_key_index(path) -> bool:
-    """Whether the group at ``path`` holds a key index (``key_hash`` is written last)."""
-    return (Path(path) / "key_hash" / "zarr.json").is_file()
-
-
-def read_key_array(path, n: int) -> np.ndarray:
-    """The first ``n`` keys of the plain Zarr string array ``keys`` (an object array of str),
-    read through zarr-python in blocks; damage raises :class:`CorruptStoreError`."""
-    import zarr
-
-    where = Path(path) / "keys"
-    try:
-        arr = zarr.open_array(str(where), mode="r")
-        if arr.ndim != 1 or arr.shape[0] < n:
-            raise ValueError(f"expected a 1-D array of at least {n} keys, got shape {arr.shape}")
-        out = np.empty(n, dtype=object)
-        for a in range(0, n, KEYS_CHUNK * 4):
-            b = min(n, a + KEYS_CHUNK * 4)
-            block = np.asarray(arr[a:b])
-            if block.dtype.kind not in "UTO":
-                raise ValueError(f"expected strings, got an array of {block.dtype}")
-            out[a:b] = block.astype(object)
-    except CorruptStoreError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - zarr raises many types on foreign or bad bytes
-        raise CorruptStoreError(f"{where}: cannot read the keys ({type(exc).__name__}: {exc})",
-                                path=str(where)) from None
-    if n and not all(type(k) is str for k in out):  # noqa: E721 - exact str only
-        raise CorruptStoreError(f"{where}: the keys must be strings", path=str(where))
-    return out
-
-
-def _index_arrays(keys: np.ndarray, *, strict: bool):
-    """``(encoded keys, offsets, sorted hashes, their rows)`` of all ``keys``, vectorised."""
-    enc = encode_keys(keys.tolist(), strict=strict)
-    hashes = hash_encoded(enc)
-    order = np.argsort(hashes, kind="stable")  # equal hashes: ascending rows
-    offsets = np.empty(len(enc) + 1, dtype=np.int64)
-    offsets[:-1] = enc.starts
-    offsets[-1] = enc.nbytes
-    return enc, offsets, hashes[order], order.astype(np.int64)
-
-
-class MemoryKeyIndex(Vocab):
-    """The key index of a group that has a plain ``keys`` array but no stored index (written
-    by another Zarr tool), built in memory with the same hash and probe as the stored one.
-
-    About 17 bytes per key plus the keys themselves; duplicate keys: the first row wins.
-    """
-
-    def __init__(self, keys: np.ndarray):
-        self._keys = keys
-        enc, self._offsets, self._hash, self._order = _index_arrays(keys, strict=False)
-        self._buf, self._nbytes = enc.buf, enc.nbytes
-        self._words = word_view(enc.buf).__getitem__
-
-    @classmethod
-    def from_store(cls, path, n: int) -> MemoryKeyIndex:
-        t0 = time.perf_counter()
-        index = cls(read_key_array(path, n))
-        _log.warning("%s: keys without a key index: indexed %d keys in memory (%.1f s); open "
-                     "the table once with mode='r+' to store the index", path, n,
-                     time.perf_counter() - t0)
-        return index
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def find(self, keys: np.ndarray) -> np.ndarray:
-        key_list = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
-        n = len(self._keys)
-        if not key_list or not n:
-            return np.full(len(key_list), -1, dtype=np.int64)
-        enc = encode_keys(key_list, strict=False)
-        return probe(enc, hash_encoded(enc), size=n, search=self._hash.searchsorted,
-                     hash_at=self._hash.take, row_at=self._order.take,
-                     offset_at=self._offsets.take, word_at=self._words, row_limit=n,
-                     visible=n, nbytes=self._nbytes)
-
-    def key_at(self, ids: np.ndarray) -> list[str]:
-        return self._keys[np.asarray(ids, dtype=np.int64).reshape(-1)].tolist()
-
-    def keys_between(self, start: int, stop: int) -> list[str]:
-        return self._keys[start:max(start, stop)].tolist()
-
-    def close(self) -> None:
-        pass
-
-
-def build_key_index(path, n: int, group: zarr.Group | None = None) -> None:
-    """Write the key index of the first ``n`` entries of the group's plain ``keys`` array
-    (replacing any index there).  ``key_hash`` is written last: until it is in place,
-    readers index the keys in memory."""
-    import zarr
-
-    path = Path(path)
-    keys = read_key_array(path, n)
-    enc, offsets, hashes, order = _index_arrays(keys, strict=True)
-    g = group if group is not None else zarr.open_group(str(path), mode="r+")
-    if has_key_index(path):  # rebuilding: readers fall back to memory, never a mixed index
-        shutil.rmtree(path / "key_hash")  # (open memory maps keep the old files alive)
-    buf = enc.buf[: enc.nbytes + KEY_PAD]  # encode_keys ends the buffer with KEY_PAD zeros
-    write_mapped(g, "key_utf8", len(buf), np.uint8, lambda a, b: buf[a:b], path=path)
-    write_mapped(g, "key_offsets", n + 1, np.int64, lambda a, b: offsets[a:b], path=path)
-    write_mapped(g, "key_order", n, np.int64, lambda a, b: order[a:b], path=path)
-    write_mapped(g, "key_hash", n, np.uint64, lambda a, b: hashes[a:b], attrs=index_attrs(),
-                 path=path)
 
 
 class DiskVocab(Vocab):
@@ -341,51 +230,82 @@ class DiskVocab(Vocab):
         self._n = n + m
         self._map()
 
-    def verify(self) -> None:
+    def verify(self, block: int = KEYS_CHUNK) -> None:
         """Check every stored byte of the keys and their index (O(V)); CorruptStoreError if bad.
 
         Checksums (through zarr-python), offsets, sortedness, the permutation, every
-        hash recomputed from the key bytes and ``keys`` equal to ``key_utf8``.
+        hash recomputed from the key bytes and ``keys`` equal to ``key_utf8``.  Streamed
+        by blocks of ``block`` keys: memory is a few blocks plus one bit per key.
         """
         group = self._zarr_group("r")
         for name, arr in zip(INDEX_ARRAYS, (self._utf8, self._offsets, self._hash,
                                             self._order)):
             arr.verify(group, name)
         n = self._n
-        bad = None
         sizes = (len(self._offsets), len(self._hash), len(self._order), len(self._utf8))
         if sizes != (n + 1, n, n, self._nbytes + KEY_PAD):
             raise CorruptStoreError(
                 f"{self.path}: key index sizes (key_offsets, key_hash, key_order, key_utf8) "
                 f"are {sizes}, expected {(n + 1, n, n, self._nbytes + KEY_PAD)} for {n} keys "
                 "(an interrupted append? a later append repairs it)", path=self.path)
-        offsets = self._offsets.read(0, n + 1)
-        hashes, order = self._hash.read(0, n), self._order.read(0, n)
-        if offsets[0] != 0 or (np.diff(offsets) < 0).any():
-            bad = "key_offsets are not increasing from 0"
-        elif self._utf8.read(self._nbytes, self._nbytes + KEY_PAD).any():
+        bad = self._check_offsets(block)
+        if bad is None and self._utf8.read(self._nbytes, self._nbytes + KEY_PAD).any():
             bad = f"the {KEY_PAD} bytes after the last key in key_utf8 are not zero"
-        if bad is None and n and (hashes[1:] < hashes[:-1]).any():
-            bad = "key_hash is not sorted"
-        if bad is None and n and ((order < 0).any() or (order >= n).any()
-                                  or np.bincount(order, minlength=n).max() != 1):
-            bad = "key_order is not a permutation of the rows"
+        if bad is None:
+            bad = self._check_sorted_permutation(block)
         if bad is not None:
             raise CorruptStoreError(f"{self.path}: {bad}", path=self.path)
-        by_row = np.empty(n, dtype=np.uint64)
-        by_row[order] = hashes
+        self._check_hashes(block)
+        self._check_keys_array(group, block)
+
+    def _check_offsets(self, block: int) -> str | None:
+        prev = 0
+        for a in range(0, self._n + 1, block):
+            offsets = self._offsets.read(a, min(self._n + 1, a + block))
+            if (a == 0 and offsets[0] != 0) or offsets[0] < prev or \
+                    (np.diff(offsets) < 0).any():
+                return "key_offsets are not increasing from 0"
+            prev = int(offsets[-1])
+        return None
+
+    def _check_sorted_permutation(self, block: int) -> str | None:
+        n = self._n
+        seen = np.zeros((n + 7) // 8, dtype=np.uint8)  # one bit per row
+        prev = None
+        for a in range(0, n, block):
+            b = min(n, a + block)
+            hashes, order = self._hash.read(a, b), self._order.read(a, b)
+            if (hashes[1:] < hashes[:-1]).any() or (prev is not None and hashes[0] < prev):
+                return f"key_hash is not sorted (in elements {a}..{b - 1})"
+            prev = hashes[-1]
+            if (order < 0).any() or (order >= n).any() or len(np.unique(order)) != len(order):
+                return "key_order is not a permutation of the rows"
+            byte, bit = order >> 3, (np.uint8(1) << (order & 7).astype(np.uint8))
+            if (seen[byte] & bit).any():
+                return "key_order is not a permutation of the rows"
+            np.bitwise_or.at(seen, byte, bit)
+        return None
+
+    def _check_hashes(self, block: int) -> None:
+        """Each stored hash equals the hash of its row's key bytes (rows gathered by block)."""
+        for a in range(0, self._n, block):
+            b = min(self._n, a + block)
+            rows = self._order.read(a, b)
+            starts = self._offsets.take(rows)
+            lengths = self._offsets.take(rows + 1) - starts
+            flat = self._utf8.take(segment_index(starts, lengths)[0])
+            enc = EncodedKeys(np.concatenate([flat, np.zeros(KEY_PAD, np.uint8)]),
+                              np.cumsum(lengths) - lengths, lengths)
+            if not np.array_equal(hash_encoded(enc), self._hash.read(a, b)):
+                raise CorruptStoreError(f"{self.path}: key_hash disagrees with the keys (in "
+                                        f"elements {a}..{b - 1})", path=self.path)
+
+    def _check_keys_array(self, group, block: int) -> None:
         keys_arr = group["keys"]
-        for a in range(0, n, KEYS_CHUNK):
-            b = min(n, a + KEYS_CHUNK)
-            flat = self._utf8.read(int(offsets[a]), int(offsets[b]))
-            lengths = np.diff(offsets[a:b + 1])
-            enc = EncodedKeys(np.concatenate([flat, np.zeros(8, np.uint8)]),
-                              offsets[a:b] - offsets[a], lengths)
-            if not np.array_equal(hash_encoded(enc), by_row[a:b]):
-                raise CorruptStoreError(f"{self.path}: key_hash disagrees with the keys of "
-                                        f"rows {a}..{b - 1}", path=self.path)
+        for a in range(0, self._n, block):
+            b = min(self._n, a + block)
             try:
-                stored = keys_arr[a:b]
+                stored = np.asarray(keys_arr[a:b]).astype(object)
             except ValueError as exc:
                 raise CorruptStoreError(f"{self.path}/keys: {exc}", path=self.path) from None
             if stored.tolist() != self.keys_between(a, b):

@@ -2,11 +2,18 @@
 
 Checks the metadata, every shard index and every chunk of ``vectors`` (crc32c, and a
 decode for compressed chunks), then reads every other array of the group (``keys`` and
-the key index) through zarr-python, whose crc32c codec detects damage.
+the key index) through zarr-python, whose crc32c codec detects damage, and runs the deep
+check of the key index (sorted hashes, permutation, hashes recomputed from the key bytes,
+``keys`` equal to the stored bytes), streamed by blocks.
+
+A table written by another Zarr tool may carry no checksums: its chunks are read (a
+decode error is still damage) but cannot be verified.  The report then lists them as
+unchecked and is not ``ok``: "no damage found" is only said of bytes that were checked.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorruptStoreError, FormatError, NotATableError
+from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
+from ..keys.mapped import read_array_meta
 from .codecs import Layout
 from .meta import read_json, read_table_meta
 from .quant import SCALE_ARRAY
 from .shardread import ShardReader
 
-__all__ = ["Damage", "VerifyReport", "verify"]
+__all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]
 
 _BLOCK_ELEMENTS = 1 << 20
 
@@ -38,10 +47,13 @@ class Damage:
 
 @dataclass
 class VerifyReport:
-    """The result of :func:`verify`: ``ok`` is true when nothing is damaged.
+    """The result of :func:`verify`: ``ok`` is true when every stored byte was checked and
+    nothing is damaged.
 
-    ``shards`` and ``chunks`` count the shard files and stored chunks of ``vectors`` that
-    were checked; ``arrays`` the other arrays read whole; ``damaged`` lists the problems.
+    ``shards`` and ``chunks`` count the shard files and stored chunks of ``vectors`` whose
+    checksums were checked; ``unchecked`` the chunks of ``vectors`` that carry no checksum
+    (read, but not verifiable); ``arrays`` the other arrays read whole, of which
+    ``unchecked_arrays`` carry no checksum; ``damaged`` lists the problems.
     """
 
     path: str
@@ -49,24 +61,99 @@ class VerifyReport:
     vocab_size: int | None = None
     shards: int = 0
     chunks: int = 0
+    unchecked: int = 0
     arrays: list[str] = field(default_factory=list)
+    unchecked_arrays: list[str] = field(default_factory=list)
     damaged: list[Damage] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return self.ok
 
+    @property
+    def checksummed(self) -> bool:
+        """Whether every chunk of every array carries a checksum (so could be checked)."""
+        return not self.unchecked and not self.unchecked_arrays
+
     def add(self, file: str, chunk: int | None, message: str) -> None:
         self.damaged.append(Damage(str(file), chunk, message))
         self.ok = False
 
-    def __str__(self) -> str:
-        what = (f"{self.shards} shard(s), {self.chunks} chunk(s) of vectors"
+    def _what(self) -> str:
+        return (f"{self.shards} shard(s), {self.chunks} chunk(s) of vectors"
                 + (f", arrays {', '.join(self.arrays)}" if self.arrays else ""))
-        if self.ok:
-            return f"OK {self.path}: {self.vocab_size} rows; checked {what}; no damage"
-        lines = [f"DAMAGED {self.path}: {len(self.damaged)} problem(s); checked {what}"]
-        lines += [f"  {d.message}" for d in self.damaged]
-        return "\n".join(lines)
+
+    def unchecked_line(self) -> str:
+        """One line naming what could not be checked ("" when everything was)."""
+        parts = []
+        if self.unchecked:
+            parts.append(f"{self.unchecked} chunk(s) of vectors")
+        if self.unchecked_arrays:
+            parts.append(f"array(s) {', '.join(self.unchecked_arrays)}")
+        if not parts:
+            return ""
+        return (f"{' and '.join(parts)} carry no checksum (written without the crc32c "
+                "codec): they were read but cannot be verified")
+
+    def __str__(self) -> str:
+        if self.damaged:
+            lines = [f"DAMAGED {self.path}: {len(self.damaged)} problem(s); checked "
+                     f"{self._what()}"]
+            lines += [f"  {d.message}" for d in self.damaged]
+            if not self.checksummed:
+                lines.append(f"  {self.unchecked_line()}")
+            return "\n".join(lines)
+        if not self.checksummed:
+            return (f"UNVERIFIED {self.path}: {self.vocab_size} rows; checked {self._what()}; "
+                    f"{self.unchecked_line()}")
+        return f"OK {self.path}: {self.vocab_size} rows; checked {self._what()}; no damage"
+
+
+def _codec_names(meta: dict) -> list[str]:
+    """Names of the codecs applied to each chunk's bytes (inside a sharding codec too)."""
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, (list, tuple)):
+        return []
+    names = []
+    for c in codecs:
+        if not isinstance(c, dict):
+            continue
+        if c.get("name") == "sharding_indexed":
+            inner = c.get("configuration", {})
+            names += _codec_names(inner if isinstance(inner, dict) else {})
+        elif isinstance(c.get("name"), str):
+            names.append(c["name"])
+    return names
+
+
+def checksummed(meta: dict) -> bool:
+    """Whether the chunks of the array described by ``meta`` (its zarr.json) carry a crc32c."""
+    return "crc32c" in _codec_names(meta)
+
+
+def checksum_status(path) -> dict[str, bool]:
+    """``{array name: checksummed}`` for every array of the table's group at ``path``."""
+    root = Path(os.fspath(path))
+    out = {}
+    for entry in sorted(os.listdir(root)):
+        if (root / entry / "zarr.json").is_file():
+            try:
+                meta = read_array_meta(root, entry)
+            except CorruptStoreError:
+                out[entry] = False
+                continue
+            if meta.get("node_type") == "array":
+                out[entry] = checksummed(meta)
+    return out
+
+
+def _n_chunks(meta: dict) -> int:
+    """Chunks (inner chunks, if sharded) in the grid of the array of ``meta``."""
+    shape = meta["shape"]
+    chunks = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    for c in meta["codecs"]:
+        if c.get("name") == "sharding_indexed":
+            chunks = c["configuration"]["chunk_shape"]
+    return math.prod(-(-s // c) for s, c in zip(shape, chunks))
 
 
 def verify(path) -> VerifyReport:
@@ -95,15 +182,21 @@ def verify(path) -> VerifyReport:
         if name == "vectors":
             report.vocab_size = layout.rows
             report.shards = layout.n_shards
-            report.chunks = reader.checked_chunks
+            if layout.has_crc:
+                report.chunks = reader.checked_chunks
+            else:  # read and decoded, but a flipped bit in raw bytes would go unnoticed
+                report.unchecked = reader.checked_chunks
         else:
             report.arrays.append(name)
+            if not layout.has_crc:
+                report.unchecked_arrays.append(name)
     import zarr
     # arrays listed from the directory: zarr-python cannot open a group holding bfloat16
     names = sorted(p.name for p in root.iterdir() if _array_meta(root, p.name) is not None)
+    deep = "keys" in names and has_key_index(root)
     for name in names:
-        if name in fast:
-            continue
+        if name in fast or (deep and name in INDEX_ARRAYS):
+            continue  # (the key index: read and checked by the deep check below)
         try:
             arr = zarr.open_array(str(root / name), mode="r")
         except Exception as exc:  # noqa: BLE001 - any zarr failure is damage to report
@@ -111,14 +204,25 @@ def verify(path) -> VerifyReport:
                        f"({type(exc).__name__}: {exc})")
             continue
         _read_all(arr, name, report)
+        sums = checksummed(_array_meta(root, name) or {})
         if name == "vectors":
             report.vocab_size = int(arr.shape[0])
+            if sums:
+                report.chunks = _n_chunks(meta)
+            else:
+                report.unchecked = _n_chunks(meta)
+        elif not sums:
+            report.unchecked_arrays.append(name)
     if attrs.get("has_keys") and "keys" not in names:
         report.add(f"{root}/keys", None, f"{root}/keys: missing (the table has_keys)")
     nkeys = (_array_meta(root, "keys") or {}).get("shape", [None])[0]
     if "keys" in names and report.vocab_size is not None and nkeys != report.vocab_size:
         report.add(f"{root}/keys", None, f"{root}/keys: {nkeys} keys, expected "
                    f"one per row ({report.vocab_size} rows)")
+    elif deep and report.vocab_size is not None:
+        _deep_check_keys(root, report)
+    if report.unchecked:
+        report.ok = False
     return report
 
 
@@ -129,6 +233,21 @@ def _array_meta(root: Path, name: str) -> dict | None:
     except (FormatError, CorruptStoreError):
         return None
     return meta if meta.get("node_type") == "array" else None
+
+
+def _deep_check_keys(root: Path, report: VerifyReport) -> None:
+    """The key index's own check (streamed): damage that checksums cannot see."""
+    vocab = None
+    try:
+        vocab = DiskVocab.open(None, root, rows=report.vocab_size)
+        if isinstance(vocab, DiskVocab):
+            vocab.verify()
+            report.arrays.extend(INDEX_ARRAYS)
+    except CorruptStoreError as exc:
+        report.add(str(root), None, f"key index: {exc}")
+    finally:
+        if vocab is not None:
+            vocab.close()
 
 
 def _read_all(arr, name: str, report: VerifyReport) -> None:
