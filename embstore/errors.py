@@ -18,6 +18,7 @@ __all__ = [
     "NotATableError",
     "ShapeMismatchError",
     "DestinationExistsError",
+    "MissingDependencyError",
 ]
 
 
@@ -97,6 +98,19 @@ class ShapeMismatchError(EmbstoreError, ValueError):
 
 class DestinationExistsError(EmbstoreError, FileExistsError):
     """A destination that exists, written without ``overwrite=True``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingDependencyError(EmbstoreError, ImportError):
+    """An optional package that a feature needs is not installed.  ``extra`` names the
+    embstore extra that installs it (``pip install 'embstore[extra]'``)."""
+
+    def __init__(self, message: str, *, module: str, extra: str):
+        super().__init__(message)
+        self.module = module
+        self.extra = extra
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

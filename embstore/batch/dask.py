@@ -17,6 +17,7 @@ import numpy as np
 
 from .io import Job, lookup_into, open_sink, open_source, open_table, read_block
 from ..errors import EmbstoreError
+from ..optional import require
 
 __all__ = ["run_dask", "run_block", "CONNECT_TIMEOUT"]
 
@@ -57,10 +58,10 @@ def run_dask(job: Job, todo: list[int], scheduler: str, *, n_workers: int = 2, b
              timeout: float | None = None) -> None:
     """Run blocks ``todo`` of ``job`` on ``scheduler`` (``"local"`` or an address)."""
     timeout = CONNECT_TIMEOUT if timeout is None else timeout
-    try:
-        from dask.distributed import Client, LocalCluster, as_completed
-    except ImportError:  # pragma: no cover - the extra is not installed
-        raise EmbstoreError("--scheduler needs Dask: pip install 'embstore[dask]'") from None
+    distributed = require("dask.distributed", extra="dask",
+                          feature="running a batch job on a Dask scheduler")
+    Client, LocalCluster = distributed.Client, distributed.LocalCluster
+    as_completed = distributed.as_completed
     cluster = None
     if scheduler == "local":
         # no dashboard (bokeh is not a dependency); its HTTP server on a free loopback port,

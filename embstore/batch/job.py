@@ -31,6 +31,7 @@ from .io import (DEFAULT_CACHE_BYTES, Job, open_table, KeyLines, NpyIds, NpySink
 from ..errors import DestinationExistsError, EmbstoreError, KeyNotFoundError
 from ..ids import as_ids
 from ..memory import MemoryTable
+from ..optional import require
 from ..progress import Progress, Tally
 from ..table import Table
 
@@ -100,6 +101,9 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
     kind = output_kind(output)
     if resume and kind != "zarr":
         raise ValueError("resume=True needs a Zarr output (.zarr): a .npy job restarts")
+    if scheduler is not None:  # before anything is written
+        require("dask.distributed", extra="dask", feature="running a batch job on a Dask "
+                "scheduler")
     _check_dest(output, overwrite)
     _check_dest(lengths, overwrite)
     if not os.path.exists(input):

@@ -16,14 +16,19 @@ from . import DEFAULT_BLOCK_ROWS
 from ._array import ArrayReader
 from .safetensors import choose_tensor
 from ..errors import FormatError
+from ..optional import require
 
 __all__ = ["read", "load_tensors"]
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
+def _torch():
+    return require("torch", extra="torch", feature="reading PyTorch files")
+
+
 def _flatten(obj, prefix: str, out: dict) -> None:
-    import torch
+    torch = _torch()
 
     if isinstance(obj, torch.Tensor):
         out[prefix or "tensor"] = obj
@@ -37,8 +42,7 @@ def _flatten(obj, prefix: str, out: dict) -> None:
 
 def load_tensors(path) -> dict:
     """``{dotted name: tensor}`` of every tensor in a PyTorch file (restricted loader)."""
-
-    import torch
+    torch = _torch()
 
     path = os.fspath(path)
     try:
@@ -63,7 +67,7 @@ def load_tensors(path) -> dict:
 def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
          unicode_errors: str = "strict", tensor: str | None = None, dtype=None) -> ArrayReader:
     """Stream the rows of one 2-D float tensor of a PyTorch file."""
-    import torch
+    torch = _torch()
 
     path = os.fspath(path)
     tensors = load_tensors(path)
