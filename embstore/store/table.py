@@ -16,7 +16,7 @@ import numpy as np
 from ..cache import CacheInfo, make_cache, parse_bytes
 from ..errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
 from ..ids import as_ids
-from ..keys.index import DiskVocab
+from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
 from .meta import read_table_meta
@@ -58,6 +58,8 @@ class ZarrTable(Table):
         self._vocab_obj: DiskVocab | None = None
         if self._has_keys:
             self._check_key_count()
+            if self.mode == "r+" and not has_key_index(self.path):
+                self._vocab()  # keys written by another tool: store their index now
 
     def _check_key_count(self) -> None:
         """Keys must cover every row (more keys: an append in flight, they are capped)."""
