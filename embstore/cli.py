@@ -234,16 +234,19 @@ def info_cmd(path, as_json, quiet):
     with open_table(path) as t:
         info = t.info()
     sums = checksum_status(path)  # arrays written without crc32c cannot be verified
-    info["checksummed"] = all(sums.values())
+    info["checksummed"] = sums.get("vectors", False)  # the rows: what verify vouches for
+    info["unchecksummed_arrays"] = [name for name, ok in sums.items() if not ok]
     if as_json:
         _print_json(info)
         return
     for k in ("path", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys", "chunk_rows",
               "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
         click.echo(f"{k + ':':15}{info.get(k)}")
-    bare = [name for name, ok in sums.items() if not ok]
-    click.echo(f"{'checksummed:':15}" + ("yes" if not bare else
-                                         f"no ({', '.join(bare)} without crc32c: not verifiable)"))
+    bare = info["unchecksummed_arrays"]
+    click.echo(f"{'checksummed:':15}" + ("yes" if info["checksummed"] else "no (vectors "
+                                         "written without crc32c: rows cannot be verified)")
+               + (f"; not checksummed: {', '.join(bare)}" if bare and bare != ["vectors"]
+                  else ""))
     src = info.get("attributes", {}).get("source")
     if src:
         click.echo(f"{'source:':15}{json.dumps(src)}")

@@ -104,17 +104,28 @@ def test_verify_does_not_vouch_for_unchecksummed_chunks(tmp_path, E, layout):
     if not vectors_crc:
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"Error: {path} cannot be verified: ")
-    info = json.loads(CliRunner().invoke(cli, ["info", str(path), "--json"]).output)
+    info = json.loads(CliRunner().invoke(cli, ["info", str(path), "--json"]).stdout)
     assert info["checksummed"] is vectors_crc
 
 
-def test_unchecksummed_keys_are_reported(tmp_path, E):
+def test_unchecksummed_keys_are_noted(tmp_path, E):
+    """Checked rows with a foreign keys array without crc32c: OK, and the keys are named."""
     path = write_foreign(tmp_path / "t", E, "crc-sharded", keys=KEYS)  # keys without crc32c
     report = embstore.verify(path)
-    assert not report.ok and report.unchecked == 0 and report.unchecked_arrays == ["keys"]
-    assert "array(s) keys carry no checksum" in str(report)
+    assert report.ok and report.checksummed and report.unchecked_arrays == ["keys"]
+    assert str(report).endswith("no damage; array(s) keys carry no checksum (written without "
+                                "the crc32c codec): read, but they cannot be verified")
+    res = CliRunner().invoke(cli, ["verify", str(path)])
+    assert res.exit_code == 0
     res = CliRunner().invoke(cli, ["info", str(path)])
-    assert "checksummed:  no (keys without crc32c" in res.output
+    assert "checksummed:  yes; not checksummed: keys" in res.output
+    info = json.loads(CliRunner().invoke(cli, ["info", str(path), "--json"]).stdout)
+    assert info["checksummed"] is True and info["unchecksummed_arrays"] == ["keys"]
+    path = write_foreign(tmp_path / "u", E, "plain", keys=KEYS)
+    info = json.loads(CliRunner().invoke(cli, ["info", str(path), "--json"]).stdout)
+    assert info["checksummed"] is False and info["unchecksummed_arrays"] == ["keys", "vectors"]
+    assert "checksummed:  no (vectors written without crc32c" in \
+        CliRunner().invoke(cli, ["info", str(path)]).output
 
 
 def test_embstore_tables_are_checksummed(tmp_path, E):
@@ -122,8 +133,8 @@ def test_embstore_tables_are_checksummed(tmp_path, E):
     report = embstore.verify(tmp_path / "t")
     assert report.ok and report.checksummed
     assert {"keys", "key_hash", "key_order", "key_offsets", "key_utf8"} <= set(report.arrays)
-    info = json.loads(CliRunner().invoke(cli, ["info", str(tmp_path / "t"), "--json"]).output)
-    assert info["checksummed"] is True
+    info = json.loads(CliRunner().invoke(cli, ["info", str(tmp_path / "t"), "--json"]).stdout)
+    assert info["checksummed"] is True and info["unchecksummed_arrays"] == []
 
 
 def test_read_write_open_stores_the_key_index(tmp_path, E):

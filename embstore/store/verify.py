@@ -7,8 +7,9 @@ check of the key index (sorted hashes, permutation, hashes recomputed from the k
 ``keys`` equal to the stored bytes), streamed by blocks.
 
 A table written by another Zarr tool may carry no checksums: its chunks are read (a
-decode error is still damage) but cannot be verified.  The report then lists them as
-unchecked and is not ``ok``: "no damage found" is only said of bytes that were checked.
+decode error is still damage) but cannot be verified.  Chunks of ``vectors`` without a
+checksum make the report not ``ok`` ("no damage" is only said of rows that were checked);
+other arrays without one (a foreign ``keys``) are read and listed as not checksummed.
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ class Damage:
 
 @dataclass
 class VerifyReport:
-    """The result of :func:`verify`: ``ok`` is true when every stored byte was checked and
-    nothing is damaged.
+    """The result of :func:`verify`: ``ok`` is true when every chunk of ``vectors`` was
+    checked against its checksum and nothing is damaged.
 
     ``shards`` and ``chunks`` count the shard files and stored chunks of ``vectors`` whose
     checksums were checked; ``unchecked`` the chunks of ``vectors`` that carry no checksum
-    (read, but not verifiable); ``arrays`` the other arrays read whole, of which
-    ``unchecked_arrays`` carry no checksum; ``damaged`` lists the problems.
+    (read, but not verifiable: the report is then not ``ok``); ``arrays`` the other arrays
+    read whole, of which ``unchecked_arrays`` carry no checksum (read, so undecodable
+    bytes are found, but a flipped bit in raw bytes is not); ``damaged`` lists the problems.
     """
 
     path: str
@@ -71,8 +73,8 @@ class VerifyReport:
 
     @property
     def checksummed(self) -> bool:
-        """Whether every chunk of every array carries a checksum (so could be checked)."""
-        return not self.unchecked and not self.unchecked_arrays
+        """Whether every chunk of ``vectors`` carries a checksum (so could be checked)."""
+        return not self.unchecked
 
     def add(self, file: str, chunk: int | None, message: str) -> None:
         self.damaged.append(Damage(str(file), chunk, message))
@@ -92,20 +94,20 @@ class VerifyReport:
         if not parts:
             return ""
         return (f"{' and '.join(parts)} carry no checksum (written without the crc32c "
-                "codec): they were read but cannot be verified")
+                "codec): read, but they cannot be verified")
 
     def __str__(self) -> str:
+        note = self.unchecked_line()
         if self.damaged:
             lines = [f"DAMAGED {self.path}: {len(self.damaged)} problem(s); checked "
                      f"{self._what()}"]
             lines += [f"  {d.message}" for d in self.damaged]
-            if not self.checksummed:
-                lines.append(f"  {self.unchecked_line()}")
-            return "\n".join(lines)
+            return "\n".join(lines + ([f"  {note}"] if note else []))
         if not self.checksummed:
             return (f"UNVERIFIED {self.path}: {self.vocab_size} rows; checked {self._what()}; "
-                    f"{self.unchecked_line()}")
-        return f"OK {self.path}: {self.vocab_size} rows; checked {self._what()}; no damage"
+                    f"{note}")
+        return (f"OK {self.path}: {self.vocab_size} rows; checked {self._what()}; no damage"
+                + (f"; {note}" if note else ""))
 
 
 def _codec_names(meta: dict) -> list[str]:
