@@ -303,8 +303,8 @@ def reindex_cmd(path, as_json, quiet):
         n = len(t.keys)
     if as_json:
         _print_json({"path": path, "keys": n})
-    elif not quiet:
-        click.echo(f"indexed {n} keys of {path}")
+    else:
+        _say(f"indexed {n} keys of {path}", quiet)
 
 
 @click.command("similar", short_help="Nearest rows by cosine similarity.")
