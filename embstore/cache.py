@@ -1,9 +1,13 @@
 """The LRU row cache of on-disk tables, and its statistics.
 
-:class:`RowCache` keeps rows in a preallocated slot matrix.  Its bookkeeping (per slot: the
-cached id and a last-use stamp; an open-addressing hash table id -> slot of at least twice
-as many cells) is allocated up front too, and the number of slots is chosen so that rows
-plus bookkeeping fit in ``capacity_bytes``: the cache never holds more than its budget.
+:class:`RowCache` keeps rows in a slot matrix.  Its bookkeeping (per slot: the cached id
+and a last-use stamp; an open-addressing hash table id -> slot of at least twice as many
+cells) goes with it.  The number of slots is chosen so that rows plus bookkeeping fit in
+``capacity_bytes`` (the cache never holds more than its budget), and never exceeds the
+table's row count: a small table gets a small cache whatever the budget.  Nothing is
+allocated when a table opens; the slot matrix and the bookkeeping start small on first use
+and double as rows come in (2,000 open tables cost nothing; a 128 KB table's cache is
+never more than 128 KB of rows).
 A batch costs a handful of NumPy operations over its ids: a vectorised hash probe (one
 round per step of linear probing), one gather of the hits, one fetch of all the batch's
 misses through the read path, and eviction of the least recently used slots by
@@ -32,6 +36,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .errors import InvalidOptionError
+from .forksafe import renew_after_fork
+
 __all__ = ["CacheInfo", "RowCache", "NullCache", "make_cache", "parse_bytes"]
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of ids
@@ -39,6 +46,9 @@ _EMPTY, _TOMB = -1, -2
 #: A batch caches at most this many of its first-time misses (all of them in a small
 #: batch, as a plain LRU does), plus every row missed before (see ``RowCache._admit``).
 ADMIT_ALL_BELOW = 2048
+#: The largest byte size accepted (4 EiB): more is a typing mistake, not a budget.
+MAX_BYTES = 1 << 62
+_FIRST_SLOTS = 4096  # slots allocated on first use; doubled as they fill
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
@@ -55,54 +65,79 @@ class CacheInfo(NamedTuple):
 
 
 def parse_bytes(value) -> int:
-    """``256``, ``"256MiB"``, ``"1GB"``, ``"1.5 GiB"`` -> bytes (1 KB = 1000 B, 1 KiB = 1024 B)."""
+    """``256``, ``"256MiB"``, ``"1GB"``, ``"1.5 GiB"`` -> bytes (1 KB = 1000 B, 1 KiB = 1024 B).
+
+    Anything else (``"1XB"``, ``-5``, a float, more than 4 EiB) raises
+    :class:`~embstore.errors.InvalidOptionError` (a ``ValueError``).
+    """
     if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"a byte size must be an int or a string like '256MiB', got {value!r}")
+        raise InvalidOptionError(
+            f"a byte size must be an int or a string like '256MiB', got {value!r}")
     if isinstance(value, (int, np.integer)):
         n = int(value)
     elif isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"cannot read {value!r} as a byte size (examples: 0, 1048576, "
-                             "'256MiB', '1GB')")
+            raise InvalidOptionError(f"cannot read {value!r} as a byte size (examples: 0, "
+                                     "1048576, '256MiB', '1GB')")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
-        raise ValueError(f"a byte size must be an int or a string like '256MiB', got {value!r}")
+        raise InvalidOptionError(
+            f"a byte size must be an int or a string like '256MiB', got {value!r}")
     if n < 0:
-        raise ValueError(f"a byte size must be >= 0, got {value!r}")
+        raise InvalidOptionError(f"a byte size must be >= 0, got {value!r}")
+    if n > MAX_BYTES:
+        raise InvalidOptionError(f"a byte size must be at most {MAX_BYTES} (4 EiB), got "
+                                 f"{value!r}")
     return n
+
+
+def _bits_for(slots: int) -> int:
+    return max(3, int(2 * max(1, slots) - 1).bit_length())
 
 
 class RowCache:
     """A thread-safe LRU cache of table rows with a byte budget it never exceeds."""
 
-    def __init__(self, capacity_bytes: int, dim: int, dtype):
+    def __init__(self, capacity_bytes: int, dim: int, dtype, rows: int | None = None):
         self.capacity_bytes = int(capacity_bytes)
         self.dtype = np.dtype(dtype)
         self.dim = int(dim)
         self.row_bytes = self.dim * self.dtype.itemsize
-        slots = self.capacity_bytes // (self.row_bytes + 48)
-        while slots and self._footprint(slots) > self.capacity_bytes:
-            slots -= max(1, slots // 64)
-        self.slots = slots
-        self.bits = max(3, int(2 * max(1, slots) - 1).bit_length())
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         #: reads are about as cheap as cache hits (uncompressed, memory-mapped): a batch that
         #: mostly misses is then read whole from the store instead of merged from both
         self.cheap_reads = False
-        self._rows = np.empty((self.slots, self.dim), dtype=self.dtype)  # pages come on use
+        self._slot_id = None
+        self._cap = 0  # slots allocated so far (rows and bookkeeping), <= slots
+        self.resize_for(rows)
         self._reset()
+
+    def resize_for(self, rows: int | None) -> None:
+        """Size the cache for a table of ``rows`` rows (None: as the budget allows).
+
+        Only the limit changes: arrays grow on use.  A table that grows (``append``) calls
+        this again; the cache never shrinks below the slots it already uses.
+        """
+        slots = self.capacity_bytes // (self.row_bytes + 48)
+        if rows is not None:
+            slots = min(slots, max(int(rows), 0))
+        while slots and self._footprint(slots) > self.capacity_bytes:
+            slots -= max(1, slots // 64)
+        self.slots = max(slots, self._cap)
+        self.bits = _bits_for(self._cap)
 
     def _footprint(self, slots: int) -> int:
         """Bytes held with ``slots`` slots: rows, slot ids, stamps, hash keys and values,
         and the one-byte-per-cell doorkeeper."""
-        h = 1 << max(3, int(2 * max(1, slots) - 1).bit_length())
+        h = 1 << _bits_for(slots)
         return slots * (self.row_bytes + 16) + 16 * h + 2 * h
 
     def _reset(self) -> None:
-        # the bookkeeping arrays are allocated on first use, so an open table costs nothing;
-        # once allocated they are refilled in place (no new pages to fault in)
-        if getattr(self, "_slot_id", None) is not None:
+        # the arrays are allocated on first use, so an open table costs nothing; once
+        # allocated they are refilled in place (no new pages to fault in)
+        if self._slot_id is not None:
             if self._filled:
                 self._slot_id[: self._filled] = -1
                 self._stamp[: self._filled] = -1
@@ -112,6 +147,8 @@ class RowCache:
                 self._seen.fill(0)
         else:
             self._slot_id = self._stamp = self._hk = self._hv = self._seen = None
+            self._rows = None
+            self._cap = 0
         self._used = 0  # hash cells not empty (live + deleted)
         self._entries = 0
         self._filled = 0  # slots ever used (they fill in order, then LRU eviction)
@@ -120,13 +157,38 @@ class RowCache:
         self._gen = 0
         self.hits = self.misses = self.evictions = 0
 
+    def _after_fork(self) -> None:
+        """In a forked child: another thread of the parent may have been mid-update, so
+        drop every row (the statistics stay)."""
+        stats, gen = (self.hits, self.misses, self.evictions), self._gen
+        self._slot_id = None
+        self._reset()
+        self.hits, self.misses, self.evictions = stats
+        self._gen = gen + 1
+
     def _allocate(self) -> None:
         if self._slot_id is None:
-            self._slot_id = np.full(self.slots, -1, dtype=np.int64)
-            self._stamp = np.full(self.slots, -1, dtype=np.int64)  # -1: empty, evicted first
-            self._hk = np.full(1 << self.bits, _EMPTY, dtype=np.int64)  # id; -1 empty, -2 deleted
-            self._hv = np.zeros(1 << self.bits, dtype=np.int64)  # slot of that id
-            self._seen = np.zeros(2 << self.bits, dtype=np.uint8)  # doorkeeper (see _admit)
+            self._grow(min(self.slots, _FIRST_SLOTS))
+
+    def _grow(self, cap: int) -> None:
+        """Make room for ``cap`` slots: copy the filled slots, rebuild the hash index."""
+        old = self._cap if self._slot_id is not None else 0
+        slot_id = np.full(cap, -1, dtype=np.int64)
+        stamp = np.full(cap, -1, dtype=np.int64)  # -1: empty, evicted first
+        rows = np.empty((cap, self.dim), dtype=self.dtype)
+        if old:
+            f = self._filled
+            slot_id[:f], stamp[:f], rows[:f] = self._slot_id[:f], self._stamp[:f], self._rows[:f]
+        self._slot_id, self._stamp, self._rows, self._cap = slot_id, stamp, rows, cap
+        self.bits = _bits_for(cap)
+        self._hk = np.full(1 << self.bits, _EMPTY, dtype=np.int64)  # id; -1 empty, -2 deleted
+        self._hv = np.zeros(1 << self.bits, dtype=np.int64)  # slot of that id
+        self._seen = np.zeros(2 << self.bits, dtype=np.uint8)  # doorkeeper (see _admit)
+        self._seen_count = 0
+        self._used = 0
+        live = np.flatnonzero(slot_id >= 0)
+        if live.size:
+            self._hinsert(slot_id[live], live)
 
     def _seen_before(self, ids: np.ndarray) -> np.ndarray:
         """Whether each id missed before: TinyLFU's doorkeeper, one byte per hash cell.
@@ -281,6 +343,8 @@ class RowCache:
         if k == 0:
             return
         ids, rows = ids[:k], rows[:k]
+        if self._filled + k > self._cap and self._cap < self.slots:
+            self._grow(min(self.slots, max(2 * self._cap, self._filled + k)))
         fresh = min(k, self.slots - self._filled)  # never-used slots first: no eviction scan
         victims = np.arange(self._filled, self._filled + fresh)
         self._filled += fresh
@@ -379,6 +443,9 @@ class NullCache:
     def invalidate(self, ids: np.ndarray) -> None:
         pass
 
+    def resize_for(self, rows: int | None) -> None:
+        pass
+
     def clear(self, *, keep_stats: bool = False) -> None:
         pass
 
@@ -386,7 +453,10 @@ class NullCache:
         return CacheInfo()
 
 
-def make_cache(capacity_bytes: int, dim: int, dtype) -> RowCache | NullCache:
-    """A :class:`RowCache` of ``capacity_bytes``, or a :class:`NullCache` when it holds no row."""
-    cache = RowCache(capacity_bytes, dim, dtype) if capacity_bytes else None
-    return cache if cache is not None and cache.slots else NullCache()
+def make_cache(capacity_bytes: int, dim: int, dtype,
+               rows: int | None = None) -> RowCache | NullCache:
+    """A :class:`RowCache` of ``capacity_bytes`` for a table of ``rows`` rows, or a
+    :class:`NullCache` when it holds no row."""
+    if not capacity_bytes or RowCache(capacity_bytes, dim, dtype).slots == 0:
+        return NullCache()  # the budget holds no row
+    return RowCache(capacity_bytes, dim, dtype, rows)

@@ -19,6 +19,10 @@ __all__ = [
     "ShapeMismatchError",
     "DestinationExistsError",
     "MissingDependencyError",
+    "ClosedTableError",
+    "InvalidOptionError",
+    "ResultTooLargeError",
+    "ResourceLimitError",
 ]
 
 
@@ -111,6 +115,38 @@ class MissingDependencyError(EmbstoreError, ImportError):
         super().__init__(message)
         self.module = module
         self.extra = extra
+
+
+class ClosedTableError(EmbstoreError, ValueError):
+    """A method called on a table after ``close()`` (as ``ValueError`` for a closed file)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidOptionError(EmbstoreError, ValueError):
+    """An option value that cannot be used (a byte size such as ``"1XB"`` or ``-5``)."""
+
+
+class ResultTooLargeError(EmbstoreError, MemoryError):
+    """A result that cannot fit in this machine's memory (checked before any work)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ResourceLimitError(EmbstoreError, OSError):
+    """The system refused a resource (file descriptors, memory maps): not damage.
+
+    ``errno`` is the system's (``EMFILE``, ``ENFILE``, ``ENOMEM``); the message names the
+    limit to raise (``ulimit -n``, ``vm.max_map_count``).
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None, path=None):
+        super().__init__(message)
+        self.errno = errno
+        self.filename = path
+        self.path = path
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -5,18 +5,25 @@
 array of the same shape, or raises :class:`InvalidIdError` naming the first bad
 id and its position.  It makes one min/max pass and no copy when the ids are
 already int64 (or intp) and valid.
+
+Array subclasses are converted to plain arrays first: ``np.matrix`` (whose reshape stays
+2-D) and ``np.memmap`` become ``ndarray`` views; a masked array is refused when anything
+is masked (its ``min``/``max`` skip masked elements, which would let any value through).
+``row_bytes`` makes it refuse, before scanning a single id, a result that could never fit
+in this machine's memory (a broadcast of 2**40 ids).
 """
 
 from __future__ import annotations
 
 import numbers
 import operator
+import os
 
 import numpy as np
 
-from .errors import InvalidIdError
+from .errors import InvalidIdError, ResultTooLargeError
 
-__all__ = ["as_ids", "position_of"]
+__all__ = ["as_ids", "position_of", "check_result_size"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -39,9 +46,45 @@ def _bad_type(ids, arr=None, kind=None) -> InvalidIdError:
                           id=ids, position=())
 
 
+def _plain(ids: np.ndarray) -> np.ndarray:
+    """An ``ndarray`` subclass as a plain ``ndarray`` (masked arrays: only if nothing is masked)."""
+    if isinstance(ids, np.ma.MaskedArray):
+        mask = np.ma.getmask(ids)
+        if mask is not np.ma.nomask and mask.any():
+            i = int(np.argmax(np.asarray(mask).reshape(-1)))
+            pos = position_of(i, ids.shape)
+            raise InvalidIdError(f"masked ids are not supported: the id at position {pos} is "
+                                 "masked (fill masked ids first, e.g. ids.filled(0))",
+                                 id=None, position=pos)
+        return np.asarray(ids.data).view(np.ndarray)
+    return ids.view(np.ndarray)
+
+
+def _memory_bytes() -> int:
+    global _MEMORY
+    if _MEMORY is None:
+        try:
+            _MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            _MEMORY = 1 << 62
+    return _MEMORY
+
+
+_MEMORY: int | None = None
+
+
+def check_result_size(n_ids: int, row_bytes: int) -> None:
+    """Refuse a lookup result of ``n_ids`` rows of ``row_bytes`` larger than the machine."""
+    need = int(n_ids) * int(row_bytes)
+    if need > _memory_bytes():
+        raise ResultTooLargeError(
+            f"{n_ids} ids of {row_bytes}-byte rows make a {need}-byte result, more than this "
+            f"machine's {_memory_bytes()} bytes of memory (look them up in blocks, or pass out=)")
+
+
 def _to_array(ids) -> np.ndarray:
     if isinstance(ids, np.ndarray):
-        return ids
+        return ids if type(ids) is np.ndarray else _plain(ids)
     if isinstance(ids, (bool, np.bool_)):
         raise _bad_type(ids, kind="bool")
     if isinstance(ids, numbers.Integral):
@@ -101,9 +144,15 @@ def _python_int_array(ids) -> np.ndarray:
     return obj.astype(np.int64)
 
 
-def as_ids(ids, vocab_size: int) -> np.ndarray:
-    """Validate ``ids`` against ``0 <= id < vocab_size``; return int64 of the same shape."""
+def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
+    """Validate ``ids`` against ``0 <= id < vocab_size``; return int64 of the same shape.
+
+    With ``row_bytes``, first refuse ids whose result (``ids.size`` rows) cannot fit in
+    memory, with :class:`~embstore.errors.ResultTooLargeError`.
+    """
     arr = _to_array(ids)
+    if row_bytes:
+        check_result_size(arr.size, row_bytes)
     kind = arr.dtype.kind
     if kind not in "iu":
         raise _bad_type(ids, arr, kind=str(arr.dtype))

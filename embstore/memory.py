@@ -97,7 +97,8 @@ class MemoryTable(Table):
 
     def lookup(self, ids, out=None):
         if out is None:  # the fast path: validated ids straight into NumPy's gather
-            ids = as_ids(ids, self.vocab_size)
+            self._check_open()
+            ids = as_ids(ids, self.vocab_size, row_bytes=self._row_bytes)
             if ids.ndim == 0:  # a 0-d index would return a view into the table
                 return self._array[int(ids)].copy()
             return np.take(self._array, ids, axis=0)  # measured faster than E[ids]
@@ -118,4 +119,5 @@ class MemoryTable(Table):
             self._keys.extend(keys)
 
     def to_numpy(self):
+        self._check_open()
         return self._array.copy()

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .cache import CacheInfo
-from .errors import KeyNotFoundError, ReadOnlyError, ShapeMismatchError
-from .ids import as_ids, position_of
+from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
+from .ids import as_ids, check_result_size, position_of
 
 __all__ = ["Table", "Vocab", "as_key_array"]
 
@@ -117,6 +117,8 @@ def as_key_array(keys) -> np.ndarray:
 class Table(abc.ABC):
     """An embedding table: ``vocab_size`` rows of ``dim`` values, optional keys."""
 
+    _closed = False
+
     # -- what a backend provides -------------------------------------------------
     @property
     @abc.abstractmethod
@@ -183,13 +185,25 @@ class Table(abc.ABC):
         return (f"{type(self).__name__}(vocab_size={self.vocab_size}, dim={self.dim}, "
                 f"dtype={self.dtype}, keys={'yes' if self._vocab() is not None else 'no'})")
 
+    def _check_open(self) -> None:
+        """Every method of a closed table raises :class:`ClosedTableError` (one message)."""
+        if self._closed:
+            where = getattr(self, "path", None)
+            what = "the table" if where is None else f"the table at {where}"
+            raise ClosedTableError(f"{what} is closed (open it again to use it)")
+
     # -- lookup -------------------------------------------------------------------------
     def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
         """Rows for ``ids`` of any shape: an array of shape ``ids.shape + (dim,)``."""
-        ids = as_ids(ids, self.vocab_size)
+        self._check_open()
+        ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
         out = self._check_out(out, ids.shape)
         self._gather(ids.reshape(-1), out.reshape(-1, self.dim))
         return out
+
+    @property
+    def _row_bytes(self) -> int:
+        return self.dim * self.dtype.itemsize
 
     def _check_out(self, out, shape) -> np.ndarray:
         want = tuple(shape) + (self.dim,)
@@ -209,6 +223,7 @@ class Table(abc.ABC):
         return self.lookup(ids, out=out)
 
     def __getitem__(self, ids) -> np.ndarray:
+        self._check_open()
         if isinstance(ids, slice):
             start, stop, step = ids.indices(self.vocab_size)
             if step == 1:
@@ -218,6 +233,7 @@ class Table(abc.ABC):
 
     def iter_blocks(self, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
         """``(start, rows)`` for consecutive blocks of at most ``block_rows`` rows."""
+        self._check_open()
         if block_rows < 1:
             raise ValueError(f"block_rows must be >= 1, got {block_rows}")
         for start in range(0, self.vocab_size, block_rows):
@@ -225,6 +241,8 @@ class Table(abc.ABC):
 
     def to_numpy(self) -> np.ndarray:
         """The whole table as one in-memory array."""
+        self._check_open()
+        check_result_size(self.vocab_size, self._row_bytes)
         return self._read_rows(0, self.vocab_size)
 
     # -- NumPy and Python protocols ---------------------------------------------------------
@@ -266,10 +284,12 @@ class Table(abc.ABC):
     # -- keys -------------------------------------------------------------------------
     @property
     def keys(self) -> KeySequence | None:
+        self._check_open()
         vocab = self._vocab()
         return None if vocab is None else KeySequence(vocab)
 
     def _require_vocab(self) -> Vocab:
+        self._check_open()
         vocab = self._vocab()
         if vocab is None:
             raise KeyNotFoundError("this table has no keys", key=None, position=None)
@@ -295,6 +315,7 @@ class Table(abc.ABC):
         """Vectors by key; unknown keys: ``oov="error"``, ``"zero"`` or ``"unk"`` (row ``unk_id``)."""
         if oov not in ("error", "zero", "unk"):
             raise ValueError(f"oov must be 'error', 'zero' or 'unk', got {oov!r}")
+        self._check_open()
         if oov == "error":
             return self.lookup(self.ids_of(keys))
         ids = self.ids_of(keys, missing=-1)
@@ -311,6 +332,7 @@ class Table(abc.ABC):
 
     # -- updates ------------------------------------------------------------------------
     def _check_writable(self) -> None:
+        self._check_open()  # a closed r+ table is closed, not read-only
         if not self.writable:
             raise ReadOnlyError(f"{self!r} is read-only (open it with mode='r+')")
 
@@ -371,14 +393,16 @@ class Table(abc.ABC):
         return np.arange(start, start + n, dtype=np.int64)
 
     # -- housekeeping ---------------------------------------------------------------------
-    def cache_info(self) -> CacheInfo:
+    def cache_info(self) -> CacheInfo:  # statistics stay readable after close()
         return CacheInfo()
 
     def cache_clear(self) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        """Release the table; later calls raise ClosedTableError (but ``close``,
+        ``cache_info`` and ``cache_clear``)."""
+        self._closed = True
 
     def __enter__(self):
         return self

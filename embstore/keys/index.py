@@ -150,10 +150,11 @@ class DiskVocab(Vocab):
     def __len__(self) -> int:
         return self._n
 
-    def close(self) -> None:
-        """Release the memory maps (a later lookup maps the files again)."""
+    def close(self, *, final: bool = False) -> None:
+        """Release the memory maps (a later lookup maps the files again, unless ``final``:
+        the table was closed, and later lookups raise ClosedTableError)."""
         for arr in (self._utf8, self._offsets, self._hash, self._order):
-            arr.close()
+            arr.close(final=final)
 
     def _corrupt(self, exc: Exception) -> CorruptStoreError:
         return CorruptStoreError(f"{self.path}: the key index is damaged ({exc})", path=self.path)

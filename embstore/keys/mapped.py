@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from crc32c import crc32c
 
-from ..errors import CorruptStoreError
+from ..errors import ClosedTableError, CorruptStoreError
 
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr
@@ -169,6 +169,7 @@ class MappedArray:
         self._raws: list[np.ndarray | None] = [None] * self.nchunks
         self._ok = np.zeros(self.nchunks, dtype=bool)  # crc32c checked (once, on first use)
         self._fences: np.ndarray | None = None
+        self._final = False
 
     def _map_chunk(self, i: int, dir_fd: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(valid elements, whole file as bytes)`` of chunk ``i``, from one open file."""
@@ -196,6 +197,9 @@ class MappedArray:
         first time it is used (``check=False``: not yet, for a peek such as a fence)."""
         m = self._maps[i]
         if m is None:  # only after close()
+            if self._final:
+                raise ClosedTableError(f"the table of {self.dir} is closed (open it again to "
+                                       "use it)")
             m, self._raws[i] = self._map_chunk(i)
             self._maps[i] = m
         if check and not self._ok[i]:
@@ -207,8 +211,10 @@ class MappedArray:
             self._ok[i] = True
         return m
 
-    def close(self) -> None:
-        """Drop the memory maps (they are made again, from the path, if read later)."""
+    def close(self, *, final: bool = False) -> None:
+        """Drop the memory maps: they are made again if read later, unless ``final`` (the
+        table was closed), after which reads raise ClosedTableError."""
+        self._final = final
         self._maps = [None] * self.nchunks
         self._raws = [None] * self.nchunks
         self._fences = None

@@ -32,6 +32,18 @@ def pool() -> ThreadPoolExecutor:
         return _pool
 
 
+def _forget_pool_in_child() -> None:
+    """A forked child has none of the parent's pool threads: a copied pool would take work
+    and never run it (a DataLoader worker hung forever).  Start afresh."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def make_codec(compression: str, itemsize: int):
     """The numcodecs codec writing ``compression`` chunks (None for ``"none"``)."""
     if compression == "none":

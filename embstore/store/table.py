@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import CacheInfo, make_cache, parse_bytes
-from ..errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
+from ..errors import CorruptStoreError, FormatError, ShapeMismatchError
 from ..ids import as_ids
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
@@ -48,7 +48,7 @@ class ZarrTable(Table):
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         self._closed = False
         self._load_meta()
-        self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype)
+        self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype, self.vocab_size)
         self._cache.cheap_reads = self._source.cheap_reads
 
     def _load_meta(self) -> None:
@@ -95,6 +95,7 @@ class ZarrTable(Table):
 
     def info(self) -> dict:
         """What ``embstore info --json`` prints."""
+        self._check_open()
         stored = sum(os.path.getsize(os.path.join(d, f))
                      for d, _, files in os.walk(self.path) for f in files)
         return {"format": self._attrs.get("format"), "path": str(self.path),
@@ -108,14 +109,10 @@ class ZarrTable(Table):
                     "has_keys")}}
 
     # -- reads ------------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EmbstoreError(f"{self.path} is closed")
-
     def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
-        ids = as_ids(ids, self.vocab_size)
-        out = None if out is None else self._check_out(out, ids.shape)
         self._check_open()
+        ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
+        out = None if out is None else self._check_out(out, ids.shape)
         flat = ids.reshape(-1)
         rows = self._cache.gather(flat, None if out is None else out.reshape(-1, self.dim),
                                   self._source.gather, self._source.take)
@@ -143,13 +140,14 @@ class ZarrTable(Table):
 
     def warm(self, ids) -> int:
         """Load rows ``ids`` (most important first) into the row cache; returns rows loaded."""
-        ids = as_ids(ids, self.vocab_size).reshape(-1)
         self._check_open()
+        ids = as_ids(ids, self.vocab_size).reshape(-1)
         return self._cache.warm(ids, self._source.gather)
 
     # -- keys -------------------------------------------------------------------------------
     def _vocab(self) -> DiskVocab | None:
-        if not self._has_keys:
+        if not self._has_keys or (self._closed and self._vocab_obj is None):
+            return None if not self._has_keys else self._vocab_obj
             return None
         if self._vocab_obj is None:
             with self._lock:
@@ -187,6 +185,7 @@ class ZarrTable(Table):
                 assert vocab is not None
                 vocab.append(keys)
             self._source.publish_rows(n0 + n)  # last: readers see the new rows only now
+            self._cache.resize_for(n0 + n)
 
     def refresh(self) -> None:
         """See changes made by other processes since opening (row count, shards, keys)."""
@@ -194,22 +193,25 @@ class ZarrTable(Table):
             self._check_open()
             self._source.close()
             self._load_meta()
+            self._cache.resize_for(self.vocab_size)
             self._cache.clear(keep_stats=True)
 
     # -- housekeeping -----------------------------------------------------------------------
-    def cache_info(self) -> CacheInfo:
+    def cache_info(self) -> CacheInfo:  # statistics stay readable after close()
         return self._cache.info()
 
     def cache_clear(self) -> None:
         self._cache.clear()
 
     def close(self) -> None:
+        if self._closed:
+            return
         with self._lock:
             self._closed = True
             self._source.close()
             self._cache.clear(keep_stats=True)
             if self._vocab_obj is not None:
-                self._vocab_obj.close()
+                self._vocab_obj.close(final=True)
 
     def __repr__(self) -> str:
         stored = "" if self.storage_dtype == self.dtype.name else \
