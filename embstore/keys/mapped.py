@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from crc32c import crc32c
 
-from ..errors import ClosedTableError, CorruptStoreError
+from ..errors import ClosedTableError, CorruptStoreError, ResourceLimitError
+from ..files import RESOURCE_ERRNOS, map_file, open_regular, read_small, resource_error
 
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr
@@ -106,20 +107,25 @@ class Head:
 
 def read_array_meta(path: Path, name: str, *, dir_fd: int | None = None) -> dict:
     """The ``zarr.json`` of array ``name`` in the group directory ``path`` (or of the array
-    directory open as ``dir_fd``)."""
+    directory open as ``dir_fd``).  Not a regular file, a symlink out of the table, or
+    larger than ``MAX_JSON_BYTES``: :class:`CorruptStoreError`, without blocking."""
     file = Path(path) / name / "zarr.json"
     try:
-        if dir_fd is None:
-            with open(file, "rb") as f:
-                meta = json.loads(f.read())
-        else:
-            with open(os.open("zarr.json", os.O_RDONLY, dir_fd=dir_fd), "rb") as f:
-                meta = json.loads(f.read())
+        fd = open_regular("zarr.json" if dir_fd is not None else file, dir_fd=dir_fd,
+                          root=path, shown=file)
+        try:
+            meta = json.loads(read_small(fd, file))
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise CorruptStoreError(f"{path}: the key index array {name!r} is missing",
                                 path=path) from None
-    except (OSError, ValueError) as exc:
+    except (CorruptStoreError, ResourceLimitError):
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
         raise CorruptStoreError(f"{file}: unreadable array metadata ({exc})", path=path) from None
+    if not isinstance(meta, dict):
+        raise CorruptStoreError(f"{file}: expected a JSON object", path=path)
     return meta
 
 
@@ -133,10 +139,17 @@ class MappedArray:
 
     def __init__(self, path: Path, name: str):
         self.dir = Path(path) / name
+        self.root = Path(path)
         try:
-            fd = os.open(self.dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            fd = os.open(self.dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise CorruptStoreError(f"{path}: the key index array {name!r} is missing",
+                                    path=path) from None
+        except OSError as exc:
+            if exc.errno in RESOURCE_ERRNOS:
+                raise resource_error(exc, self.dir) from None
+            raise CorruptStoreError(f"{self.dir}: cannot open ({exc.strerror or exc})",
                                     path=path) from None
         try:
             self._init(path, name, read_array_meta(path, name, dir_fd=fd))
@@ -177,16 +190,24 @@ class MappedArray:
         file = self.dir / "c" / str(i)
         want = self.chunk * self.dtype.itemsize + 4
         try:
-            cfd = os.open(f"c/{i}" if dir_fd is not None else file, os.O_RDONLY, dir_fd=dir_fd)
+            cfd = open_regular(f"c/{i}" if dir_fd is not None else file, dir_fd=dir_fd,
+                               root=self.root, shown=file)
         except FileNotFoundError:
             raise CorruptStoreError(f"{file}: chunk file is missing", path=file) from None
-        with open(cfd, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        except (CorruptStoreError, ResourceLimitError):
+            raise
+        except OSError as exc:
+            raise CorruptStoreError(f"{file}: cannot open ({exc.strerror or exc})",
+                                    path=file) from None
+        try:  # the map keeps no descriptor: 4 arrays of a key index cost none while open
+            size = os.fstat(cfd).st_size
             if size != want:
                 raise CorruptStoreError(
                     f"{file}: expected {want} bytes ({self.chunk} x {self.dtype} + crc32c), "
                     f"got {size}", path=file)
-            raw = np.memmap(f, dtype=np.uint8, mode="r", shape=(want,))
+            raw = map_file(cfd, want, file)
+        finally:
+            os.close(cfd)
         return raw[: valid * self.dtype.itemsize].view(self.dtype), raw
 
     def __len__(self) -> int:

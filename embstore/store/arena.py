@@ -21,6 +21,8 @@ import threading
 
 import numpy as np
 
+from ..files import open_regular
+
 __all__ = ["JoinedMap", "available"]
 
 _PROT_NONE, _PROT_READ = 0, 1
@@ -76,7 +78,7 @@ class JoinedMap:
         """Map shard file ``k`` (a loaded :class:`~embstore.shards.ShardFile`) into its slot."""
         sl = slice(k * self.n_inner, (k + 1) * self.n_inner)
         if shard.mm is not None:
-            fd = os.open(shard.path, os.O_RDONLY)
+            fd = open_regular(shard.path)  # never blocks (a FIFO swapped in is refused)
             try:
                 st = os.fstat(fd)
                 size = st.st_size

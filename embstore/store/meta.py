@@ -10,12 +10,15 @@ know (other codecs) still passes here and is read by zarr-python.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
-from ..errors import CorruptStoreError, FormatError, NotATableError
+from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
+from ..files import MAX_JSON_BYTES, open_regular, read_small, within
 
 __all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
-           "MAX_INNER_CHUNKS", "MAX_DIM"]
+           "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES"]
 
 FLOAT_TYPES = ("float16", "float32", "float64", "bfloat16", "int8")  # storage dtypes
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
@@ -111,12 +114,21 @@ def check_vectors_meta(meta: dict, where, attrs: dict | None = None) -> None:
                 raise bad(f"expected a list of {key} in the sharding codec, got {sub!r}")
 
 
-def read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str, *, root: Path | None = None) -> dict:
+    """A metadata file as a JSON object.  Never blocks: anything but a regular file (a
+    FIFO), a file whose real path leaves ``root`` (the table's directory) or one larger
+    than ``MAX_JSON_BYTES`` is refused with :class:`CorruptStoreError`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        fd = open_regular(path, root=root)
+        try:
+            raw = read_small(fd, path)
+        finally:
+            os.close(fd)
+        doc = json.loads(raw)
     except FileNotFoundError:
         raise FormatError(f"not an embstore table: {what} is missing", path=str(path)) from None
+    except (CorruptStoreError, ResourceLimitError):
+        raise
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptStoreError(f"{path}: broken JSON ({exc})", path=str(path)) from None
     except (IsADirectoryError, NotADirectoryError) as exc:
@@ -124,6 +136,40 @@ def read_json(path: Path, what: str) -> dict:
     if not isinstance(doc, dict):
         raise CorruptStoreError(f"{path}: expected a JSON object", path=str(path))
     return doc
+
+
+def unsafe_files(root: Path) -> list[tuple[str, str]]:
+    """``(path, message)`` for every entry of the table at ``root`` that a reader must not
+    open: not a regular file or directory (a FIFO blocks whoever opens it), or a symbolic
+    link whose target leaves ``root``.  Only ``lstat``/``stat``, never an ``open``."""
+    found = []
+    stack = [os.fspath(root)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError as exc:
+            found.append((exc.filename or "", f"{exc.filename}: cannot list ({exc.strerror})"))
+            continue
+        for e in entries:
+            try:
+                if e.is_symlink():
+                    if not within(e.path, root):
+                        found.append((e.path, f"{e.path}: a symbolic link out of the table's "
+                                              f"directory {root} (refused)"))
+                        continue
+                    st_mode = os.stat(e.path).st_mode
+                elif e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                    continue
+                else:
+                    st_mode = e.stat(follow_symlinks=False).st_mode
+            except OSError as exc:
+                found.append((e.path, f"{e.path}: cannot inspect ({exc.strerror})"))
+                continue
+            if not (stat.S_ISREG(st_mode) or stat.S_ISDIR(st_mode)):
+                found.append((e.path, f"{e.path}: expected a regular file, got a special "
+                                      "file (a FIFO, socket or device)"))
+    return found
 
 
 def read_table_meta(path: Path) -> tuple[dict, dict]:
@@ -139,7 +185,8 @@ def read_table_meta(path: Path) -> tuple[dict, dict]:
     if not (path / "zarr.json").exists():
         raise NotATableError("is a directory but not an embstore table (it has no zarr.json)",
                              path=str(path))
-    attrs = check_group_meta(read_json(path / "zarr.json", "the group's zarr.json"), path)
-    meta = read_json(path / "vectors" / "zarr.json", "vectors/zarr.json")
+    attrs = check_group_meta(read_json(path / "zarr.json", "the group's zarr.json", root=path),
+                             path)
+    meta = read_json(path / "vectors" / "zarr.json", "vectors/zarr.json", root=path)
     check_vectors_meta(meta, path / "vectors" / "zarr.json", attrs)
     return attrs, meta

@@ -17,7 +17,8 @@ import numpy as np
 from crc32c import crc32c
 
 from . import arena as joined
-from ..errors import CorruptStoreError
+from ..errors import CorruptStoreError, ResourceLimitError
+from ..files import map_file, open_regular
 from .codecs import ABSENT, Layout, ZstdDecoder, check_chunk, make_codec, pool
 
 __all__ = ["ShardReader", "ShardFile"]
@@ -28,8 +29,8 @@ _DECODE_BATCH_BYTES = 32 << 20  # decoded chunks held at once by a compressed ga
 class ShardFile:
     """One shard as read: its index, memory map, and which chunks passed their crc32c."""
 
-    def __init__(self, path: str, layout: Layout):
-        self.path = path
+    def __init__(self, path: str, layout: Layout, root: str | None = None):
+        self.path = path  # root: the table's directory, which the file must not leave
         n = layout.n_inner
         self.mm = None
         self.rowview = None
@@ -39,28 +40,29 @@ class ShardFile:
         self.all_verified = False
         self.ident = None
         # size, index and map all from one open file: a writer may rename a new shard into
-        # place at any moment, and the size of one file with the bytes of another is garbage
+        # place at any moment, and the size of one file with the bytes of another is garbage.
+        # The mapping keeps no descriptor (a table of 10,000 shards under ulimit -n 1024).
         try:
-            f = open(path, "rb")
+            fd = open_regular(path, root=root)
         except FileNotFoundError:
             self.all_verified = True  # an absent shard: every chunk is the fill value
             return
-        except OSError as exc:  # a directory, unreadable, ...
+        except (CorruptStoreError, ResourceLimitError):  # a FIFO, a symlink out, no fds
+            raise
+        except OSError as exc:  # unreadable, ...
             raise CorruptStoreError(f"shard {path}: cannot open ({exc.strerror or exc})",
                                     path=path) from None
-        with f:
-            st = os.fstat(f.fileno())
+        try:
+            st = os.fstat(fd)
             size, self.ident = st.st_size, (st.st_dev, st.st_ino)
             index_len = 16 * n + (4 if layout.index_crc else 0)
             if size < index_len:
                 raise CorruptStoreError(
                     f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
                     "(truncated?)", path=path)
-            try:
-                mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(size,))
-            except OSError as exc:
-                raise CorruptStoreError(f"shard {path}: cannot map ({exc.strerror or exc})",
-                                        path=path) from None
+            mm = map_file(fd, size, f"shard {path}")
+        finally:
+            os.close(fd)
         tail = mm[size - index_len:]
         body = tail[: 16 * n]
         if layout.index_crc and crc32c(body) != int.from_bytes(bytes(tail[16 * n:]), "little"):
@@ -135,7 +137,7 @@ class ShardReader:
                 sf = self._shards.get(k)
                 if sf is None:
                     sf = ShardFile(os.path.join(self.root, *self.layout.shard_key(k).split(
-                        self.layout.separator)), self.layout)
+                        self.layout.separator)), self.layout, os.path.dirname(self.root))
                     self._shards[k] = sf
         return sf
 
@@ -386,7 +388,7 @@ class ShardReader:
         for k in self.existing_shards():  # absent shards read as zeros: nothing to check
             path = os.path.join(self.root, *L.shard_key(k).split(L.separator))
             try:
-                sf = ShardFile(path, L)
+                sf = ShardFile(path, L, os.path.dirname(self.root))
             except CorruptStoreError as exc:
                 problems.append((path, None, str(exc)))
                 continue

@@ -25,7 +25,7 @@ from ..errors import CorruptStoreError, FormatError, NotATableError
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .codecs import Layout
-from .meta import read_json, read_table_meta
+from .meta import read_json, read_table_meta, unsafe_files
 from .quant import SCALE_ARRAY
 from .shardread import ShardReader
 
@@ -164,6 +164,11 @@ def verify(path) -> VerifyReport:
     A path that is no table at all raises :class:`~embstore.errors.NotATableError`."""
     root = Path(os.fspath(path)).absolute()
     report = VerifyReport(str(root))
+    unsafe = unsafe_files(root) if root.is_dir() else []
+    for file, message in unsafe:  # reading on would block on a FIFO or read another table
+        report.add(file, None, message)
+    if unsafe:
+        return report
     try:
         attrs, meta = read_table_meta(root)
     except NotATableError:
@@ -231,7 +236,7 @@ def verify(path) -> VerifyReport:
 def _array_meta(root: Path, name: str) -> dict | None:
     """The zarr.json of the array ``name`` in the group (None if it is not an array)."""
     try:
-        meta = read_json(root / name / "zarr.json", f"{name}/zarr.json")
+        meta = read_json(root / name / "zarr.json", f"{name}/zarr.json", root=root)
     except (FormatError, CorruptStoreError):
         return None
     return meta if meta.get("node_type") == "array" else None
