@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -39,6 +40,10 @@ _TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext")  # progress
 
 class _Group(click.Group):
     def invoke(self, ctx):
+        # zarr-python decodes in asyncio tasks: when one fails, the others' failures are
+        # logged at garbage collection ("Future exception was never retrieved"); the one
+        # error that matters is printed below
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
         try:
             return super().invoke(ctx)
         except NotATableError as exc:
@@ -46,13 +51,16 @@ class _Group(click.Group):
                     if exc.is_file and not str(exc.path).lower().endswith(".npy") else "")
             raise click.ClickException(f"{exc}{hint}") from None
         except EmbstoreError as exc:
-            raise click.ClickException(str(exc)) from None
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError,
-                PermissionError) as exc:
+            raise click.ClickException(_one_line(str(exc))) from None
+        except OSError as exc:  # disk full, unreadable, out of descriptors, ...
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-            raise click.ClickException(f"{where}{exc.strerror or exc}") from None
+            raise click.ClickException(_one_line(f"{where}{exc.strerror or exc}")) from None
         except MemoryError:
             raise click.ClickException("out of memory") from None
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split("\n")) if "\n" in message else message
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,7 +80,17 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli(prog_name="embstore")
+    try:
+        cli(prog_name="embstore")
+    except SystemExit as exc:
+        if exc.code not in (0, None) and "zarr" in sys.modules:
+            # zarr-python's event loop thread, torn down at exit with tasks pending after a
+            # failed read, prints pages of asyncio noise under the one-line error: the
+            # command has failed and written its message, so leave without the teardown
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.code if isinstance(exc.code, int) else 1)
+        raise
 
 
 def _options(func):
