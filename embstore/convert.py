@@ -51,6 +51,8 @@ class VocabReader:
         self.path = os.fspath(path)
         self.unicode_errors = unicode_errors
         self._f = open(self.path, "rb")
+        if self._f.read(3) != b"\xef\xbb\xbf":  # a UTF-8 byte order mark is no part of a key
+            self._f.seek(0)
         self._chunk = chunk_bytes
         self._lines: list[bytes] = []
         self._i = 0
@@ -90,6 +92,11 @@ class VocabReader:
         self._i += n
         raw = [r[:-1] if r.endswith(b"\r") else r for r in raw]
         first = self.taken + 1
+        if any(b"\r" in r for r in raw):
+            i = next(i for i, r in enumerate(raw) if b"\r" in r)
+            raise FormatError("expected lines ending in \\n or \\r\\n, got a carriage return "
+                              "inside a line (CR-only line ends are not supported)",
+                              path=self.path, line=first + i)
         if b"" in raw:
             i = raw.index(b"")
             raise FormatError("expected a key, got an empty line", path=self.path, line=first + i)

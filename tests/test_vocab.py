@@ -103,8 +103,8 @@ def tiny_hash(monkeypatch):
     """Force collisions: the real hash reduced to 5 values."""
     real = embstore.keys.hashing.hash_encoded
 
-    def tiny(enc):
-        return real(enc) % np.uint64(5)
+    def tiny(enc, key=None):
+        return real(enc, key) % np.uint64(5)
 
     for mod in (embstore.keys.writer, embstore.keys.index):
         monkeypatch.setattr(mod, "hash_encoded", tiny)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 from itertools import islice
 
@@ -33,6 +34,10 @@ __all__ = ["open_table", "Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "op
            "read_block", "lookup_into", "move_into_place", "remove_path", "output_kind"]
 
 _MARKERS = ".embstore-lookup"
+#: Tokens of a key line: runs of anything but ASCII whitespace, as the importers split
+#: (``bytes.split``), so keys holding U+00A0 or U+3000 come back whole
+_tokens = re.compile(r"[^ \t\n\r\x0b\x0c]+").findall
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +160,14 @@ class KeyLines:
         self.path = path
 
     def _decode(self, lines: list[bytes], first_line: int) -> list[str]:
+        if first_line == 0 and lines and lines[0].startswith(_BOM):  # not part of a key
+            lines[0] = lines[0][len(_BOM):]
+        if any(b"\r" in line for line in lines):
+            for j, line in enumerate(lines):
+                if b"\r" in line.rstrip(b"\r\n"):
+                    raise FormatError("expected lines ending in \\n or \\r\\n, got a carriage "
+                                      "return inside a line (CR-only line ends are not "
+                                      "supported)", path=self.path, line=first_line + j + 1)
         try:
             return [line.decode("utf-8") for line in lines]
         except UnicodeDecodeError:
@@ -175,7 +188,7 @@ class KeyLines:
                 if not lines:
                     break
                 sizes.append(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
-                tokens.append(np.fromiter(map(len, map(str.split, self._decode(lines, n))),
+                tokens.append(np.fromiter(map(len, map(_tokens, self._decode(lines, n))),
                                           dtype=np.int64, count=len(lines)))
                 n += len(lines)
         if not tokens:
@@ -190,7 +203,7 @@ class KeyLines:
             lines = self._decode(list(islice(f, n_lines)), first_line)
         if len(lines) != n_lines:
             raise EmbstoreError(f"{self.path} changed while the job was running")
-        tokens = [line.split() for line in lines]
+        tokens = [_tokens(line) for line in lines]
         lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=n_lines)
         if lengths.size and lengths.max() > width:
             raise EmbstoreError(f"{self.path} changed while the job was running")

@@ -27,6 +27,7 @@ from ._textparse import _number, parse_block
 __all__ = ["read", "write", "TextReader", "write_text"]
 
 BLOCK_BYTES = 8 << 20
+BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 256 << 20
 MAX_EMPTY_DIM = 1 << 31  # the largest dimension of a header with count 0
 _WS = re.compile(r"[ \t\n\r\x0b\x0c]")
@@ -60,6 +61,10 @@ class TextReader(Reader):
 
     def _read_head(self, header: bool) -> None:
         first = self._f.readline(MAX_LINE_BYTES)
+        if first.startswith(BOM):  # a UTF-8 byte order mark is not part of the first key
+            first = first[len(BOM):]
+        if b"\r" in first.rstrip(b"\r\n"):
+            _check_line_ends(self, first.rstrip(b"\r\n"), 1)
         if not first.strip():
             if not first:
                 raise self.error("the file is empty; expected "
@@ -107,41 +112,43 @@ class TextReader(Reader):
         return n if self.limit is None else min(n, self.limit)
 
     def _line_blocks(self) -> Iterator[tuple[int, list[bytes]]]:
+        """``(first line number, complete lines)`` blocks.  Blank lines are fine only at the
+        end of the file: they are counted, not kept (a file ending in 32 MB of blank lines
+        holds one block at a time), and are an error naming the first of them as soon as
+        another line follows."""
         carry = self._first
         self._first = b""
-        line = self._line
+        line = self._line  # the next line not yet yielded (the first blank one held back)
+        blanks = 0  # blank lines held back since then
         while True:
             chunk = self._f.read(self.block_bytes)
             eof = not chunk
             data = carry + chunk
             if eof:
-                carry = b""
-                if not data:
-                    return
-                lines = data.split(b"\n")
-                if lines[-1] == b"":
-                    lines.pop()
+                carry, body = b"", data
             else:
                 cut = data.rfind(b"\n")
                 if cut < 0:
                     if len(data) > MAX_LINE_BYTES:
                         raise self.error(f"expected lines shorter than {MAX_LINE_BYTES} bytes, got a "
-                                         "longer one", line=line)
+                                         "longer one", line=line + blanks)
                     carry = data
                     continue
-                carry = data[cut + 1:]
-                lines = data[:cut].split(b"\n")
-            # trailing blank lines are fine at the end of the file: hold them back until more comes
-            k = len(lines)
-            while k and not lines[k - 1].strip():
-                k -= 1
-            if k < len(lines):
-                if not eof:
-                    carry = b"\n".join(lines[k:]) + b"\n" + carry
-                lines = lines[:k]
-            if lines:
+                carry, body = data[cut + 1:], data[:cut + 1]
+            # body: whole lines, each ending in \n (at the end of the file the last may not)
+            text = body.rstrip()
+            if text:
+                if blanks:
+                    raise self.error("expected a key and its values, got an empty line",
+                                     line=line)
+                if b"\r" in text:
+                    _check_line_ends(self, text, line)
+                lines = text.split(b"\n")  # blank lines inside: parse_block names the first
                 yield line, lines
                 line += len(lines)
+                blanks = body.count(b"\n", len(text)) - 1  # after the last line's own \n
+            else:
+                blanks += body.count(b"\n")
             self.progress_done = self._f.tell() - len(carry)
             if eof:
                 return
@@ -170,6 +177,16 @@ class TextReader(Reader):
 
     def close(self) -> None:
         self._f.close()
+
+
+def _check_line_ends(reader, text: bytes, first_line: int) -> None:
+    """A carriage return not followed by a line feed: old Mac (CR-only) line ends, which
+    would otherwise read as one giant line.  Raise naming the line."""
+    bare = text.replace(b"\r\n", b"\n").find(b"\r")
+    if bare >= 0:
+        at = first_line + text.replace(b"\r\n", b"\n").count(b"\n", 0, bare)
+        raise reader.error("expected lines ending in \\n or \\r\\n, got a carriage return "
+                           "inside a line (CR-only line ends are not supported)", line=at)
 
 
 def _show(line: bytes, n: int = 60) -> str:

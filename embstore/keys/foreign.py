@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import CorruptStoreError
 from ..table import Vocab
-from .hashing import KEY_PAD, encode_keys, hash_encoded, probe, word_view
+from .hashing import KEY_PAD, encode_keys, hash_encoded, new_hash_key, probe, word_view
 from .mapped import write_mapped
 from .writer import KEYS_CHUNK, index_attrs
 
@@ -62,10 +62,10 @@ def read_key_array(path, n: int) -> np.ndarray:
     return out
 
 
-def _index_arrays(keys: np.ndarray, *, strict: bool):
+def _index_arrays(keys: np.ndarray, *, strict: bool, hash_key: tuple[int, int]):
     """``(encoded keys, offsets, sorted hashes, their rows)`` of all ``keys``, vectorised."""
     enc = encode_keys(keys.tolist(), strict=strict)
-    hashes = hash_encoded(enc)
+    hashes = hash_encoded(enc, hash_key)
     order = np.argsort(hashes, kind="stable")  # equal hashes: ascending rows
     offsets = np.empty(len(enc) + 1, dtype=np.int64)
     offsets[:-1] = enc.starts
@@ -82,7 +82,9 @@ class MemoryKeyIndex(Vocab):
 
     def __init__(self, keys: np.ndarray):
         self._keys = keys
-        enc, self._offsets, self._hash, self._order = _index_arrays(keys, strict=False)
+        self._hash_key = new_hash_key()  # siphash-1-3, as a stored index: no flood
+        enc, self._offsets, self._hash, self._order = _index_arrays(
+            keys, strict=False, hash_key=self._hash_key)
         self._buf, self._nbytes = enc.buf, enc.nbytes
         self._words = word_view(enc.buf).__getitem__
 
@@ -104,7 +106,8 @@ class MemoryKeyIndex(Vocab):
         if not key_list or not n:
             return np.full(len(key_list), -1, dtype=np.int64)
         enc = encode_keys(key_list, strict=False)
-        return probe(enc, hash_encoded(enc), size=n, search=self._hash.searchsorted,
+        return probe(enc, hash_encoded(enc, self._hash_key), size=n,
+                     search=self._hash.searchsorted,
                      hash_at=self._hash.take, row_at=self._order.take,
                      offset_at=self._offsets.take, word_at=self._words, row_limit=n,
                      visible=n, nbytes=self._nbytes)
@@ -127,7 +130,8 @@ def build_key_index(path, n: int, group: zarr.Group | None = None) -> None:
 
     path = Path(path)
     keys = read_key_array(path, n)
-    enc, offsets, hashes, order = _index_arrays(keys, strict=True)
+    hash_key = new_hash_key()
+    enc, offsets, hashes, order = _index_arrays(keys, strict=True, hash_key=hash_key)
     g = group if group is not None else zarr.open_group(str(path), mode="r+")
     if has_key_index(path):  # rebuilding: readers fall back to memory, never a mixed index
         shutil.rmtree(path / "key_hash")  # (open memory maps keep the old files alive)
@@ -135,5 +139,6 @@ def build_key_index(path, n: int, group: zarr.Group | None = None) -> None:
     write_mapped(g, "key_utf8", len(buf), np.uint8, lambda a, b: buf[a:b], path=path)
     write_mapped(g, "key_offsets", n + 1, np.int64, lambda a, b: offsets[a:b], path=path)
     write_mapped(g, "key_order", n, np.int64, lambda a, b: order[a:b], path=path)
-    write_mapped(g, "key_hash", n, np.uint64, lambda a, b: hashes[a:b], attrs=index_attrs(),
+    write_mapped(g, "key_hash", n, np.uint64, lambda a, b: hashes[a:b],
+                 attrs=index_attrs(hash_key),
                  path=path)

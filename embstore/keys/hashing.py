@@ -14,6 +14,18 @@ The key hash ``emb64-v1`` (frozen: it is part of the on-disk format)::
     h = fmix64(h)                                   # MurmurHash3's finaliser
 
 The byte length in the seed separates keys that differ only by trailing NULs.
+
+``emb64-v1`` is unseeded and invertible: thousands of keys sharing one hash are made in
+seconds, and a run of equal hashes is walked linearly (a collision flood cost n^1.5).
+Tables written now use ``siphash-1-3`` (SipHash with 1 compression and 3 finalisation
+rounds, as Python's and Rust's hash tables use it) over the key's UTF-8 bytes, with a
+random 128-bit key per table stored in the key index attributes: without the table's
+key nobody can make colliding keys, so runs of equal hashes stay of length 1 and an
+import or a lookup costs O(n log n) whatever the keys.  Any language with a SipHash
+reads the index.  Tables written with ``emb64-v1`` stay readable (and appendable).
+
+Keys are at most ``MAX_KEY_BYTES`` bytes of UTF-8: longer ones are refused when written
+and simply miss when looked up (hashing and comparing a 2 MiB key took seconds).
 """
 
 from __future__ import annotations
@@ -21,15 +33,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import secrets
+
 import numpy as np
 
 from ..errors import CorruptStoreError, FormatError
 
 __all__ = ["EncodedKeys", "encode_keys", "hash_encoded", "hash_keys", "keys_equal", "word_view",
            "words_from_bytes", "decode_keys", "segment_index", "probe", "first_occurrences",
-           "merge_runs", "HASH_NAME", "KEY_PAD"]
+           "merge_runs", "HASH_NAME", "SIP_NAME", "KEY_PAD", "MAX_KEY_BYTES", "new_hash_key",
+           "hash_key_attrs", "hash_key_from_attrs", "siphash13"]
 
-HASH_NAME = "emb64-v1"
+HASH_NAME = "emb64-v1"  # the legacy hash (tables written before siphash-1-3)
+SIP_NAME = "siphash-1-3"
+MAX_KEY_BYTES = 1 << 16  # 64 KiB of UTF-8 per key
 KEY_PAD = 8  # zero bytes after the last key in ``key_utf8``: a word can be read at any key start
 _SEED = np.uint64(0x2545F4914F6CDD1D)
 _P1 = np.uint64(0x9E3779B97F4A7C15)
@@ -108,6 +125,10 @@ def encode_keys(keys, *, strict: bool = True, first_row: int = 0) -> EncodedKeys
         bounds = lead[np.concatenate([[0], char_end])]
         starts = bounds[:-1]
         lengths = np.diff(bounds)
+    if strict and n and int(lengths.max()) > MAX_KEY_BYTES:
+        i = int(np.argmax(lengths > MAX_KEY_BYTES))
+        raise FormatError(f"key at row {first_row + i} is {int(lengths[i])} bytes of UTF-8, "
+                          f"more than the {MAX_KEY_BYTES} a key may have ({keys[i][:40]!r}...)")
     return EncodedKeys(buf, starts.astype(np.int64, copy=False),
                        lengths.astype(np.int64, copy=False))
 
@@ -151,8 +172,11 @@ def _fmix(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def hash_encoded(enc: EncodedKeys) -> np.ndarray:
-    """The ``emb64-v1`` hash (uint64) of every key of ``enc``."""
+def hash_encoded(enc: EncodedKeys, key: tuple[int, int] | None = None) -> np.ndarray:
+    """The hash (uint64) of every key of ``enc``: ``siphash-1-3`` with the 128-bit ``key``
+    ``(k0, k1)``, or the legacy ``emb64-v1`` when ``key`` is None."""
+    if key is not None:
+        return siphash13(enc, key)
     n = len(enc)
     if n == 0:
         return np.empty(0, dtype=np.uint64)
@@ -174,9 +198,117 @@ def hash_encoded(enc: EncodedKeys) -> np.ndarray:
     return _fmix(h)
 
 
-def hash_keys(keys, *, strict: bool = False) -> np.ndarray:
-    """``emb64-v1`` hashes of a sequence of ``str``."""
-    return hash_encoded(encode_keys(keys, strict=strict))
+def hash_keys(keys, *, strict: bool = False, key: tuple[int, int] | None = None) -> np.ndarray:
+    """Hashes of a sequence of ``str`` (``siphash-1-3`` with ``key``, else ``emb64-v1``)."""
+    return hash_encoded(encode_keys(keys, strict=strict), key)
+
+
+# -- siphash-1-3, vectorised over keys ------------------------------------------------------
+_SIP_INIT = tuple(np.uint64(c) for c in (0x736F6D6570736575, 0x646F72616E646F6D,
+                                          0x6C7967656E657261, 0x7465646279746573))
+_R = {r: (np.uint64(r), np.uint64(64 - r)) for r in (13, 16, 17, 21, 32)}
+
+
+def _rotl(x: np.ndarray, r: int, t: np.ndarray) -> None:
+    """``x = rotl64(x, r)`` in place (``t``: scratch of x's size)."""
+    a, b = _R[r]
+    np.right_shift(x, b, out=t)
+    x <<= a
+    x |= t
+
+
+def _sipround(v0, v1, v2, v3, t) -> None:
+    """One SipRound on the state arrays, in place (no temporaries: 26 NumPy calls)."""
+    v0 += v1
+    _rotl(v1, 13, t)
+    v1 ^= v0
+    _rotl(v0, 32, t)
+    v2 += v3
+    _rotl(v3, 16, t)
+    v3 ^= v2
+    v0 += v3
+    _rotl(v3, 21, t)
+    v3 ^= v0
+    v2 += v1
+    _rotl(v1, 17, t)
+    v1 ^= v2
+    _rotl(v2, 32, t)
+
+
+_SIP_BLOCK = 1 << 15  # keys hashed together: the state arrays stay in the CPU cache
+
+
+def siphash13(enc: EncodedKeys, key: tuple[int, int]) -> np.ndarray:
+    """SipHash-1-3 (the reference algorithm; 64-bit output) of every key's UTF-8 bytes.
+
+    Blocks of keys, longest first: one NumPy pass per 8-byte word position over the keys
+    that still have such a word, then the last block and the finalisation together.
+    """
+    n = len(enc)
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    init = (k0 ^ _SIP_INIT[0], k1 ^ _SIP_INIT[1], k0 ^ _SIP_INIT[2], k1 ^ _SIP_INIT[3])
+    words = word_view(enc.buf)
+    full = enc.lengths >> 3  # complete 8-byte words; the rest goes into the last block
+    order = np.argsort(-full, kind="stable")
+    for a in range(0, n, _SIP_BLOCK):
+        sel = order[a:a + _SIP_BLOCK]
+        st, ln, nfull = enc.starts[sel], enc.lengths[sel], full[sel]
+        m = len(sel)
+        v0, v1, v2, v3 = (np.full(m, c) for c in init)
+        t = np.empty(m, dtype=np.uint64)
+        maxw = int(nfull[0])
+        still = m - np.cumsum(np.bincount(nfull, minlength=maxw + 1))
+        for j in range(maxw):
+            c = int(still[j])
+            w = words[st[:c] + 8 * j]
+            v3[:c] ^= w
+            _sipround(v0[:c], v1[:c], v2[:c], v3[:c], t[:c])
+            v0[:c] ^= w
+        last = words[st + 8 * nfull]
+        last &= _TAIL[ln & 7]
+        last |= (ln.astype(np.uint64) & np.uint64(0xFF)) << np.uint64(56)
+        v3 ^= last
+        _sipround(v0, v1, v2, v3, t)
+        v0 ^= last
+        v2 ^= np.uint64(0xFF)
+        for _ in range(3):
+            _sipround(v0, v1, v2, v3, t)
+        v0 ^= v1
+        v0 ^= v2
+        v0 ^= v3
+        out[sel] = v0
+    return out
+
+
+def new_hash_key() -> tuple[int, int]:
+    """A random 128-bit SipHash key for a new table."""
+    return secrets.randbits(64), secrets.randbits(64)
+
+
+def hash_key_attrs(key: tuple[int, int] | None) -> dict:
+    """The key index attributes naming the hash (and its key) of ``key`` (None: legacy)."""
+    if key is None:
+        return {"version": 1, "hash": HASH_NAME}
+    return {"version": 2, "hash": SIP_NAME, "key": f"{key[0]:016x}{key[1]:016x}"}
+
+
+def hash_key_from_attrs(info, where) -> tuple[int, int] | None:
+    """The hash key recorded in key index attributes ``info`` (None for ``emb64-v1``)."""
+    name = info.get("hash") if isinstance(info, dict) else None
+    if name == HASH_NAME:
+        return None
+    hexkey = info.get("key") if name == SIP_NAME else None
+    if isinstance(hexkey, str) and len(hexkey) == 32:
+        try:
+            return int(hexkey[:16], 16), int(hexkey[16:], 16)
+        except ValueError:
+            pass
+    raise CorruptStoreError(f"{where}: key_hash holds hash {name!r} with key {hexkey!r}; this "
+                            f"embstore reads {SIP_NAME!r} with a 32-digit hex key, or "
+                            f"{HASH_NAME!r}", path=str(where))
 
 
 def segment_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -7,8 +7,9 @@ Layout (in the table's Zarr group; ``V`` keys; see also docs/FORMAT.md):
 - ``key_utf8`` (uint8): the UTF-8 bytes of all keys, back to back, in row order,
   then 8 zero bytes (so keys are compared 8 bytes at a time straight from the map).
 - ``key_offsets`` (int64, ``V + 1``): key ``i`` is ``key_utf8[key_offsets[i]:key_offsets[i+1]]``.
-- ``key_hash`` (uint64, ``V``): the ``emb64-v1`` hashes (:mod:`embstore.keyhash`)
-  of all keys, sorted ascending.  Attribute ``embstore_key_index`` names the hash.
+- ``key_hash`` (uint64, ``V``): the hashes (:mod:`embstore.keys.hashing`: ``siphash-1-3``
+  with the table's own key, or the legacy ``emb64-v1``) of all keys, sorted ascending.
+  Attribute ``embstore_key_index`` names the hash (and holds its key).
 - ``key_order`` (int64, ``V``): ``key_order[j]`` is the row whose hash is
   ``key_hash[j]`` (equal hashes: ascending rows).
 
@@ -40,8 +41,9 @@ import numpy as np
 from ..errors import CorruptStoreError
 from .foreign import MemoryKeyIndex, build_key_index, has_key_index
 from .mapped import Head, MappedArray, concat_reader, read_array_meta, write_mapped
-from .hashing import (HASH_NAME, KEY_PAD, EncodedKeys, decode_keys, encode_keys,
-                      hash_encoded, merge_runs, probe, segment_index, word_view,
+from .hashing import (KEY_PAD, MAX_KEY_BYTES, EncodedKeys, decode_keys, encode_keys,
+                      hash_encoded, hash_key_from_attrs, merge_runs, probe, segment_index,
+                      word_view,
                       words_from_bytes)
 from .writer import INDEX_ARRAYS, INDEX_ATTR, KEYS_CHUNK, KeyIndexWriter, index_attrs
 from ..table import Vocab
@@ -94,11 +96,7 @@ class DiskVocab(Vocab):
         utf8 = MappedArray(self.path, "key_utf8")
         hashes = MappedArray(self.path, "key_hash")
         order = MappedArray(self.path, "key_order")
-        info = hashes.attrs.get(INDEX_ATTR, {})
-        if info.get("hash") != HASH_NAME:
-            raise CorruptStoreError(
-                f"{self.path}: key_hash holds hash {info.get('hash')!r}, this embstore reads "
-                f"{HASH_NAME!r}", path=self.path)
+        hash_key = hash_key_from_attrs(hashes.attrs.get(INDEX_ATTR, {}), self.path)
         if len(offsets) < n + 1 or len(hashes) < n or len(order) != len(hashes):
             raise CorruptStoreError(
                 f"{self.path}: key index sizes do not fit {n} keys: key_offsets "
@@ -110,6 +108,7 @@ class DiskVocab(Vocab):
                 f"{self.path}: key_utf8 has {len(utf8)} bytes, expected key_offsets[-1] + "
                 f"{KEY_PAD} = {last + KEY_PAD}", path=self.path)
         self._utf8, self._offsets, self._hash, self._order = utf8, offsets, hashes, order
+        self._hash_key = hash_key
         self._nbytes = int(offsets.read(n, n + 1)[0])
         if utf8.nchunks == 1:  # the common case: words straight from the map
             self._words = word_view(utf8.chunk_data(0)).__getitem__
@@ -164,8 +163,18 @@ class DiskVocab(Vocab):
         if not key_list or not self._n:
             return np.full(len(key_list), -1, dtype=np.int64)
         enc = encode_keys(key_list, strict=False)
+        long = enc.lengths > MAX_KEY_BYTES
+        if long.any():  # never stored: they miss, without hashing megabytes
+            out = np.full(len(enc), -1, dtype=np.int64)
+            short = np.flatnonzero(~long)
+            if short.size:
+                out[short] = self._probe(enc.subset(short))
+            return out
+        return self._probe(enc)
+
+    def _probe(self, enc: EncodedKeys) -> np.ndarray:
         try:
-            return probe(enc, hash_encoded(enc), size=len(self._hash),
+            return probe(enc, hash_encoded(enc, self._hash_key), size=len(self._hash),
                          search=self._hash.searchsorted, hash_at=self._hash.take,
                          row_at=self._order.take, offset_at=self._offsets.take,
                          word_at=self._words, row_limit=len(self._order), visible=self._n,
@@ -206,7 +215,7 @@ class DiskVocab(Vocab):
         if not m:
             return
         n, g, path = self._n, self._zarr_group("r+"), self.path
-        h = hash_encoded(enc)
+        h = hash_encoded(enc, self._hash_key)
         flat = enc.buf[: enc.nbytes]
         new_offsets = self._nbytes + np.cumsum(enc.lengths)
         # the index first, ``keys`` last (readers take their size from ``keys``); data past
@@ -223,7 +232,7 @@ class DiskVocab(Vocab):
         merged_h, merged_rows = merge_runs((old_h, old_rows),
                                            (h[order], np.arange(n, n + m, dtype=np.int64)[order]))
         write_mapped(g, "key_hash", n + m, np.uint64, lambda a, b: merged_h[a:b],
-                     attrs=index_attrs(), path=path)
+                     attrs=index_attrs(self._hash_key), path=path)
         write_mapped(g, "key_order", n + m, np.int64, lambda a, b: merged_rows[a:b], path=path)
         arr = g["keys"]
         arr.resize((n + m,))
@@ -297,7 +306,7 @@ class DiskVocab(Vocab):
             flat = self._utf8.take(segment_index(starts, lengths)[0])
             enc = EncodedKeys(np.concatenate([flat, np.zeros(KEY_PAD, np.uint8)]),
                               np.cumsum(lengths) - lengths, lengths)
-            if not np.array_equal(hash_encoded(enc), self._hash.read(a, b)):
+            if not np.array_equal(hash_encoded(enc, self._hash_key), self._hash.read(a, b)):
                 raise CorruptStoreError(f"{self.path}: key_hash disagrees with the keys (in "
                                         f"elements {a}..{b - 1})", path=self.path)
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .mapped import concat_reader, write_mapped
-from .hashing import (HASH_NAME, KEY_PAD, encode_keys, first_occurrences, hash_encoded,
-                      merge_runs, probe, segment_index, words_from_bytes)
+from .hashing import (KEY_PAD, encode_keys, first_occurrences, hash_encoded, hash_key_attrs,
+                      merge_runs, new_hash_key, probe, segment_index, words_from_bytes)
 
 if TYPE_CHECKING:
     import zarr
@@ -29,8 +29,9 @@ INDEX_ARRAYS = ("key_utf8", "key_offsets", "key_hash", "key_order")
 INDEX_ATTR = "embstore_key_index"
 
 
-def index_attrs() -> dict:
-    return {INDEX_ATTR: {"version": 1, "hash": HASH_NAME}}
+def index_attrs(hash_key: tuple[int, int] | None) -> dict:
+    """Attributes of ``key_hash``: the hash and its key (None: the legacy ``emb64-v1``)."""
+    return {INDEX_ATTR: hash_key_attrs(hash_key)}
 
 
 def _local_dir(group: zarr.Group) -> Path | None:
@@ -99,6 +100,7 @@ class KeyIndexWriter:
         self._pending: list[np.ndarray] = []
         self._pending_n = 0
         self._done = False
+        self.hash_key = new_hash_key()  # siphash-1-3 with a key of this table's own
 
     def add(self, keys: Sequence[str]) -> np.ndarray:
         """Take the next block of keys (row order); returns the keep mask (False: duplicate)."""
@@ -107,7 +109,7 @@ class KeyIndexWriter:
         key_list = keys if isinstance(keys, list) else list(keys)
         enc = encode_keys(key_list, strict=True, first_row=self._offered)
         self._offered += len(enc)
-        h = hash_encoded(enc)
+        h = hash_encoded(enc, self.hash_key)
         keep = first_occurrences(enc, h)
         cand = np.flatnonzero(keep)
         if self._runs and cand.size:
@@ -184,7 +186,8 @@ class KeyIndexWriter:
             write_mapped(g, "key_utf8", len(utf8) + KEY_PAD, np.uint8,
                          concat_reader(utf8, np.zeros(KEY_PAD, np.uint8)))
             write_mapped(g, "key_offsets", n + 1, np.int64, lambda a, b: offsets[a:b])
-            write_mapped(g, "key_hash", n, np.uint64, lambda a, b: h[a:b], attrs=index_attrs())
+            write_mapped(g, "key_hash", n, np.uint64, lambda a, b: h[a:b],
+                         attrs=index_attrs(self.hash_key))
             write_mapped(g, "key_order", n, np.int64, lambda a, b: rows[a:b])
         finally:
             self.close()
