@@ -22,6 +22,7 @@ import threading
 import numpy as np
 
 from ..files import open_regular
+from ..forksafe import renew_after_fork
 
 __all__ = ["JoinedMap", "available"]
 
@@ -73,6 +74,7 @@ class JoinedMap:
         self.users = 0
         self.retired = False
         self.lock = threading.Lock()
+        renew_after_fork(self, "lock")
 
     def add(self, k: int, shard) -> None:
         """Map shard file ``k`` (a loaded :class:`~embstore.shards.ShardFile`) into its slot."""

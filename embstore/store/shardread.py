@@ -19,6 +19,7 @@ from crc32c import crc32c
 from . import arena as joined
 from ..errors import CorruptStoreError, ResourceLimitError
 from ..files import map_file, open_regular
+from ..forksafe import renew_after_fork
 from .codecs import ABSENT, Layout, ZstdDecoder, check_chunk, make_codec, pool
 
 __all__ = ["ShardReader", "ShardFile"]
@@ -127,6 +128,7 @@ class ShardReader:
             layout.compression != "none") else None
         self._shards: dict[int, ShardFile] = {}
         self._lock = threading.RLock()
+        renew_after_fork(self, "_lock")  # a thread of the parent may hold it at a fork
         self._jm = None  # JoinedMap of the uncompressed layout (Linux), built on first use
         self._jm_ok = layout.compression == "none" and joined.available()
 

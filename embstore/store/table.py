@@ -15,6 +15,7 @@ import numpy as np
 
 from ..cache import CacheInfo, make_cache, parse_bytes
 from ..errors import CorruptStoreError, FormatError, ShapeMismatchError
+from ..forksafe import renew_after_fork
 from ..ids import as_ids
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
@@ -46,6 +47,7 @@ class ZarrTable(Table):
         self.path = Path(os.fspath(path)).absolute()
         self.mode = mode
         self._lock = threading.RLock()  # writers, vocab opening, refresh
+        renew_after_fork(self, "_lock")
         self._closed = False
         self._load_meta()
         self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype, self.vocab_size)
