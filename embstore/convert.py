@@ -84,6 +84,11 @@ class VocabReader:
         """The next ``n`` keys; fewer in the file is an error naming the line."""
         self._fill(n)
         raw = self._lines[self._i:self._i + n]
+        if any(b"\r" in r[:-1] for r in raw):  # before counting: CR-only ends make one line
+            i = next(i for i, r in enumerate(raw) if b"\r" in r[:-1])
+            raise FormatError("expected lines ending in \\n or \\r\\n, got a carriage return "
+                              "inside a line (CR-only line ends are not supported)",
+                              path=self.path, line=self.taken + 1 + i)
         if len(raw) < n:
             got = self.taken + len(raw)
             want = expected if expected is not None else f"at least {self.taken + n}"
@@ -92,11 +97,6 @@ class VocabReader:
         self._i += n
         raw = [r[:-1] if r.endswith(b"\r") else r for r in raw]
         first = self.taken + 1
-        if any(b"\r" in r for r in raw):
-            i = next(i for i, r in enumerate(raw) if b"\r" in r)
-            raise FormatError("expected lines ending in \\n or \\r\\n, got a carriage return "
-                              "inside a line (CR-only line ends are not supported)",
-                              path=self.path, line=first + i)
         if b"" in raw:
             i = raw.index(b"")
             raise FormatError("expected a key, got an empty line", path=self.path, line=first + i)
