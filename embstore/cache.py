@@ -29,15 +29,14 @@ and ``cache_clear`` do not count hits or misses; ``cache_clear`` resets all coun
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
-from .errors import InvalidOptionError
 from .forksafe import renew_after_fork
+from .ids import parse_bytes
 
 __all__ = ["CacheInfo", "RowCache", "NullCache", "make_cache", "parse_bytes"]
 
@@ -46,14 +45,7 @@ _EMPTY, _TOMB = -1, -2
 #: A batch caches at most this many of its first-time misses (all of them in a small
 #: batch, as a plain LRU does), plus every row missed before (see ``RowCache._admit``).
 ADMIT_ALL_BELOW = 2048
-#: The largest byte size accepted (4 EiB): more is a typing mistake, not a budget.
-MAX_BYTES = 1 << 62
 _FIRST_SLOTS = 4096  # slots allocated on first use; doubled as they fill
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
-          "tb": 1000**4, "tib": 1024**4}
-
 
 class CacheInfo(NamedTuple):
     hits: int = 0
@@ -62,34 +54,6 @@ class CacheInfo(NamedTuple):
     entries: int = 0
     bytes: int = 0
     capacity_bytes: int = 0
-
-
-def parse_bytes(value) -> int:
-    """``256``, ``"256MiB"``, ``"1GB"``, ``"1.5 GiB"`` -> bytes (1 KB = 1000 B, 1 KiB = 1024 B).
-
-    Anything else (``"1XB"``, ``-5``, a float, more than 4 EiB) raises
-    :class:`~embstore.errors.InvalidOptionError` (a ``ValueError``).
-    """
-    if isinstance(value, (bool, np.bool_)):
-        raise InvalidOptionError(
-            f"a byte size must be an int or a string like '256MiB', got {value!r}")
-    if isinstance(value, (int, np.integer)):
-        n = int(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise InvalidOptionError(f"cannot read {value!r} as a byte size (examples: 0, "
-                                     "1048576, '256MiB', '1GB')")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    else:
-        raise InvalidOptionError(
-            f"a byte size must be an int or a string like '256MiB', got {value!r}")
-    if n < 0:
-        raise InvalidOptionError(f"a byte size must be >= 0, got {value!r}")
-    if n > MAX_BYTES:
-        raise InvalidOptionError(f"a byte size must be at most {MAX_BYTES} (4 EiB), got "
-                                 f"{value!r}")
-    return n
 
 
 def _bits_for(slots: int) -> int:

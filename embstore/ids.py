@@ -18,12 +18,13 @@ from __future__ import annotations
 import numbers
 import operator
 import os
+import re
 
 import numpy as np
 
-from .errors import InvalidIdError, ResultTooLargeError
+from .errors import InvalidIdError, InvalidOptionError, ResultTooLargeError
 
-__all__ = ["as_ids", "position_of", "check_result_size"]
+__all__ = ["as_ids", "position_of", "check_result_size", "parse_bytes"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -174,3 +175,39 @@ def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
     if arr.dtype == np.int64:
         return arr
     return arr.astype(np.int64)
+
+
+# -- shared validators ----------------------------------------------------------------------
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+#: The largest byte size accepted (4 EiB): more is a typing mistake, not a budget.
+MAX_BYTES = 1 << 62
+
+
+def parse_bytes(value) -> int:
+    """``256``, ``"256MiB"``, ``"1GB"``, ``"1.5 GiB"`` -> bytes (1 KB = 1000 B, 1 KiB = 1024 B).
+
+    Anything else (``"1XB"``, ``-5``, a float, more than 4 EiB) raises
+    :class:`~embstore.errors.InvalidOptionError` (a ``ValueError``).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise InvalidOptionError(
+            f"a byte size must be an int or a string like '256MiB', got {value!r}")
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise InvalidOptionError(f"cannot read {value!r} as a byte size (examples: 0, "
+                                     "1048576, '256MiB', '1GB')")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise InvalidOptionError(
+            f"a byte size must be an int or a string like '256MiB', got {value!r}")
+    if n < 0:
+        raise InvalidOptionError(f"a byte size must be >= 0, got {value!r}")
+    if n > MAX_BYTES:
+        raise InvalidOptionError(f"a byte size must be at most {MAX_BYTES} (4 EiB), got "
+                                 f"{value!r}")
+    return n
