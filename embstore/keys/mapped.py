@@ -114,7 +114,7 @@ def read_array_meta(path: Path, name: str, *, dir_fd: int | None = None) -> dict
         fd = open_regular("zarr.json" if dir_fd is not None else file, dir_fd=dir_fd,
                           root=path, shown=file)
         try:
-            meta = json.loads(read_small(fd, file))
+            meta = json.loads(read_small(fd, file).decode("utf-8"))
         finally:
             os.close(fd)
     except FileNotFoundError:

@@ -124,7 +124,7 @@ def read_json(path: Path, what: str, *, root: Path | None = None) -> dict:
             raw = read_small(fd, path)
         finally:
             os.close(fd)
-        doc = json.loads(raw)
+        doc = json.loads(raw.decode("utf-8"))  # bytes would be sniffed for UTF-16/32
     except FileNotFoundError:
         raise FormatError(f"not an embstore table: {what} is missing", path=str(path)) from None
     except (CorruptStoreError, ResourceLimitError):
