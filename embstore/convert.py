@@ -248,6 +248,7 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
         os.path.dirname(os.path.abspath(vocab)),
         f".{os.path.basename(vocab)}.tmp-{uuid.uuid4().hex[:8]}")
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
     try:
         if vocab_tmp is not None:
             _write_vocab(vocab_tmp, table, n, block_rows)
@@ -276,8 +277,7 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
         if table is not src:
             table.close()
     return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
-                        keys_dropped=table.keys is not None and fmt in _KEYLESS_FORMATS
-                        and vocab is None)
+                        keys_dropped=keys_dropped)
 
 
 def _export_to_stream(src, stream, *, format, limit, block_rows, vocab_out, tensor,

@@ -118,7 +118,7 @@ class MemoryKeyIndex(Vocab):
     def keys_between(self, start: int, stop: int) -> list[str]:
         return self._keys[start:max(start, stop)].tolist()
 
-    def close(self) -> None:
+    def close(self, *, final: bool = False) -> None:
         pass
 
 
