@@ -90,6 +90,9 @@ class RowCache:
         #: reads are about as cheap as cache hits (uncompressed, memory-mapped): a batch that
         #: mostly misses is then read whole from the store instead of merged from both
         self.cheap_reads = False
+        #: ``() -> bool``: whether the store's last reads were not resident (then they are
+        #: not cheap whatever ``cheap_reads`` says, and hits are never read again)
+        self.reads_cold = None
         self._rows = np.empty((self.slots, self.dim), dtype=self.dtype)  # pages come on use
         self._reset()
 
@@ -209,7 +212,8 @@ class RowCache:
             nh = int(np.count_nonzero(hit))
             self.hits += nh
             self.misses += n - nh
-            if nh and take is not None and out is None and self.cheap_reads and 2 * nh < n:
+            if (nh and take is not None and out is None and self.cheap_reads and 2 * nh < n
+                    and not (self.reads_cold is not None and self.reads_cold())):
                 self._stamp[self._hv[cell[hit]]] = tick  # the hits stay recent
                 miss_ids = ids[~hit]
                 nh = -1  # read everything below

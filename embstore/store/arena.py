@@ -21,6 +21,8 @@ import threading
 
 import numpy as np
 
+from . import prefetch
+
 __all__ = ["JoinedMap", "available"]
 
 _PROT_NONE, _PROT_READ = 0, 1
@@ -88,6 +90,8 @@ class JoinedMap:
                                      "slot")
                 _check(_libc.mmap(self.base + k * self.stride, size, _PROT_READ,
                                   _MAP_SHARED | _MAP_FIXED, fd, 0))
+                # no read-ahead around faults: cold batches are prefetched instead
+                prefetch.advise_random(self.base + k * self.stride, size)
             finally:
                 os.close(fd)
         self.goff[sl] = np.where(shard.offsets >= 0, shard.offsets + k * self.stride, -1)

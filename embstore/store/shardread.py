@@ -17,6 +17,7 @@ import numpy as np
 from crc32c import crc32c
 
 from . import arena as joined
+from . import prefetch
 from ..errors import CorruptStoreError
 from .codecs import ABSENT, Layout, ZstdDecoder, check_chunk, make_codec, pool
 
@@ -56,17 +57,22 @@ class ShardFile:
                 raise CorruptStoreError(
                     f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
                     "(truncated?)", path=path)
+            # the index with one read (a fault on the map would read ahead megabytes around
+            # it, or with MADV_RANDOM fault its pages in one at a time)
+            tail = os.pread(f.fileno(), index_len, size - index_len)
+            if len(tail) != index_len:
+                raise CorruptStoreError(f"shard {path}: index truncated while reading",
+                                        path=path)
             try:
                 mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(size,))
             except OSError as exc:
                 raise CorruptStoreError(f"shard {path}: cannot map ({exc.strerror or exc})",
                                         path=path) from None
-        tail = mm[size - index_len:]
         body = tail[: 16 * n]
-        if layout.index_crc and crc32c(body) != int.from_bytes(bytes(tail[16 * n:]), "little"):
+        if layout.index_crc and crc32c(body) != int.from_bytes(tail[16 * n:], "little"):
             raise CorruptStoreError(f"shard {path}: the shard index fails its crc32c "
                                     "(damaged or truncated)", path=path)
-        index = np.frombuffer(bytes(body), dtype="<u8").reshape(n, 2)
+        index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
         present = index[:, 0] != ABSENT
         off = index[:, 0].astype(np.int64)
         nb = index[:, 1].astype(np.int64)
@@ -87,12 +93,18 @@ class ShardFile:
         self.mm = mm
         self.buf = memoryview(mm).cast("B")  # slicing a memoryview is cheap, a memmap's is not
         self.addr = mm.ctypes.data if size else 0
+        prefetch.advise_random(self.addr, size)  # see embstore/prefetch.py
         self.all_verified = not layout.has_crc
         self.verified[~present] = True
         rb = layout.row_bytes
         if layout.compression == "none" and data_len >= rb:
             self.rowview = np.ndarray(shape=(data_len - rb + 1,), dtype=np.dtype((np.void, rb)),
                                       buffer=mm, offset=0, strides=(1,))
+
+    def willneed(self, lo: int, hi: int) -> None:
+        """Start reading bytes ``lo:hi`` of the file (before a sequential copy of them)."""
+        if self.mm is not None and hi > lo:
+            prefetch.willneed(np.array([self.addr + lo]), np.array([self.addr + hi]))
 
     def chunk(self, i: int, layout: Layout):
         """The stored bytes of inner chunk ``i`` after their crc32c check (None if absent)."""
@@ -127,6 +139,8 @@ class ShardReader:
         self._lock = threading.RLock()
         self._jm = None  # JoinedMap of the uncompressed layout (Linux), built on first use
         self._jm_ok = layout.compression == "none" and joined.available()
+        #: whether the last batch checked was found not resident (it was prefetched)
+        self.cold_hint = False
 
     def shard(self, k: int) -> ShardFile:
         sf = self._shards.get(k)
@@ -219,30 +233,71 @@ class ShardReader:
                         self._jm_ok = False
                         return None
                 g = jm.goff[gc]
-        if not jm.all_verified:
-            seen = jm.gver[gc]
-            if not seen.all():
-                # a loop per chunk, first touch only; the bytes are read through the joined
-                # map, so a page is never resident in two mappings (RSS counts both)
-                raw = jm.raw
-                for c in np.unique(gc[~seen]).tolist():
-                    k, i = divmod(c, L.n_inner)
-                    sf = self.shard(k)
-                    off = int(jm.goff[c])
-                    if L.has_crc and not sf.verified[i] and off >= 0:
-                        check_chunk(raw[off: off + int(sf.nbytes[i])],
-                                    f"shard {sf.path}, chunk {i}")
-                    sf.verified[i] = True
-                    jm.gver[c] = True
-                jm.all_verified = bool(jm.gver.all())
         at = g + (ids - gc * cr) * L.row_bytes
         absent = g < 0
+        seen = None if jm.all_verified else jm.gver[gc]
+        if ids.size >= prefetch.MIN_PAGES:
+            self._prefetch_joined(jm, at, absent, gc, seen)
+        if seen is not None and not seen.all():
+            self._check_first_touch(jm, np.unique(gc[~seen]))
         if not absent.any():
             return jm.view[at]
         rows = np.empty(ids.size, dtype=jm.view.dtype)
         rows[~absent] = jm.view[at[~absent]]  # never touch the slot of an absent shard
         rows.view(L.dtype).reshape(ids.size, L.dim)[absent] = L.fill_value
         return rows
+
+    def _check_first_touch(self, jm, cs: np.ndarray) -> None:
+        """Check the crc32c of global chunks ``cs`` (sorted, not yet checked) and mark them.
+
+        The bytes are read through the joined map, so a page is never resident in two
+        mappings (RSS counts both).  Uncompressed chunks all have the same stored size, so
+        the stored checksums are gathered at once and the loop per chunk only hashes.
+        """
+        L = self.layout
+        off = jm.goff[cs]
+        present = off >= 0
+        if L.has_crc and present.any():
+            po = off[present]
+            n = L.chunk_bytes  # payload bytes (the index was checked to say chunk_bytes + 4)
+            stored = np.ndarray(shape=(jm.total - 3,), dtype="<u4", buffer=jm.raw,
+                                strides=(1,))[po + n]
+            mv = memoryview(jm.raw)
+            got = [crc32c(mv[o: o + n]) for o in po.tolist()]  # a loop per chunk, first touch
+            bad = np.flatnonzero(np.asarray(got, dtype=np.int64) != stored)
+            if bad.size:
+                c = int(cs[present][bad[0]])
+                k, i = divmod(c, L.n_inner)
+                sf = self.shard(k)
+                o = int(jm.goff[c])
+                where = f"shard {sf.path}, chunk {i}"
+                check_chunk(jm.raw[o: o + int(sf.nbytes[i])], where)  # raises, with the reason
+                raise CorruptStoreError(f"{where}: crc32c mismatch (stored bytes are damaged)",
+                                        path=sf.path)
+        jm.gver[cs] = True
+        ks = cs // L.n_inner
+        cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, cs.size].tolist()):  # per shard
+            k = int(ks[a])
+            self.shard(k).verified[cs[a:b] - k * L.n_inner] = True
+        jm.all_verified = bool(jm.gver.all())
+
+    def _prefetch_joined(self, jm, at, absent, gc, seen) -> None:
+        """If the batch is not resident, start reading all its pages at once: the rows, and
+        the whole chunks whose crc32c is checked first (see embstore/prefetch.py)."""
+        L = self.layout
+        rows_at = at[~absent] if absent.any() else at
+        if not prefetch.is_cold(jm.base + rows_at):
+            self.cold_hint = False
+            return
+        self.cold_hint = True
+        starts, stops = rows_at, rows_at + L.row_bytes
+        if seen is not None and not seen.all():
+            c = np.unique(gc[~seen & ~absent])
+            off = jm.goff[c]
+            starts = np.concatenate([starts, off])
+            stops = np.concatenate([stops, off + (L.chunk_bytes + (4 if L.has_crc else 0))])
+        prefetch.willneed(jm.base + starts, jm.base + stops)
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out`` (n, dim) with rows ``ids`` (validated 1-D int64)."""
@@ -318,6 +373,19 @@ class ShardReader:
             sel = (inv[pos] - j0) * cr + ids[pos] % cr
             out[pos] = dec.reshape(-1, L.dim)[sel]
 
+    def _prefetch_chunks(self, jobs) -> None:
+        """If the chunks ``jobs`` are not resident, start reading them all at once."""
+        spans = [(sf.addr + int(sf.offsets[i]), int(sf.nbytes[i])) for _, sf, i in jobs
+                 if sf.mm is not None and sf.offsets[i] >= 0]  # a loop per chunk, as decoding
+        if not spans:
+            return
+        a = np.array(spans, dtype=np.int64)
+        if prefetch.is_cold(a[:, 0]):
+            self.cold_hint = True
+            prefetch.willneed(a[:, 0], a[:, 0] + np.maximum(a[:, 1], 1))
+        else:
+            self.cold_hint = False
+
     def decode_chunks(self, chunks: np.ndarray) -> np.ndarray:
         """Decoded global chunks ``chunks`` as an array (len, chunk_rows, dim)."""
         L = self.layout
@@ -325,6 +393,8 @@ class ShardReader:
         dec = np.empty((chunks.size, L.chunk_rows, L.dim), dtype=L.dtype)
         jobs = [(j, self.shard(c // per_shard), c % per_shard)
                 for j, c in enumerate(chunks.tolist())]
+        if len(jobs) >= prefetch.MIN_PAGES:
+            self._prefetch_chunks(jobs)
 
         flat = dec.reshape(chunks.size, -1).view(np.uint8)
         decode = self.codec.decode if self.codec is not None else None

@@ -142,6 +142,7 @@ def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.nda
                     pos += len(piece)
                 elif present[a]:
                     lo, hi = int(offs[a]), int(offs[b - 1] + nbs[b - 1])
+                    old.willneed(lo, hi)  # the map reads no ahead (MADV_RANDOM)
                     f.write(old.buf[lo:hi])
                     index[a:b, 0] = pos + (offs[a:b] - lo)
                     index[a:b, 1] = nbs[a:b]

@@ -62,6 +62,10 @@ class RowSource(abc.ABC):
         """``(codes, scale, offset)`` of rows ``ids`` as stored (floats: the rows, None, None)."""
         return self.take(ids), None, None
 
+    def reads_cold(self) -> bool:
+        """Whether the last reads found their rows out of memory (then no read is cheap)."""
+        return False
+
     @abc.abstractmethod
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out`` (``(len(ids), dim)``) with rows ``ids``."""
@@ -121,6 +125,9 @@ class ShardSource(RowSource):
         L = self._layout
         return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
                 "compression": L.compression, "fast_path": True}
+
+    def reads_cold(self) -> bool:
+        return self.reader.cold_hint
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self.reader.gather(ids, out)

@@ -50,6 +50,7 @@ class ZarrTable(Table):
         self._load_meta()
         self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype)
         self._cache.cheap_reads = self._source.cheap_reads
+        self._cache.reads_cold = lambda: self._source.reads_cold()
 
     def _load_meta(self) -> None:
         self._attrs, meta = read_table_meta(self.path)
