@@ -118,6 +118,32 @@ def is_cold(addrs: np.ndarray) -> bool:
     return not bool(np.all(vec & 1))
 
 
+_worker = None
+_worker_lock = threading.Lock()
+
+
+def _reset_worker() -> None:  # a pool does not survive fork
+    global _worker, _worker_lock
+    _worker, _worker_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_worker)
+
+
+def willneed_async(starts: np.ndarray, stops: np.ndarray):
+    """:func:`willneed` in a background thread: the caller goes on reading (and checking)
+    the pages that have arrived while the rest are being asked for (the advice blocks once
+    the device queue is full).  Returns a future; wait for it before unmapping."""
+    global _worker
+    if _worker is None:
+        with _worker_lock:
+            if _worker is None:
+                from concurrent.futures import ThreadPoolExecutor
+                _worker = ThreadPoolExecutor(1, thread_name_prefix="embstore-prefetch")
+    return _worker.submit(willneed, starts, stops)
+
+
 def willneed(starts: np.ndarray, stops: np.ndarray) -> int:
     """Start reading the pages of the mapped byte ranges ``[starts, stops)`` (addresses),
     merged into runs of pages, all at once and without waiting.  Returns the run count."""

@@ -127,6 +127,12 @@ class ShardFile:
             self.all_verified = True
 
 
+def _crcs(mv: memoryview, offsets: list, n: int, mode: int) -> np.ndarray:
+    """crc32c of ``mv[o:o+n]`` for each ``o`` (a loop per chunk)."""
+    return np.fromiter((crc32c(mv[o: o + n], gil_release_mode=mode) for o in offsets),
+                       dtype=np.int64, count=len(offsets))
+
+
 class ShardReader:
     """Row gathers from the shard files of one ``vectors`` array."""
 
@@ -236,18 +242,23 @@ class ShardReader:
         at = g + (ids - gc * cr) * L.row_bytes
         absent = g < 0
         seen = None if jm.all_verified else jm.gver[gc]
+        pending = None
         if ids.size >= prefetch.MIN_PAGES:
-            self._prefetch_joined(jm, at, absent, gc, seen)
-        if seen is not None and not seen.all():
-            self._check_first_touch(jm, np.unique(gc[~seen]))
-        if not absent.any():
-            return jm.view[at]
-        rows = np.empty(ids.size, dtype=jm.view.dtype)
-        rows[~absent] = jm.view[at[~absent]]  # never touch the slot of an absent shard
-        rows.view(L.dtype).reshape(ids.size, L.dim)[absent] = L.fill_value
-        return rows
+            pending = self._prefetch_joined(jm, at, absent, gc, seen)
+        try:
+            if seen is not None and not seen.all():
+                self._check_first_touch(jm, np.unique(gc[~seen]), pending is not None)
+            if not absent.any():
+                return jm.view[at]
+            rows = np.empty(ids.size, dtype=jm.view.dtype)
+            rows[~absent] = jm.view[at[~absent]]  # never touch the slot of an absent shard
+            rows.view(L.dtype).reshape(ids.size, L.dim)[absent] = L.fill_value
+            return rows
+        finally:
+            if pending is not None:  # the advice names addresses of this map: done before
+                pending.exception()  # it may be unmapped (advice errors do not matter)
 
-    def _check_first_touch(self, jm, cs: np.ndarray) -> None:
+    def _check_first_touch(self, jm, cs: np.ndarray, cold: bool = False) -> None:
         """Check the crc32c of global chunks ``cs`` (sorted, not yet checked) and mark them.
 
         The bytes are read through the joined map, so a page is never resident in two
@@ -263,8 +274,15 @@ class ShardReader:
             stored = np.ndarray(shape=(jm.total - 3,), dtype="<u4", buffer=jm.raw,
                                 strides=(1,))[po + n]
             mv = memoryview(jm.raw)
-            got = [crc32c(mv[o: o + n]) for o in po.tolist()]  # a loop per chunk, first touch
-            bad = np.flatnonzero(np.asarray(got, dtype=np.int64) != stored)
+            # a loop per chunk, first touch only; cold, the GIL is let go around each chunk
+            # (its page may still be on its way) so the prefetch thread keeps asking
+            if cold and po.size >= 256:  # faults inside crc32c run without the GIL: split
+                parts = np.array_split(po, 2 * pool()._max_workers)
+                got = np.concatenate([f.result() for f in [pool().submit(
+                    _crcs, mv, p.tolist(), n, 1) for p in parts]])
+            else:
+                got = _crcs(mv, po.tolist(), n, 0)
+            bad = np.flatnonzero(got != stored)
             if bad.size:
                 c = int(cs[present][bad[0]])
                 k, i = divmod(c, L.n_inner)
@@ -289,7 +307,7 @@ class ShardReader:
         rows_at = at[~absent] if absent.any() else at
         if not prefetch.is_cold(jm.base + rows_at):
             self.cold_hint = False
-            return
+            return None
         self.cold_hint = True
         starts, stops = rows_at, rows_at + L.row_bytes
         if seen is not None and not seen.all():
@@ -297,7 +315,7 @@ class ShardReader:
             off = jm.goff[c]
             starts = np.concatenate([starts, off])
             stops = np.concatenate([stops, off + (L.chunk_bytes + (4 if L.has_crc else 0))])
-        prefetch.willneed(jm.base + starts, jm.base + stops)
+        return prefetch.willneed_async(jm.base + starts, jm.base + stops)
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out`` (n, dim) with rows ``ids`` (validated 1-D int64)."""
