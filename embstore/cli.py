@@ -130,7 +130,7 @@ def _stdin_file(src: str, dest: str) -> Iterator[str]:
 @click.option("--compression", type=click.Choice(("none", "zstd", "blosc")), default="none",
               show_default=True, help="Compression of the stored chunks.")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
-              help="Rows per inner chunk (default: about 16 KiB of rows).")
+              help="Rows per inner chunk (default: about 1 KiB of rows).")
 @click.option("--shard-rows", type=click.IntRange(min=1), default=None,
               help="Rows per shard file, a multiple of --chunk-rows.")
 @click.option("--limit", type=click.IntRange(min=0), default=None,

@@ -25,7 +25,10 @@ from .shardwrite import RowStream, rewrite_shard
 __all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype",
            "check_storage"]
 
-CHUNK_TARGET = 16 << 10  # bytes per inner chunk (uncompressed)
+#: bytes per inner chunk (uncompressed).  A cold random row costs the pages of its chunk (its
+#: crc32c is checked on first touch): a 1 KiB chunk + 4-byte checksum spans 1.25 pages on
+#: average, a 4 KiB one always 2 (docs/FORMAT.md section 3 has the measurements)
+CHUNK_TARGET = 1 << 10
 CHUNK_TARGET_COMPRESSED = 4 << 10  # compressed chunks are decoded whole: keep them small
 SHARD_TARGET = 128 << 20  # bytes per shard
 FLOAT_DTYPES = ("float16", "float32", "float64")
