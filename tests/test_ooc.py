@@ -1,5 +1,5 @@
 """The cold read path (issue 16): batches whose pages are not resident are prefetched
-(embstore/prefetch.py) and read exactly; results never differ from NumPy's.
+(embstore/store/prefetch.py) and read exactly; results never differ from NumPy's.
 
 Cold is forced by making the residency check say so (deterministic), and once for real
 by evicting a table's pages and counting the bytes read (/proc/self/io).  No timing here:
@@ -63,7 +63,7 @@ def test_cold_batches_equal_numpy(tmp_path, forced_cold, layout):
     np.testing.assert_array_equal(t[100:2100], E[100:2100])  # a scan: few long runs
     np.testing.assert_array_equal(t.to_numpy(), E)
     assert forced_cold, "the prefetch was never asked for"
-    assert t._reader.cold_hint
+    assert t._source.reader.cold_hint
     t.close()
 
 
@@ -164,23 +164,23 @@ def test_row_cache_does_not_reread_hits_when_reads_are_cold(tmp_path):
     t[hot]
     t[hot]
     seen = []
-    real = t._reader.take
+    real = t._source.reader.take
 
     def take(ids):
         seen.append(ids.size)
         return real(ids)
 
-    t._reader.take = take
-    t._reader.cold_hint = True  # as after a batch found not resident
+    t._source.reader.take = take
+    t._source.reader.cold_hint = True  # as after a batch found not resident
     ids = np.concatenate([hot, np.arange(100, 400)])
-    real_gather = t._reader.gather
+    real_gather = t._source.reader.gather
 
     def gather(ids, out):
         seen.append(ids.size)
-        t._reader.cold_hint = True  # a real read would say so again
+        t._source.reader.cold_hint = True  # a real read would say so again
         return real_gather(ids, out)
 
-    t._reader.gather = gather
+    t._source.reader.gather = gather
     np.testing.assert_array_equal(t[ids], E[ids])
     assert seen == [300]  # only the misses were read
     t.close()

@@ -93,7 +93,7 @@ class ShardFile:
         self.mm = mm
         self.buf = memoryview(mm).cast("B")  # slicing a memoryview is cheap, a memmap's is not
         self.addr = mm.ctypes.data if size else 0
-        prefetch.advise_random(self.addr, size)  # see embstore/prefetch.py
+        prefetch.advise_random(self.addr, size)  # see embstore/store/prefetch.py
         self.all_verified = not layout.has_crc
         self.verified[~present] = True
         rb = layout.row_bytes
@@ -302,7 +302,7 @@ class ShardReader:
 
     def _prefetch_joined(self, jm, at, absent, gc, seen) -> None:
         """If the batch is not resident, start reading all its pages at once: the rows, and
-        the whole chunks whose crc32c is checked first (see embstore/prefetch.py)."""
+        the whole chunks whose crc32c is checked first (see embstore/store/prefetch.py)."""
         L = self.layout
         rows_at = at[~absent] if absent.any() else at
         if not prefetch.is_cold(jm.base + rows_at):
