@@ -38,7 +38,7 @@ def forced_cold(monkeypatch):
         asked.append(int(starts.size))
         return real(starts, stops)
 
-    monkeypatch.setattr(prefetch, "is_cold", lambda addrs: True)
+    monkeypatch.setattr(prefetch, "is_cold", lambda addrs, k=16: True)
     monkeypatch.setattr(prefetch, "willneed", spy)
     return asked
 
@@ -73,11 +73,11 @@ def test_mixed_resident_and_cold_batches(tmp_path, monkeypatch):
     chunks, duplicates and rows of the same chunk all come back exact."""
     path, E = _table(tmp_path, chunk_rows=4, shard_rows=64)
     verdict = iter([True, False] * 50)
-    monkeypatch.setattr(prefetch, "is_cold", lambda addrs: next(verdict))
+    monkeypatch.setattr(prefetch, "is_cold", lambda addrs, k=16: next(verdict))
     t = embstore.open(path, cache_bytes=0)
     rng = np.random.default_rng(1)
     for _ in range(20):
-        ids = np.concatenate([rng.integers(0, len(E), 300), rng.integers(0, 50, 30)])
+        ids = np.concatenate([rng.integers(0, len(E), 1200), rng.integers(0, 50, 30)])
         np.testing.assert_array_equal(t.lookup(ids), E[ids])
     t.close()
 
@@ -216,4 +216,31 @@ def test_cold_batch_reads_about_a_page_per_id(tmp_path):
     np.testing.assert_array_equal(out, E[ids])
     print(f"1,000 cold ids read {used / 2**20:.2f} MiB")
     assert used <= 1000 * 8192, f"{used / 2**20:.1f} MiB read for 1,000 ids"
+    t.close()
+
+
+def test_zstd_many_chunks_absent_and_damaged(tmp_path):
+    """The batched zstd decode (>= 64 chunks a call): absent chunks are zeros, a damaged
+    chunk raises CorruptStoreError naming its shard and chunk."""
+    t = embstore.create(tmp_path / "z", (8192, 16), chunk_rows=4, shard_rows=1024,
+                        compression="zstd", cache_bytes=0)
+    rng = np.random.default_rng(4)
+    want = np.zeros((8192, 16), dtype=np.float32)
+    ids = np.unique(rng.integers(0, 3000, 1500))  # shards 0-2 written, 3-7 absent
+    want[ids] = rng.standard_normal((ids.size, 16)).astype(np.float32)
+    t.write(ids, want[ids])
+    t.close()
+    t = embstore.open(tmp_path / "z", cache_bytes=0)
+    q = rng.integers(0, 8192, 4000)
+    np.testing.assert_array_equal(t.lookup(q), want[q])
+    t.close()
+    shard = tmp_path / "z" / "vectors" / "c" / "1" / "0"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01  # inside the first stored chunks of shard 1
+    shard.write_bytes(bytes(data))
+    t = embstore.open(tmp_path / "z", cache_bytes=0)
+    with pytest.raises(embstore.CorruptStoreError, match=r"chunk \d+: crc32c mismatch") as ei:
+        t.lookup(np.arange(1024, 2048))
+    assert str(shard) in str(ei.value)
+    np.testing.assert_array_equal(t.lookup(np.arange(0, 1024)), want[:1024])
     t.close()

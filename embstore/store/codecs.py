@@ -211,6 +211,21 @@ class ZstdDecoder:
                 cls._shared = False  # type: ignore[assignment]
         return cls._shared or None
 
+    def decode_many(self, src: list, n: list, dst: list, cap: int) -> int:
+        """Decompress frames ``src[j]`` (``n[j]`` bytes) into ``dst[j]`` (``cap`` bytes each);
+        returns the position of the first that fails (not exactly ``cap`` bytes), or -1.
+
+        A loop per frame with one foreign call each (the GIL is let go during the call);
+        zstd's error codes are sizes no chunk has, so ``got == cap`` is the whole check."""
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = self._lib.ZSTD_createDCtx()
+        fn = self._lib.ZSTD_decompressDCtx
+        for j, (s, m, d) in enumerate(zip(src, n, dst)):
+            if fn(ctx, d, cap, s, m) != cap:
+                return j
+        return -1
+
     def decode(self, src: int, n: int, dst: int, cap: int) -> bool:
         """Decompress into ``dst``; True if it gave exactly ``cap`` bytes."""
         ctx = getattr(self._local, "ctx", None)

@@ -26,8 +26,10 @@ threads stall on the GIL and on each other.  ``process_madvise`` takes 1,024 ran
 system call (no Python call per page); without it (kernels before 5.10, seccomp) the
 fallback is one ``madvise`` per page run.  Issuing the advice costs about 0.7 us per page
 that is already resident, too much for warm batches (a warm gather of 16,384 rows is
-~1.3 ms), so each batch first checks a few of its pages with ``mincore`` (``SAMPLES``
-calls of ~4 us, whatever the batch size) and only a batch found cold is prefetched.
+~1.3 ms), so a batch first checks a few of its pages with ``mincore`` (one per 512 rows, at
+most ``SAMPLES``: a call costs 4-7 us on this VM) and only a batch found cold is prefetched;
+chunks read for the first time (their crc32c is checked, a loop per chunk anyway) are
+always asked for.
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ import threading
 
 import numpy as np
 
-__all__ = ["available", "advise_random", "is_cold", "willneed", "PAGE", "SAMPLES"]
+__all__ = ["available", "advise_random", "advise_sequential", "is_cold", "willneed",
+           "willneed_async", "PAGE", "SAMPLES"]
 
 PAGE = mmap.PAGESIZE
 #: pages checked with ``mincore`` to decide whether a batch is resident
 SAMPLES = 16
-#: batches needing fewer pages than this are not prefetched (their faults read one page each)
+#: fewer first-touch chunks than this are not prefetched (their faults read one page each)
 MIN_PAGES = 8
-_MADV_RANDOM, _MADV_WILLNEED = 1, 3
+_MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_WILLNEED = 1, 2, 3
 _IOV_MAX = 1024
 _NR_PROCESS_MADVISE = {"x86_64": 440, "aarch64": 440, "arm64": 440}
 
@@ -103,13 +106,20 @@ def advise_random(addr: int, length: int) -> None:
         s.madvise(addr - addr % PAGE, length + addr % PAGE, _MADV_RANDOM)
 
 
-def is_cold(addrs: np.ndarray) -> bool:
-    """Whether any of (at most ``SAMPLES``, evenly spread) ``addrs`` is not in memory."""
+def advise_sequential(addr: int, length: int) -> None:
+    """``MADV_SEQUENTIAL`` on a mapping about to be read whole (aggressive read-ahead)."""
     s = _get()
-    if s is None or addrs.size == 0:
+    if s is not None and length > 0:
+        s.madvise(addr - addr % PAGE, length + addr % PAGE, _MADV_SEQUENTIAL)
+
+
+def is_cold(addrs: np.ndarray, k: int = SAMPLES) -> bool:
+    """Whether any of (at most ``k``, evenly spread) ``addrs`` is not in memory."""
+    s = _get()
+    if s is None or addrs.size == 0 or k < 1:
         return False
     n = addrs.size
-    pick = addrs if n <= SAMPLES else addrs[(np.arange(SAMPLES) * (n - 1)) // (SAMPLES - 1)]
+    pick = addrs if n <= k else addrs[(np.arange(k) * (n - 1)) // max(1, k - 1)]
     vec = np.zeros(pick.size, dtype=np.uint8)
     base = vec.ctypes.data
     for i, a in enumerate((pick - pick % PAGE).tolist()):  # a loop over the samples only
