@@ -406,76 +406,89 @@ class ShardReader:
             sel = (inv[pos] - j0) * cr + ids[pos] % cr
             out[pos] = dec.reshape(-1, L.dim)[sel]
 
-    def _prefetch_chunks(self, jobs) -> None:
-        """If the chunks ``jobs`` are not resident, start reading them all at once."""
-        spans = [(sf.addr + int(sf.offsets[i]), int(sf.nbytes[i])) for _, sf, i in jobs
-                 if sf.mm is not None and sf.offsets[i] >= 0]  # a loop per chunk, as decoding
-        if not spans:
+    def _locate(self, chunks: np.ndarray):
+        """Where global chunks ``chunks`` are stored: ``(shard files, shard of each chunk (an
+        index into the first), address, payload bytes, stored crc32c)``; address -1 for an
+        absent chunk (or one too short for its checksum).  NumPy work per shard."""
+        L = self.layout
+        n = chunks.size
+        ks = chunks // L.n_inner
+        ins = chunks - ks * L.n_inner
+        order = np.argsort(ks, kind="stable")
+        kss = ks[order]
+        cuts = np.flatnonzero(kss[1:] != kss[:-1]) + 1
+        files, which = [], np.empty(n, dtype=np.intp)
+        addr = np.full(n, -1, dtype=np.int64)
+        size = np.zeros(n, dtype=np.int64)
+        want = np.zeros(n, dtype=np.int64)
+        for g, (a, b) in enumerate(zip(np.r_[0, cuts].tolist(), np.r_[cuts, n].tolist())):
+            sf = self.shard(int(kss[a]))  # a loop per shard
+            files.append(sf)
+            js = order[a:b]
+            which[js] = g
+            off = sf.offsets[ins[js]]
+            m = sf.nbytes[ins[js]]
+            ok = (off >= 0) & (m >= (4 if L.has_crc else 0))
+            if sf.mm is None or not ok.any():
+                continue
+            js, off, m = js[ok], off[ok], m[ok]
+            addr[js] = sf.addr + off
+            if L.has_crc:
+                size[js] = m - 4
+                u4 = np.ndarray(shape=(max(0, sf.mm.size - 3),), dtype="<u4", buffer=sf.mm,
+                                strides=(1,))
+                want[js] = u4[off + m - 4]
+            else:
+                size[js] = m
+        return files, which, addr, size, want
+
+    def _prefetch_chunks(self, addr: np.ndarray, size: np.ndarray) -> None:
+        """If the stored chunks at ``addr`` are not resident, start reading them all at once."""
+        ok = addr >= 0
+        a, m = addr[ok], size[ok] + (4 if self.layout.has_crc else 0)
+        if not a.size:
             return
-        a = np.array(spans, dtype=np.int64)
-        # decoding costs ~5-10 us a chunk: one mincore (4-7 us) per 64 chunks is noise
-        if prefetch.is_cold(a[:, 0], min(prefetch.SAMPLES, max(1, len(a) // 64))):
+        # decoding costs ~5-15 us a chunk: one mincore (4-7 us) per 64 chunks is noise
+        if prefetch.is_cold(a, min(prefetch.SAMPLES, max(1, a.size // 64))):
             self.cold_hint = True
-            prefetch.willneed(a[:, 0], a[:, 0] + np.maximum(a[:, 1], 1))
+            prefetch.willneed(a, a + np.maximum(m, 1))
         else:
             self.cold_hint = False
 
-    def _decode_zstd(self, jobs, dec: np.ndarray, fast) -> None:
-        """Many zstd chunks: checksums and addresses by shard with NumPy, then per chunk only
-        a crc32c call and one foreign decode call, split over the codec pool."""
+    def _decode_zstd(self, chunks, loc, dec: np.ndarray, fast) -> None:
+        """Many zstd chunks: addresses and stored checksums by shard with NumPy, then per
+        chunk only a crc32c call and one foreign decode call, split over the codec pool."""
         L = self.layout
+        files, which, addr, size, want = loc
         cap = L.chunk_bytes
-        n = len(jobs)
-        src = np.zeros(n, dtype=np.int64)
-        nb = np.zeros(n, dtype=np.int64)
-        want = np.zeros(n, dtype=np.int64)
-        bufs = [None] * n
-        by_shard: dict = {}
-        for j, sf, i in jobs:  # a loop per chunk building lists only
-            by_shard.setdefault(id(sf), (sf, [], []))
-            g = by_shard[id(sf)]
-            g[1].append(j)
-            g[2].append(i)
-        for sf, js, ins in by_shard.values():  # a loop per shard
-            js, ins = np.asarray(js), np.asarray(ins)
-            off = sf.offsets[ins]
-            m = sf.nbytes[ins]
-            ok = (off >= 0) & (m >= 4)
-            src[js] = np.where(ok, off, -1)
-            nb[js] = np.where(ok, m - 4, 0)
-            if ok.any():
-                u4 = np.ndarray(shape=(max(0, sf.mm.size - 3),), dtype="<u4", buffer=sf.mm,
-                                strides=(1,))
-                want[js[ok]] = u4[off[ok] + m[ok] - 4]
-            for j in js.tolist():
-                bufs[j] = sf
-        absent = src < 0
+        absent = addr < 0
         if absent.any():
             for j in np.flatnonzero(absent).tolist():
-                _, sf, i = jobs[j]
+                sf, i = files[which[j]], int(chunks[j] % L.n_inner)
                 if sf.offsets[i] >= 0:
-                    sf.chunk(i, L)  # a stored chunk too short for its checksum: raises
+                    sf.chunk(i, L)  # stored, but too short for its checksum: raises
             dec[absent] = L.fill_value
         base = dec.ctypes.data
         todo = np.flatnonzero(~absent)
 
+        def fail(j):
+            sf, i = files[which[j]], int(chunks[j] % L.n_inner)
+            sf.chunk(i, L)  # raises CorruptStoreError with the reason
+            raise CorruptStoreError(f"shard {sf.path}, chunk {i}: cannot decode (not a valid "
+                                    "zstd frame of the chunk's size)", path=sf.path)
+
         def run(idx):
-            js = idx.tolist()
-            mvs = [bufs[j].buf for j in js]
-            o = src[idx].tolist()
-            m = nb[idx].tolist()
-            got = np.fromiter((crc32c(v[a: a + b], gil_release_mode=0)
-                               for v, a, b in zip(mvs, o, m)), dtype=np.int64, count=len(js))
+            bufs = [files[g].buf for g in which[idx].tolist()]
+            o = (addr[idx] - np.array([getattr(f, "addr", 0) for f in files])[which[idx]]).tolist()
+            m = size[idx].tolist()
+            got = np.fromiter((crc32c(v[x: x + y], gil_release_mode=0)
+                               for v, x, y in zip(bufs, o, m)), dtype=np.int64, count=len(m))
             bad = np.flatnonzero(got != want[idx])
             if bad.size:
-                _, sf, i = jobs[js[int(bad[0])]]
-                sf.chunk(i, L)  # raises CorruptStoreError with the reason
-            addr = [bufs[j].addr + a for j, a in zip(js, o)]
-            k = fast.decode_many(addr, m, [base + j * cap for j in js], cap)
+                fail(int(idx[bad[0]]))
+            k = fast.decode_many(addr[idx].tolist(), m, (base + idx * cap).tolist(), cap)
             if k >= 0:
-                _, sf, i = jobs[js[k]]
-                raise CorruptStoreError(f"shard {sf.path}, chunk {i}: cannot decode (not a "
-                                        "valid zstd frame of the chunk's size)", path=sf.path)
+                fail(int(idx[k]))
 
         parts = np.array_split(todo, max(1, min(2 * pool()._max_workers, todo.size // 32)))
         for f in [pool().submit(run, p) for p in parts]:
@@ -486,17 +499,19 @@ class ShardReader:
         L = self.layout
         per_shard = L.n_inner
         dec = np.empty((chunks.size, L.chunk_rows, L.dim), dtype=L.dtype)
-        jobs = [(j, self.shard(c // per_shard), c % per_shard)
-                for j, c in enumerate(chunks.tolist())]
-        if len(jobs) >= prefetch.MIN_PAGES:
-            self._prefetch_chunks(jobs)
+        loc = self._locate(chunks)
+        if chunks.size >= prefetch.MIN_PAGES:
+            self._prefetch_chunks(loc[2], loc[3])
+        fast = ZstdDecoder.load() if L.compression == "zstd" and L.has_crc else None
+        if fast is not None and chunks.size >= 64:
+            self._decode_zstd(chunks, loc, dec, fast)
+            return dec
+        files, which = loc[0], loc[1]
+        jobs = [(j, files[g], c % per_shard)
+                for j, (g, c) in enumerate(zip(which.tolist(), chunks.tolist()))]
 
         flat = dec.reshape(chunks.size, -1).view(np.uint8)
         decode = self.codec.decode if self.codec is not None else None
-        fast = ZstdDecoder.load() if L.compression == "zstd" and L.has_crc else None
-        if fast is not None and len(jobs) >= 64:
-            self._decode_zstd(jobs, dec, fast)
-            return dec
         cap = L.chunk_bytes
         base = dec.ctypes.data
 
