@@ -74,7 +74,8 @@ def test_default_layout_is_documented(tmp_path, rng):
     assert choose_layout(300, "float32") == (1, 65536)
     assert choose_layout(16, "float32", 1000) == (16, 1008)  # shards of whole chunks
     assert choose_layout(4, "float64", shard_rows=48) == (16, 48)
-    assert choose_layout(256, "float32", compression="zstd") == (4, 131072)
+    assert choose_layout(256, "float32", compression="zstd") == (1, 131072)
+    assert choose_layout(64, "float32", compression="blosc") == (4, 524288)
 
 
 def test_create_then_write_persists(tmp_path, rng):
