@@ -54,7 +54,8 @@ CONFIGS = {
         "limits": {"copy_bytes": 1 << 30, "file_rows": 1_000_000, "file_dim": 256, "reps": 5},
         "compact": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 15, "batches": 4,
                     "cold_batches": 3},
-        "ooc": {"tables": [(8_388_608, 64), (131_072, 4096)], "ids": 16384, "batches": 4,
+        "ooc": {"tables": [(8_388_608, 64), (100_000, 64), (1_000_000, 64), (33_554_432, 64),
+                           (131_072, 4096)], "ids": 16384, "batches": 4,
                 "warm_reps": 7, "zipf": True, "cache_bytes": 512 << 20, "zipf_warmup": 6},
     },
     "quick": {
