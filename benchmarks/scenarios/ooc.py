@@ -92,9 +92,9 @@ def _table(ctx, res, cfg, es, npy, store, rows, dim, *, first: bool) -> None:
             except Skip as exc:
                 res.notes.append(f"{tag}: {name}: skipped: {exc}")
         batches = [data.ids(rows, (n,), "uniform", seed=100 + s) for s in range(nb)]
-        first = batches[0]
+        b0 = batches[0]
         for name, (kind, fn) in methods.items():  # check, and read each shard index once
-            if not np.array_equal(np.asarray(fn(first[:64])), E[first[:64]]):
+            if not np.array_equal(np.asarray(fn(b0[:64])), E[b0[:64]]):
                 raise AssertionError(f"{name}: rows differ from the .npy")
         cold, warm = {}, {}
         for name, (kind, fn) in methods.items():
@@ -104,7 +104,7 @@ def _table(ctx, res, cfg, es, npy, store, rows, dim, *, first: bool) -> None:
                               mib_read=mib, mib_read_median=statistics.median(mib))
             _add(res, f"cold uniform, {tag}, MiB read", name, kind, "MiB", mib)
             warm[name] = _add(res, f"warm uniform, {tag}", name, kind, "ms",
-                              _warm(fn, first, 1 if name == ZARR else cfg["warm_reps"]))
+                              _warm(fn, b0, 1 if name == ZARR else cfg["warm_reps"]))
         label = f"{tag}, {n:,} uniform ids"
         budget = 1.5 * n * max(rb, 4096) / 2**20
         absolute(res, f"{label}, cold: MiB read <= 1.5 x ids x max(row, 4 KiB)",
