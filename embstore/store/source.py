@@ -234,6 +234,9 @@ class Bf16Source(RowSource):
     dtype = property(lambda self: np.dtype(np.float32))
     storage_dtype = property(lambda self: "bfloat16")
 
+    def reads_cold(self) -> bool:
+        return self.inner.reads_cold()
+
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         bf16_decode(self.inner.take(ids), out)
 
