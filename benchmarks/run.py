@@ -70,8 +70,8 @@ CONFIGS = {
         "limits": {"copy_bytes": 256 << 20, "file_rows": 100_000, "file_dim": 256, "reps": 3},
         "compact": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "batches": 2,
                     "cold_batches": 2},
-        "ooc": {"tables": [(262_144, 64)], "ids": 4096, "batches": 2, "warm_reps": 3,
-                "zipf": True, "cache_bytes": 16 << 20, "zipf_warmup": 3},
+        "ooc": {"tables": [(262_144, 64)], "ids": 4096, "batches": 2, "warm_reps": 5,
+                "zipf": True, "cache_bytes": 16 << 20, "zipf_warmup": 3, "zarr": False},
     },
     "smoke": {  # the test suite's run: every code path, tiny sizes, not a measurement
         "lookup": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1,

@@ -85,8 +85,8 @@ def _table(ctx, res, cfg, es, npy, store, rows, dim, *, first: bool) -> None:
     try:
         methods = {EMB: ("embstore", t.lookup), MMAP: ("peer", peers.memmap(npy))}
         for name, make in ((TS, peers.tensorstore), (ZARR, peers.zarr_python)):
-            if name == ZARR and not first:  # seconds to a minute a call: the first table only
-                continue
+            if name == ZARR and not (first and cfg.get("zarr", True)):
+                continue  # seconds to a minute a call: the first table only, not in --quick
             try:
                 methods[name] = ("peer", make(store))
             except Skip as exc:
