@@ -138,6 +138,17 @@ def _zipf(res, cfg, es, store, files, rows, dim, tag, plain) -> None:
         h1 = cache.cache_info()
         without_ms, without_mib = _cold(plain.lookup, batches, files)
         hits, misses = h1.hits - h0.hits, h1.misses - h0.misses
+        # what no cache can serve: distinct ids of a batch never asked for before
+        before = np.unique(np.concatenate(warmup))
+        new = []
+        for ids in batches:
+            u = np.unique(ids)
+            new.append(float(np.count_nonzero(~np.isin(u, before))) / u.size)
+            before = np.union1d(before, u)
+        res.notes.append(
+            f"{tag}, zipf(1.1): {statistics.median(new):.0%} of a batch's distinct ids were "
+            f"never asked for before (the tail): the row cache cannot serve them, and each "
+            f"costs its page either way; row cache hit rate {hits / max(1, hits + misses):.0%}")
         a = _add(res, f"zipf(1.1), pages evicted, {tag}", EMB_CACHE, "embstore", "ms", with_ms,
                  mib_read=with_mib, cache_bytes=cfg["cache_bytes"],
                  hit_rate=round(hits / max(1, hits + misses), 4))
