@@ -134,9 +134,14 @@ def _zipf(res, cfg, es, store, files, rows, dim, tag, plain) -> None:
             cache.lookup(ids)
         batches = [data.ids(rows, (n,), "zipf1.1", seed=300 + s) for s in range(cfg["batches"])]
         h0 = cache.cache_info()
-        with_ms, with_mib = _cold(cache.lookup, batches, files)
+        with_ms, with_mib, without_ms, without_mib = [], [], [], []
+        for i, ids in enumerate(batches):  # interleaved, alternating which goes first
+            runs = [(cache.lookup, with_ms, with_mib), (plain.lookup, without_ms, without_mib)]
+            for fn, ms, mib in (runs if i % 2 == 0 else runs[::-1]):
+                a, b = _cold(fn, [ids], files)
+                ms += a
+                mib += b
         h1 = cache.cache_info()
-        without_ms, without_mib = _cold(plain.lookup, batches, files)
         hits, misses = h1.hits - h0.hits, h1.misses - h0.misses
         # what no cache can serve: distinct ids of a batch never asked for before
         before = np.unique(np.concatenate(warmup))
