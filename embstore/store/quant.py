@@ -106,6 +106,10 @@ def int8_quantise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         err.row = i
         raise err
     scale = ((hi - lo) / 255.0).astype(np.float32)
+    # a subnormal step keeps few digits: rounded down it may no longer let 255 steps cover
+    # the row (a normal step is off by 2**-24 at most, far below half a step): one step up
+    short = (scale < np.finfo(np.float32).tiny) & (scale.astype(np.float64) * 255.0 < hi - lo)
+    scale[short] = np.nextafter(scale[short], np.float32(np.inf))
     offset = (lo + 128.0 * scale.astype(np.float64)).astype(np.float32)
     s64 = scale.astype(np.float64)
     safe = np.where(s64 > 0, s64, 1.0)
