@@ -29,6 +29,7 @@ from .layer import Embedding
 from .progress import display as progress
 from .store import open as open_table
 from .keys.foreign import build_key_index
+from .store import repair as repair_table
 from .store import verify as verify_table
 from .store.verify import checksum_status
 
@@ -47,8 +48,7 @@ class _Group(click.Group):
             raise click.ClickException(f"{exc}{hint}") from None
         except EmbstoreError as exc:
             raise click.ClickException(str(exc)) from None
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError,
-                PermissionError) as exc:
+        except OSError as exc:  # a missing or unreadable file, a full disk, an I/O error
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             raise click.ClickException(f"{where}{exc.strerror or exc}") from None
         except MemoryError:
@@ -307,6 +307,35 @@ def reindex_cmd(path, as_json, quiet):
         _say(f"indexed {n} keys of {path}", quiet)
 
 
+@click.command("repair", short_help="Finish or clear interrupted writes, then verify.")
+@click.argument("path", type=_TABLE)
+@_options
+def repair_cmd(path, as_json, quiet):
+    """Finish or clear interrupted writes to the table at PATH, then verify it (exit 1 on
+    damage).  Removes the staged files of killed writers, and temporary tables beside PATH
+    that killed imports and saves left; the next writer does the same for its table.
+
+    \b
+    Example:
+      embstore repair news.emb
+    """
+    removed = repair_table(path)
+    report = verify_table(path)
+    if as_json:
+        _print_json({"path": report.path, "removed": removed, "ok": report.ok,
+                     "damaged": [d.message for d in report.damaged]})
+    else:
+        if not quiet:
+            click.echo(f"removed {len(removed)} leftover(s) of interrupted writes"
+                       + "".join(f"\n  {name}" for name in removed))
+        if not report.ok:
+            click.echo(str(report), err=True)
+        elif not quiet:
+            click.echo(str(report))
+    if not report.ok:
+        sys.exit(1)
+
+
 @click.command("similar", short_help="Nearest rows by cosine similarity.")
 @click.argument("table", type=_TABLE)
 @click.argument("query", nargs=-1, required=True)
@@ -446,6 +475,6 @@ def demo_cmd(directory: str | None, no_dask: bool, as_json: bool, quiet: bool) -
         _print_json(summary)
 
 
-for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, similar_cmd, lookup,
-                 demo_cmd):
+for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, repair_cmd,
+                 similar_cmd, lookup, demo_cmd):
     cli.add_command(_command)

@@ -12,12 +12,14 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .errors import DestinationExistsError, FormatError
 from .formats import DEFAULT_BLOCK_ROWS, WRITE_FORMATS, detect, get
 from .formats._textparse import decode_keys
+from .store.beside import owned_prefix, remove_quietly, sweep_beside
 from .store.table import open as open_table
 from .store.quant import QUANTISED
 from .store.writer import TableWriter, check_storage
@@ -203,6 +205,14 @@ def vocab_path_for(dest) -> str:
     return root + ".vocab.txt"
 
 
+def _owned_tmp(dest) -> str:
+    """A temporary name beside ``dest`` owned by this process; those of killed exports to
+    ``dest`` are removed first."""
+    target = Path(os.path.abspath(dest))
+    sweep_beside(target)
+    return str(target.parent / (owned_prefix(target, hidden=True) + uuid.uuid4().hex[:8]))
+
+
 def export_table(src, dest, *, format: str | None = None, limit: int | None = None,
                  overwrite: bool = False, block_rows: int = DEFAULT_BLOCK_ROWS,
                  vocab_out=None, tensor: str | None = None,
@@ -235,11 +245,8 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
         vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
             os.fspath(vocab_out)
         _check_dest(vocab, overwrite)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
-                       f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:8]}")
-    vocab_tmp = None if vocab is None else os.path.join(
-        os.path.dirname(os.path.abspath(vocab)),
-        f".{os.path.basename(vocab)}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = _owned_tmp(dest)
+    vocab_tmp = None if vocab is None else _owned_tmp(vocab)
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     try:
         if vocab_tmp is not None:
@@ -262,8 +269,8 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
         os.replace(tmp, dest)
     except BaseException:
         for path in (tmp, vocab_tmp):
-            if path is not None and os.path.exists(path):
-                os.remove(path)
+            if path is not None:
+                remove_quietly(path)  # never raises: a full disk must not hide the error
         raise
     finally:
         if table is not src:

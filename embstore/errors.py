@@ -19,6 +19,7 @@ __all__ = [
     "ShapeMismatchError",
     "DestinationExistsError",
     "MissingDependencyError",
+    "LockTimeoutError",
 ]
 
 
@@ -111,6 +112,18 @@ class MissingDependencyError(EmbstoreError, ImportError):
         super().__init__(message)
         self.module = module
         self.extra = extra
+
+
+class LockTimeoutError(EmbstoreError, TimeoutError):
+    """Another writer held a table's writer lock for longer than the timeout.
+
+    ``path`` is the table, ``timeout`` the seconds waited.
+    """
+
+    def __init__(self, message: str, *, path=None, timeout=None):
+        super().__init__(message)
+        self.path = path
+        self.timeout = timeout
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -367,7 +367,8 @@ class Table(abc.ABC):
         elif keys is not None:
             raise ShapeMismatchError("append: this table has no keys, so keys cannot be given")
         start = self.vocab_size
-        self._append_rows(vec, key_list)
+        first = self._append_rows(vec, key_list)  # on disk: after other writers' rows
+        start = start if first is None else int(first)
         return np.arange(start, start + n, dtype=np.int64)
 
     # -- housekeeping ---------------------------------------------------------------------

@@ -183,10 +183,18 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
                     "job (other table, input, options or batch rows); run without --resume "
                     "to start over")
             remove_path(tmp)
-            ZarrSink.create(job)
+            try:
+                ZarrSink.create(job)
+            except BaseException:
+                _remove_quietly(tmp)  # a full disk: nothing half made stays
+                raise
     else:
-        job = dataclasses.replace(job, header_len=NpySink.create(tmp, job.shape + (job.dim,),
-                                                                 job.dtype))
+        try:
+            job = dataclasses.replace(job, header_len=NpySink.create(
+                tmp, job.shape + (job.dim,), job.dtype))
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
     sink = open_sink(job)
     done = sink.done()
     todo = [i for i in range(job.n_blocks) if i not in done]
@@ -204,11 +212,14 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
             with open(lengths_tmp, "wb") as f:
                 np.save(f, line_lengths, allow_pickle=False)
     except BaseException as exc:
-        sink.close()
+        try:
+            sink.close()
+        except OSError:
+            pass  # a full disk fails the close too: clean up all the same
         if not (kind == "zarr" and _resumable_failure(exc)):
-            remove_path(tmp)
+            _remove_quietly(tmp)
         if lengths_tmp is not None:
-            remove_path(lengths_tmp)
+            _remove_quietly(lengths_tmp)
         raise
     if kind == "zarr":
         ZarrSink.finish(tmp)
@@ -231,6 +242,14 @@ def _resumable_failure(exc: BaseException) -> bool:
     if not isinstance(exc, Exception):
         return True
     return isinstance(exc, OSError) and not isinstance(exc, EmbstoreError)
+
+
+def _remove_quietly(path: str) -> None:
+    """Cleanup after a failure never raises (a full disk must not hide the first error)."""
+    try:
+        remove_path(path)
+    except OSError:
+        pass
 
 
 def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,

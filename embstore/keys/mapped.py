@@ -48,9 +48,10 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype,
                  path: Path | None = None) -> None:
     """Write a 1-D array ``name`` of ``n`` elements, chunk by chunk, from ``read(start, stop)``.
 
-    With ``path`` (the group's directory) the array is written under a temporary
-    name and renamed into place, so a reader never sees a half-written array
-    and existing memory maps of the old chunk files stay valid.
+    Into a group nobody reads yet (a new table, or a transaction's staging directory: a
+    table's ``append`` replaces the live arrays through the store's commit protocol).  With
+    ``path`` (the group's directory) the array is written under a temporary name and
+    renamed into place (a key index built for keys another tool wrote).
     """
     from zarr.codecs import Crc32cCodec
 

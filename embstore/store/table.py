@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 
 from ..cache import CacheInfo, make_cache, parse_bytes
-from ..errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
+from ..errors import (CorruptStoreError, EmbstoreError, FormatError, InvalidIdError,
+                      ReadOnlyError, ShapeMismatchError)
+from .beside import sweep_beside
+from .commit import Transaction, last_commit, recover, settle
+from .lock import writer_lock
 from ..ids import as_ids
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
@@ -40,19 +46,29 @@ class ZarrTable(Table):
     :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
     """
 
-    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB"):
+    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB",
+                 lock_timeout: float | None = None):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
         self.path = Path(os.fspath(path)).absolute()
         self.mode = mode
+        self.lock_timeout = lock_timeout  # seconds a write waits for another writer
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         self._closed = False
+        self._in_write = False  # this handle holds the writer lock (inside _writing)
+        if mode == "r+" and self.path.is_dir():
+            with writer_lock(self.path, lock_timeout):  # finish or clear interrupted writes
+                recover(self.path, deep=True)
+            sweep_beside(self.path)  # and temporary tables of killed saves/imports
         self._load_meta()
         self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype)
         self._cache.cheap_reads = self._source.cheap_reads
         self._cache.reads_cold = lambda: self._source.reads_cold()
 
     def _load_meta(self) -> None:
+        if self.path.is_dir():
+            settle(self.path, self.lock_timeout)  # no commit half applied
+        self._seen_commit = last_commit(self.path)  # before the metadata: never newer
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
@@ -157,8 +173,13 @@ class ZarrTable(Table):
                 if self._vocab_obj is None:
                     # no zarr import on the read path: DiskVocab opens the group when it writes
                     # rows: keys past the committed row count belong to an append in flight
-                    vocab = DiskVocab.open(None, self.path, rows=self.vocab_size,
-                                           writable=self.writable)
+                    # writable: keys another tool wrote get their index stored, a write
+                    # to the table: under the writer lock (unless this call holds it)
+                    with (writer_lock(self.path, self.lock_timeout)
+                          if self.writable and not self._in_write else nullcontext()):
+                        vocab = DiskVocab.open(
+                            None, self.path, rows=self.vocab_size, writable=self.writable,
+                            settle=lambda: settle(self.path, self.lock_timeout))
                     if vocab is None or len(vocab) != self.vocab_size:
                         raise CorruptStoreError(
                             f"{self.path}: expected {self.vocab_size} keys (has_keys), got "
@@ -168,34 +189,102 @@ class ZarrTable(Table):
         return self._vocab_obj
 
     # -- writes -----------------------------------------------------------------------------
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The writer lock, interrupted writes finished or cleared, and this handle's view
+        brought up to date if another handle or process committed since (never write over
+        newer rows)."""
+        with self._lock, writer_lock(self.path, self.lock_timeout):
+            self._check_open()
+            recover(self.path)
+            if last_commit(self.path) != self._seen_commit:
+                self._reload()
+            self._in_write = True
+            try:
+                yield
+            finally:
+                self._in_write = False
+
+    def _commit(self, txn: Transaction) -> None:
+        try:
+            txn.commit()
+        except BaseException:
+            self._seen_commit = None  # this view may be half updated: reload on next write
+            raise
+        finally:
+            txn.abort()  # removes what an uncommitted transaction staged; never raises
+        self._seen_commit = txn.id
+
+    def write(self, ids, vectors) -> None:
+        """Overwrite rows ``ids`` (any shape) with ``vectors``; rows other writers appended
+        since this handle loaded the table count as rows (it catches up first)."""
+        try:
+            super().write(ids, vectors)
+        except InvalidIdError:
+            if not self.writable or last_commit(self.path) == self._seen_commit:
+                raise
+            with self._lock:
+                self._reload()
+            super().write(ids, vectors)
+
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         self._check_open()
         uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
         vals = vectors[::-1][last]
-        with self._lock:
-            self._source.write(uniq, vals)
+        with self._writing():
+            txn = Transaction(self.path)
+            try:
+                self._source.write(uniq, vals, txn)
+            except BaseException:
+                txn.abort()
+                raise
+            self._commit(txn)
             self._cache.invalidate(uniq)
 
-    def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> None:
+    def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int:
+        """Returns the id of the first new row (rows other writers appended come first)."""
         self._check_open()
-        with self._lock:
+        with self._writing():
             n0, n = self.vocab_size, vectors.shape[0]
             if n == 0:
-                return
-            self._source.append(vectors)
-            if keys is not None:
-                vocab = self._vocab()
-                assert vocab is not None
-                vocab.append(keys)
-            self._source.publish_rows(n0 + n)  # last: readers see the new rows only now
+                return n0
+            vocab = self._vocab() if keys is not None else None
+            if vocab is not None and not hasattr(vocab, "stage_append"):
+                raise ReadOnlyError(f"{self.path}: appending keys needs embstore's key index "
+                                    "(this table's keys were written by another tool)")
+            if vocab is not None:  # again, under the lock: another writer may have added them
+                found = vocab.find(np.array(keys, dtype=object))
+                if (found >= 0).any():
+                    i = int(np.argmax(found >= 0))
+                    raise ShapeMismatchError(
+                        f"append: key {keys[i]!r} already exists at row {int(found[i])}")
+            txn = Transaction(self.path)
+            try:
+                self._source.append(vectors, txn)
+                if vocab is not None:
+                    tree = txn.tree("keys")
+                    for staged, live in vocab.stage_append(keys, tree):
+                        txn.adopt(tree / staged, live)
+                    txn.after(lambda: vocab.committed(n0 + n))
+                self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
+            except BaseException:
+                txn.abort()
+                raise
+            self._commit(txn)
+            return n0
+
+    def _reload(self) -> None:
+        self._source.close()
+        if self._vocab_obj is not None:
+            self._vocab_obj.close()
+        self._load_meta()
+        self._cache.clear(keep_stats=True)
 
     def refresh(self) -> None:
         """See changes made by other processes since opening (row count, shards, keys)."""
         with self._lock:
             self._check_open()
-            self._source.close()
-            self._load_meta()
-            self._cache.clear(keep_stats=True)
+            self._reload()
 
     # -- housekeeping -----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:
@@ -220,15 +309,21 @@ class ZarrTable(Table):
 
 
 # -- module functions ---------------------------------------------------------------------
-def open(path, mode: str = "r", cache_bytes="256MiB") -> ZarrTable:  # noqa: A001
+def open(path, mode: str = "r", cache_bytes="256MiB",  # noqa: A001
+         lock_timeout: float | None = None) -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
-    ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it)."""
-    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes)
+    ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it).
+
+    Writes take the table's writer lock, one writer at a time across processes and
+    handles; a write waits up to ``lock_timeout`` seconds (default 300) for another one,
+    then raises :class:`~embstore.errors.LockTimeoutError`.  Readers never wait for it.
+    """
+    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, lock_timeout=lock_timeout)
 
 
 def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=None,
            compression: str = "none", overwrite: bool = False,
-           cache_bytes="256MiB") -> ZarrTable:
+           cache_bytes="256MiB", lock_timeout: float | None = None) -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
     try:
         rows, dim = (int(s) for s in shape)
@@ -252,7 +347,7 @@ def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=
         w.abort()
         raise
     w.commit()
-    return ZarrTable(path, mode="r+", cache_bytes=cache_bytes)
+    return ZarrTable(path, mode="r+", cache_bytes=cache_bytes, lock_timeout=lock_timeout)
 
 
 def _check_unique(mask, keys, base: int = 0) -> None:

@@ -1,12 +1,11 @@
-"""Writing format-v1 tables: the default layout, the streaming :class:`TableWriter`, and the
-copy-on-write shard rewrite used by ``write``/``append`` (see docs/FORMAT.md)."""
+"""Writing new format-v1 tables: the default layout and the streaming :class:`TableWriter`
+(see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shardwrite`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -20,10 +19,10 @@ from ..keys.writer import KeyIndexWriter
 from .codecs import COMPRESSIONS, Layout, make_codec
 from .quant import (SCALE_ARRAY, STORAGE_DTYPES, bf16_decode, bf16_encode, bf16_finite,
                     code_dtype, int8_quantise, logical_dtype, storage_name)
-from .shardwrite import RowStream, rewrite_shard
+from .beside import owned_prefix, remove_quietly, swap_in, sweep_beside
+from .shardwrite import BackgroundSync, RowStream, write_json
 
-__all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype",
-           "check_storage"]
+__all__ = ["TableWriter", "choose_layout", "set_rows", "check_dtype", "check_storage"]
 
 #: bytes per inner chunk (uncompressed).  A cold random row costs the pages of its chunk (its
 #: crc32c is checked on first touch): a 1 KiB chunk + 4-byte checksum spans 1.25 pages on
@@ -110,11 +109,20 @@ def _replace_json(path: str, update) -> None:
     os.replace(tmp, path)
 
 
-def set_rows(root: str, rows: int, name: str = "vectors") -> None:
-    """Set the row count of the array ``name`` at ``root`` (its zarr.json, atomically)."""
+def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
+    """Set the row count of the array ``name`` at ``root``: write its zarr.json with ``rows``
+    rows to ``dest`` (a transaction's staged file, fsynced), or without ``dest`` replace it
+    in place (temporary file + rename: a table being built, which nobody reads yet)."""
     def upd(doc):
         doc["shape"][0] = int(rows)
-    _replace_json(os.path.join(root, name, "zarr.json"), upd)
+    live = os.path.join(root, name, "zarr.json")
+    if dest is None:
+        _replace_json(live, upd)
+        return
+    with open(live, encoding="utf-8") as f:
+        doc = json.load(f)
+    upd(doc)
+    write_json(dest, doc)
 
 
 class TableWriter:
@@ -143,7 +151,9 @@ class TableWriter:
                       shard_rows=shard_rows, compression=compression)  # check arguments now
         self._check_dest()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = tempfile.mkdtemp(prefix=f"{self.path.name}.tmp-", dir=self.path.parent)
+        sweep_beside(self.path)  # what killed writers to this destination left
+        self._tmp = tempfile.mkdtemp(prefix=owned_prefix(self.path), dir=self.path.parent)
+        self._sync = BackgroundSync()  # shard files are fsynced while the next is encoded
         self.rows = 0
         self._seen = 0
         self._pending: list[tuple[np.ndarray, np.ndarray | None]] = []  # (codes, row_scale)
@@ -194,7 +204,7 @@ class TableWriter:
         assert layout is not None and layout.has_crc
         self._layout = layout
         self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
-                                   make_codec(self.compression, codes.itemsize))]
+                                   make_codec(self.compression, codes.itemsize), self._sync)]
         if self.storage == "int8":
             scr = min(SCALE_CHUNK_ROWS, cr * _pow2_below(SCALE_CHUNK_ROWS / cr))
             ssr = max(scr, sr // scr * scr)
@@ -204,7 +214,8 @@ class TableWriter:
                 fill_value=0)
             slayout = Layout.from_metadata(sarr.metadata.to_dict())
             assert slayout is not None
-            self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None))
+            self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None,
+                                           self._sync))
 
     def add(self, vectors: np.ndarray, keys: list[str] | None = None) -> int:
         """Append a block of rows ``(n, dim)`` (with ``has_keys``, one key per row).
@@ -323,31 +334,30 @@ class TableWriter:
         self._done = True
 
     def _swap_in(self) -> None:
-        aside = None
-        if os.path.lexists(self.path):
-            aside = f"{self.path}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(self.path, aside)
+        self._sync.wait()
+        _fsync_tree(self._tmp)  # the new table is on disk before it takes the name
+        swap_in(Path(self._tmp), self.path)
         try:
-            os.rename(self._tmp, self.path)
-        except BaseException:
-            if aside is not None:
-                os.rename(aside, self.path)
-            raise
-        if aside is not None:
-            if os.path.isdir(aside) and not os.path.islink(aside):
-                shutil.rmtree(aside, ignore_errors=True)
-            else:
-                os.remove(aside)
+            _fsync_dir(self.path.parent)
+        except OSError:
+            pass
 
     def abort(self) -> None:
-        """Remove the temporary directory; ``path`` is left as it was."""
+        """Remove the temporary directory; ``path`` is left as it was.  Never raises: on a
+        full disk, closing the open shard file fails too, and the files must go anyway."""
         self._done = True
         for stream in getattr(self, "_streams", ()):
             stream.abort()
+        sync = getattr(self, "_sync", None)
+        if sync is not None:
+            sync.close()
         keys = getattr(self, "_keys", None)
         if keys is not None and hasattr(keys, "close"):
-            keys.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+            try:
+                keys.close()
+            except OSError:
+                pass
+        remove_quietly(self._tmp)
 
     def __enter__(self) -> TableWriter:
         return self
@@ -359,6 +369,27 @@ class TableWriter:
             self.commit()
         else:
             self.abort()
+
+
+def _fsync_dir(path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    """fsync every file and directory under ``root`` (shard files are fsynced as they
+    close, so this is mostly metadata)."""
+    for d, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(d)
 
 
 def _created_by() -> str:
