@@ -43,6 +43,12 @@ def chunk_length(n: int, itemsize: int) -> int:
     return -(-n // nchunks)
 
 
+# xarray needs a name for each axis; a dimension named like its array would make xarray
+# load the array whole as an index, so the names differ from the array names
+_DIMENSION = {"key_utf8": "key_byte", "key_offsets": "key_bound", "key_hash": "key_slot",
+              "key_order": "key_slot"}
+
+
 def write_mapped(group: zarr.Group, name: str, n: int, dtype,
                  read: Callable[[int, int], np.ndarray], *, attrs: dict | None = None,
                  path: Path | None = None) -> None:
@@ -59,7 +65,8 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype,
     target = name if path is None else f"{name}.__tmp__"
     arr = group.create_array(target, shape=(n,), chunks=(c,), dtype=dtype, fill_value=0,
                              compressors=[Crc32cCodec()], filters=None, overwrite=True,
-                             attributes=attrs or {}, config={"write_empty_chunks": True})
+                             attributes=attrs or {}, config={"write_empty_chunks": True},
+                             dimension_names=(_DIMENSION.get(name, f"{name}_i"),))
     for start in range(0, n, c):
         stop = min(n, start + c)
         arr[start:stop] = np.ascontiguousarray(read(start, stop), dtype=dtype)

@@ -184,7 +184,7 @@ class TableWriter:
         arr = self._group.create_array(
             "vectors", shape=(0, self.dim), dtype=codes, chunks=(cr, self.dim),
             shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
-            compressors=comp + [Crc32cCodec()], fill_value=0)
+            compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
         meta = arr.metadata.to_dict()
         if self.storage == "bfloat16":  # zarr-python 3.1 has no bfloat16: written as uint16
             meta["data_type"] = "bfloat16"
@@ -201,7 +201,7 @@ class TableWriter:
             sarr = self._group.create_array(
                 SCALE_ARRAY, shape=(0, 2), dtype="float32", chunks=(scr, 2), shards=(ssr, 2),
                 serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
-                fill_value=0)
+                fill_value=0, dimension_names=("scale_row", "scale_field"))
             slayout = Layout.from_metadata(sarr.metadata.to_dict())
             assert slayout is not None
             self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None))
