@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .cache import CacheInfo
+from .dasktable import to_dask
 from .errors import KeyNotFoundError, ReadOnlyError, ShapeMismatchError
 from .ids import as_ids, position_of
 
@@ -226,6 +227,12 @@ class Table(abc.ABC):
     def to_numpy(self) -> np.ndarray:
         """The whole table as one in-memory array."""
         return self._read_rows(0, self.vocab_size)
+
+    def to_dask(self, block_rows: int | None = None):
+        """The table as a lazy ``dask.array`` (needs dask): blocks of whole shards read
+        through the fast path, and ``x[ids]`` a table lookup per block of ids (see
+        :mod:`embstore.dasktable`)."""
+        return to_dask(self, block_rows)
 
     # -- NumPy and Python protocols ---------------------------------------------------------
     _ARRAY_BLOCK_BYTES = 64 << 20  # __array__ with a dtype change converts 64 MiB at a time

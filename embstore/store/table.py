@@ -212,6 +212,11 @@ class ZarrTable(Table):
             if self._vocab_obj is not None:
                 self._vocab_obj.close()
 
+    def __reduce__(self):
+        """Pickled as its path (rows never travel): the copy opens the table again,
+        read-only, with the same cache budget (for worker processes, which read)."""
+        return (open, (str(self.path), "r", self.cache_info().capacity_bytes))
+
     def __repr__(self) -> str:
         stored = "" if self.storage_dtype == self.dtype.name else \
             f", storage_dtype={self.storage_dtype}"
