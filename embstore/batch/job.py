@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .dask import run_dask
+from .parquet import is_parquet, lookup_parquet
 from .io import (DEFAULT_CACHE_BYTES, Job, open_table, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into, move_into_place,
                        open_sink, output_kind, read_block, remove_path)
 from ..errors import DestinationExistsError, EmbstoreError, KeyNotFoundError
@@ -66,7 +67,8 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
                 unk_id: int | None = None, batch_rows: int | None = None,
                 scheduler: str | None = None, overwrite: bool = False, resume: bool = False,
                 lengths=None, cache_bytes=DEFAULT_CACHE_BYTES, n_workers: int = 2,
-                threads: bool = True, on_progress: Progress | None = None) -> dict:
+                threads: bool = True, on_progress: Progress | None = None,
+                column: str | None = None, keep=()) -> dict:
     """Look up every id of ``input`` in ``table`` and write the vectors to ``output``.
 
     ``table`` is a :class:`Table` or a path (a store, or a 2-D ``.npy``); with a
@@ -88,7 +90,18 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
 
     Returns a summary dict: ``output``, ``shape``, ``dtype``, ``ids``, ``blocks``,
     ``resumed_blocks``, ``seconds``, ``scheduler``, ``lengths``.
+
+    A Parquet ``input`` (``.parquet``) reads ids or keys (or lists of them) from
+    ``column`` and writes a Parquet ``output`` with the vectors and the input columns
+    named in ``keep``; see :mod:`embstore.batch.parquet` (runs locally).
     """
+    if is_parquet(input):
+        return _parquet(table, input, output, column=column, keep=keep, oov=oov,
+                        unk_id=unk_id, batch_rows=batch_rows, scheduler=scheduler,
+                        overwrite=overwrite, resume=resume, lengths=lengths,
+                        cache_bytes=cache_bytes, on_progress=on_progress)
+    if column is not None or keep:
+        raise ValueError("column= and keep= are for Parquet inputs (.parquet)")
     t0 = time.perf_counter()
     input, output = os.fspath(input), os.fspath(output)
     lengths = None if lengths is None else os.fspath(lengths)
@@ -125,6 +138,16 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
     finally:
         if owned:
             tab.close()
+
+
+def _parquet(table, input, output, *, column, keep, scheduler, resume, lengths,
+             **options) -> dict:
+    if column is None:
+        raise ValueError("a Parquet input needs column= (the column of ids or keys)")
+    for name, value in (("scheduler", scheduler), ("resume", resume), ("lengths", lengths)):
+        if value:
+            raise ValueError(f"{name}= is not supported for Parquet inputs (they run locally)")
+    return lookup_parquet(table, input, output, column=column, keep=keep, **options)
 
 
 def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows, cache_bytes):
