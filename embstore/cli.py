@@ -22,6 +22,7 @@ import click
 
 from . import demo as demo_steps
 from .batch import lookup_file, output_kind
+from .batch.parquet import is_parquet
 from .convert import export_format_for, export_table, import_file
 from .errors import EmbstoreError, NotATableError
 from .formats import READ_FORMATS, WRITE_FORMATS, detect
@@ -379,23 +380,49 @@ def similar_cmd(table, query, k, by_id, as_json, quiet):
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT (and --lengths) if they exist.")
 @click.option("--resume", is_flag=True,
               help="Continue a killed job from the blocks already written (Zarr OUTPUT).")
+@click.option("--column", default=None, metavar="NAME",
+              help="Parquet INPUT: the column of ids or keys (or lists of them).")
+@click.option("--keep", multiple=True, metavar="NAME",
+              help="Parquet INPUT: an input column to copy to OUTPUT (repeatable).")
 @_options
 def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, scheduler, workers,
-           cache_bytes, overwrite, resume, as_json, quiet):
+           cache_bytes, overwrite, resume, column, keep, as_json, quiet):
     """Write the vectors of every id in INPUT to OUTPUT.
 
     INPUT is a .npy of integer ids of any shape (or, with --keys, a text file
     of keys: lines are padded to the longest with zero rows).  OUTPUT is a
     .npy file or a .zarr directory of shape ids.shape + (dim,), written
     beside OUTPUT and renamed into place when complete.  TABLE is a store
-    or a 2-D .npy file.
+    or a 2-D .npy file.  A .parquet INPUT gives a .parquet OUTPUT: --column
+    names the ids or keys (or lists of them), --keep the columns copied beside
+    the vectors (a fixed-size list of floats per id).
 
     \b
     Examples:
       embstore lookup news.emb ids.npy vectors.npy
       embstore lookup news.emb sentences.txt vectors.zarr --keys --oov zero
       embstore lookup news.emb ids.npy vectors.zarr --scheduler local --workers 2
+      embstore lookup news.emb docs.parquet vecs.parquet --column tokens --keep doc_id
     """
+    if is_parquet(input):
+        if column is None:
+            raise click.UsageError("a .parquet INPUT needs --column")
+        for flag, value in (("--keys", keys), ("--lengths", lengths),
+                            ("--scheduler", scheduler), ("--resume", resume)):
+            if value:
+                raise click.UsageError(f"{flag} does not apply to a .parquet INPUT")
+        with progress("lookup", quiet=quiet or as_json) as on_progress:
+            summary = lookup_file(table, input, output, column=column, keep=keep, oov=oov,
+                                  unk_id=unk_id, batch_rows=batch_rows, overwrite=overwrite,
+                                  cache_bytes=cache_bytes, on_progress=on_progress)
+        if as_json:
+            _print_json(summary)
+        else:
+            _say(f"wrote {summary['output']}: {summary['rows']} rows ({summary['ids']} ids "
+                 f"in {summary['batches']} batches, {summary['seconds']:.2f} s)", quiet)
+        return
+    if column is not None or keep:
+        raise click.UsageError("--column and --keep need a .parquet INPUT")
     if oov == "unk" and unk_id is None:
         raise click.UsageError("--oov unk needs --unk-id")
     if unk_id is not None and oov != "unk":

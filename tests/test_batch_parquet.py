@@ -147,3 +147,26 @@ def test_batches_follow_the_output_budget(table, tmp_path, monkeypatch):
     monkeypatch.setattr(bparquet, "DEFAULT_BLOCK_BYTES", 4 * D * 4 * 5)  # 5 rows of 4 ids
     res = embstore.lookup_file(table, src, tmp_path / "out.parquet", column="ids")
     assert res["batches"] == 4 and res["ids"] == 80
+
+
+def test_cli_lookup_parquet(weights, tmp_path):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    embstore.save(tmp_path / "t", weights, keys=KEYS).close()
+    src = _write(tmp_path, {"toks": [["w1", "w2"], ["zz"]], "doc": ["a", "b"]})
+    out = tmp_path / "out.parquet"
+    run = CliRunner().invoke
+    res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(out), "--column", "toks",
+                    "--keep", "doc", "--oov", "zero", "--quiet"])
+    assert res.exit_code == 0, res.output
+    got = pq.read_table(out)
+    assert got.column("doc").to_pylist() == ["a", "b"]
+    assert got.column("vector").to_pylist() == [_rows(weights, [1, 2]), [[0.0] * D]]
+    res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(out), "--column", "toks",
+                    "--overwrite"])
+    assert res.exit_code == 1 and "Error: " in res.output and "row 1, position 0: key 'zz'" \
+        in res.output
+    res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(tmp_path / "o.parquet")])
+    assert res.exit_code == 2 and "a .parquet INPUT needs --column" in res.output
