@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -191,31 +192,47 @@ def _leaf_index(pf, column: str) -> int:
     raise FormatError(f"no Parquet column for {column!r}")
 
 
+def _writer_options(vector_column: str, keep: list[str]) -> dict:
+    """Vectors plain: random floats neither dictionary-encode nor compress, and their
+    min/max statistics are of no use (measured: 4.9 s -> 3.3 s for 25.6M floats)."""
+    return {"use_dictionary": list(keep), "write_statistics": list(keep),
+            "compression": {vector_column: "none", **{k: "snappy" for k in keep}}}
+
+
 def _stream(pa, pq, pf, tab, tmp, column, keep, vector_column, col, rows, *, oov, unk_id,
             on_progress, pf_path) -> dict:
+    """Batch k+1 is looked up while batch k is written (pyarrow writes without the GIL);
+    at most two batches of vectors exist at a time."""
     bar = Tally(pf.metadata.num_rows, on_progress, 0)
-    writer = None
+    options = _writer_options(vector_column, keep)
+    writer = pending = None
     done = ids = batches = 0
-    try:
-        for batch in pf.iter_batches(batch_size=rows, columns=[column] + keep):
-            vec = _vectors(pa, tab, batch.column(column), col, done, oov=oov, unk_id=unk_id,
-                           path=pf_path)
-            out = pa.Table.from_arrays([vec] + [batch.column(k) for k in keep],
-                                       names=[vector_column] + keep)
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, out.schema)
-            writer.write_table(out)
-            ids += len(vec.flatten()) if col.is_list else len(vec)
-            done += batch.num_rows
-            batches += 1
-            bar.update(batch.num_rows)
-        if writer is None:  # no rows: an empty file with the output schema
-            dt = pa.from_numpy_dtype(tab.dtype)
-            vt = pa.list_(dt, tab.dim)
-            fields = [pa.field(vector_column, pa.list_(vt) if col.is_list else vt)] + [
-                pf.schema_arrow.field(k) for k in keep]
-            writer = pq.ParquetWriter(tmp, pa.schema(fields))
-    finally:
-        if writer is not None:
-            writer.close()
+    with ThreadPoolExecutor(1, "embstore-parquet-write") as pool:
+        try:
+            for batch in pf.iter_batches(batch_size=rows, columns=[column] + keep):
+                vec = _vectors(pa, tab, batch.column(column), col, done, oov=oov,
+                               unk_id=unk_id, path=pf_path)
+                out = pa.Table.from_arrays([vec] + [batch.column(k) for k in keep],
+                                           names=[vector_column] + keep)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, out.schema, **options)
+                if pending is not None:
+                    bar.update(pending.result())
+                pending = pool.submit(lambda t, n: (writer.write_table(t), n)[1], out,
+                                      batch.num_rows)
+                ids += len(vec.flatten()) if col.is_list else len(vec)
+                done += batch.num_rows
+                batches += 1
+            if pending is not None:
+                bar.update(pending.result())
+            if writer is None:  # no rows: an empty file with the output schema
+                vt = pa.list_(pa.from_numpy_dtype(tab.dtype), tab.dim)
+                fields = [pa.field(vector_column, pa.list_(vt) if col.is_list else vt)] + [
+                    pf.schema_arrow.field(k) for k in keep]
+                writer = pq.ParquetWriter(tmp, pa.schema(fields), **options)
+        finally:
+            if pending is not None:
+                pending.exception()  # the writer is idle before it is closed
+            if writer is not None:
+                writer.close()
     return {"rows": done, "ids": ids, "batches": batches}
