@@ -93,6 +93,8 @@ def _array_class():
                 return _take(self._table, first, self.dtype)
             return super().__getitem__(index)
 
+    TableArray.__qualname__ = "TableArray"
+    TableArray.__module__ = __name__
     _ARRAY_CLASS = TableArray
     return TableArray
 

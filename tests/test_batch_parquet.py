@@ -130,6 +130,15 @@ def test_refusals(table, tmp_path):
                              column="id")
 
 
+def test_the_looked_up_column_can_be_kept(table, weights, tmp_path):
+    src = _write(tmp_path, {"id": [4, 5]})
+    out = tmp_path / "out.parquet"
+    embstore.lookup_file(table, src, out, column="id", keep=["id", "id"])
+    got = pq.read_table(out)
+    assert got.column_names == ["vector", "id"] and got.column("id").to_pylist() == [4, 5]
+    assert _vectors(out) == _rows(weights, [4, 5])
+
+
 def test_empty_input_gives_an_empty_output_with_the_schema(table, tmp_path):
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"ids": pa.array([], pa.list_(pa.int64())), "doc": pa.array(

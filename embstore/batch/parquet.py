@@ -147,7 +147,7 @@ def lookup_parquet(table, input, output, *, column: str, keep=(), vector_column:
         raise ValueError("oov='unk' needs unk_id")
     if os.path.lexists(output) and not overwrite:
         raise DestinationExistsError(f"{output} exists (pass overwrite=True to replace it)")
-    keep = [keep] if isinstance(keep, str) else list(keep)
+    keep = list(dict.fromkeys([keep] if isinstance(keep, str) else keep))  # once each
     try:
         pf = pq.ParquetFile(input)
     except (pa.ArrowException, OSError) as exc:
@@ -209,7 +209,8 @@ def _stream(pa, pq, pf, tab, tmp, column, keep, vector_column, col, rows, *, oov
     done = ids = batches = 0
     with ThreadPoolExecutor(1, "embstore-parquet-write") as pool:
         try:
-            for batch in pf.iter_batches(batch_size=rows, columns=[column] + keep):
+            read = list(dict.fromkeys([column] + keep))
+            for batch in pf.iter_batches(batch_size=rows, columns=read):
                 vec = _vectors(pa, tab, batch.column(column), col, done, oov=oov,
                                unk_id=unk_id, path=pf_path)
                 out = pa.Table.from_arrays([vec] + [batch.column(k) for k in keep],
