@@ -122,3 +122,16 @@ def test_xarray_opens_a_table(tmp_path, weights, keys):
         assert list(ds["keys"].values) == names + ["new1", "new2"]
         assert not ds.indexes  # the key index arrays stay lazy data, not pandas indexes
     assert ds.attrs["embstore"]["format"] == 1
+
+
+def test_xarray_opens_an_int8_table_and_dask_decodes_it(tmp_path, weights):
+    xr = pytest.importorskip("xarray")
+    t = embstore.save(tmp_path / "t", weights, dtype="int8", chunk_rows=4, shard_rows=16)
+    ds = xr.open_zarr(tmp_path / "t", consolidated=False)
+    assert ds["vectors"].dims == ("row", "dim") and ds["vectors"].dtype == np.int8  # codes
+    assert ds["row_scale"].dims == ("scale_row", "scale_field")
+    x = t.to_dask()
+    assert x.dtype == np.float32
+    np.testing.assert_array_equal(x.compute(), t.to_numpy())  # decoded, as t[a:b]
+    np.testing.assert_array_equal(x[[5, 0, 5]].compute(), t[[5, 0, 5]])
+    t.close()
