@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 
 from .ids import as_ids
+from .optional import require
 
 __all__ = ["to_dask", "block_rows_of"]
 
@@ -63,8 +64,7 @@ def _lookup(ids: np.ndarray, table) -> np.ndarray:
 
 
 def _is_id_array(index) -> bool:
-    import dask.array as da
-
+    da = _dask_array()
     if isinstance(index, da.Array):
         return index.dtype.kind in "iu"
     if isinstance(index, (list, np.ndarray)):
@@ -74,13 +74,16 @@ def _is_id_array(index) -> bool:
     return False
 
 
+def _dask_array():
+    return require("dask.array", extra="dask", feature="Table.to_dask")
+
+
 def _array_class():
     """The dask array subclass (built once, on first use: dask is optional)."""
     global _ARRAY_CLASS
     if _ARRAY_CLASS is not None:
         return _ARRAY_CLASS
-    import dask.array as da
-
+    da = _dask_array()
     class TableArray(da.Array):
         """A dask array of a table's rows whose integer-id indexing is a table lookup."""
 
@@ -101,8 +104,7 @@ def _array_class():
 
 def _take(table, ids, dtype):
     """Rows ``ids`` (NumPy or dask, any shape) as a dask array, one lookup per block of ids."""
-    import dask.array as da
-
+    da = _dask_array()
     n, dim = table.shape
     per_block = max(1, _BLOCK_BYTES // max(1, dim * dtype.itemsize))
     if not isinstance(ids, da.Array):
@@ -117,8 +119,7 @@ def _take(table, ids, dtype):
 def to_dask(table, block_rows: int | None = None):
     """The table as a dask array ``(vocab_size, dim)`` in blocks of ``block_rows`` rows
     (default: whole shards, about 64 MiB or more per block); see the module doc."""
-    import dask.array as da
-
+    da = _dask_array()
     rows = block_rows_of(table) if block_rows is None else block_rows
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
         raise ValueError(f"block_rows must be a positive integer, got {rows!r}")

@@ -14,6 +14,7 @@ import numpy as np
 
 from .errors import ShapeMismatchError
 from .memory import MemoryTable
+from .optional import require
 from .store.table import open as open_table
 from .store.table import save
 from .table import Table
@@ -62,8 +63,7 @@ def to_gensim(path_or_table):
     Keys and their order are the table's; a table without keys gets the integer keys
     ``0, 1, 2, ...`` (its row numbers).  The vectors are a copy in RAM.
     """
-    from gensim.models import KeyedVectors
-
+    KeyedVectors = require("gensim.models", extra="gensim", feature="to_gensim").KeyedVectors
     table = path_or_table
     opened = not isinstance(table, Table)
     if opened:

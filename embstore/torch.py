@@ -23,15 +23,17 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch  # absolute: PyTorch itself, not this module
 
 from .errors import EmbstoreError
 from .layer import Embedding as _Layer
+from .optional import require
 from .store.table import ZarrTable
 from .store.table import open as open_table
 from .table import Table
 
 __all__ = ["Embedding", "EmbeddingBag", "to_nn_embedding"]
+
+torch = require("torch", extra="torch", feature="embstore.torch")  # PyTorch, not this module
 
 _BAG_MODES = ("sum", "mean", "max")
 

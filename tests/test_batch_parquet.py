@@ -11,6 +11,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 import embstore  # noqa: E402
+from embstore.errors import MissingDependencyError  # noqa: E402
 from embstore.batch import parquet as bparquet  # noqa: E402
 
 V, D = 60, 5
@@ -179,3 +180,12 @@ def test_cli_lookup_parquet(weights, tmp_path):
         in res.output
     res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(tmp_path / "o.parquet")])
     assert res.exit_code == 2 and "a .parquet INPUT needs --column" in res.output
+
+
+def test_without_pyarrow_the_error_names_the_extra(table, tmp_path, monkeypatch):
+    src = _write(tmp_path, {"id": [1]})
+    import sys
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now fails
+    with pytest.raises(MissingDependencyError,
+                       match=r"a Parquet batch job needs pyarrow.*pip install 'embstore\[parquet\]'"):
+        embstore.lookup_file(table, src, tmp_path / "out.parquet", column="id")

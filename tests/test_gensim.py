@@ -10,6 +10,7 @@ import pytest
 gensim_models = pytest.importorskip("gensim.models")
 
 import embstore  # noqa: E402
+from embstore.errors import MissingDependencyError  # noqa: E402
 
 KeyedVectors = gensim_models.KeyedVectors
 
@@ -75,3 +76,10 @@ def test_from_gensim_refuses_an_existing_path(kv, tmp_path):
     with pytest.raises(embstore.DestinationExistsError):
         embstore.from_gensim(kv, tmp_path / "t")
     embstore.from_gensim(kv, tmp_path / "t", overwrite=True).close()
+
+
+def test_without_gensim_the_error_names_the_extra(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "gensim.models", None)
+    with pytest.raises(MissingDependencyError, match=r"embstore\[gensim\]"):
+        embstore.to_gensim(embstore.MemoryTable(np.ones((2, 2), np.float32)))

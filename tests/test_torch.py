@@ -15,13 +15,6 @@ import embstore.torch as et  # noqa: E402
 
 V, D = 40, 6
 
-# layer.py still zeroes the padding row of a plain lookup (round 1); CONTRACT.md round 2
-# returns the stored row, as torch does.  The fix is pending in layer.py.
-PENDING_PADDING = pytest.mark.xfail(
-    strict=False, reason="pending fix in embstore/layer.py: a plain lookup must return the "
-    "stored row at padding_idx (CONTRACT.md round 2), round 1 returns zeros")
-
-
 @pytest.fixture(scope="module")
 def weights():
     rng = np.random.default_rng(7)
@@ -56,7 +49,6 @@ def test_embedding_equals_torch(table, weights, shape, dtype):
 @pytest.mark.parametrize("padding_idx", [3, -1], ids=["pad3", "pad-1"])
 @pytest.mark.parametrize("max_norm,norm_type", [(None, 2.0), (1.0, 2.0), (0.5, 1.0)],
                          ids=["plain", "maxnorm2", "maxnorm1"])
-@PENDING_PADDING
 def test_embedding_padding_and_max_norm_equal_torch(table, weights, padding_idx, max_norm,
                                                     norm_type):
     ids = torch.tensor([[3, 1, V - 1], [3, 3, 0]])

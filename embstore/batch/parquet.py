@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import DestinationExistsError, FormatError, InvalidIdError, KeyNotFoundError
 from ..ids import as_ids
+from ..optional import require
 from ..progress import Progress, Tally
 from ..table import Table
 from .io import DEFAULT_CACHE_BYTES, lookup_into, move_into_place, open_table, remove_path
@@ -133,9 +134,10 @@ def lookup_parquet(table, input, output, *, column: str, keep=(), vector_column:
     """Look up ``column`` of the Parquet file ``input`` and write ``output`` (Parquet);
     see the module doc.  Returns a summary dict (``output``, ``rows``, ``ids``,
     ``batches``, ``seconds``)."""
-    import pyarrow as pa
-    import pyarrow.compute  # noqa: F401 (pa.compute)
-    import pyarrow.parquet as pq
+    feature = "a Parquet batch job"
+    pa = require("pyarrow", extra="parquet", feature=feature)
+    require("pyarrow.compute", extra="parquet", feature=feature)  # pa.compute
+    pq = require("pyarrow.parquet", extra="parquet", feature=feature)
 
     t0 = time.perf_counter()
     input, output = os.fspath(input), os.fspath(output)
