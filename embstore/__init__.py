@@ -11,7 +11,7 @@ from __future__ import annotations
 from ._version import __version__
 from .batch import lookup_file
 from .cache import CacheInfo
-from .convert import ImportResult, export_table, import_file
+from .convert import ExportResult, ImportResult, export_table, import_file
 from .errors import (CorruptStoreError, DestinationExistsError, EmbstoreError, FormatError,
                      InvalidIdError, KeyNotFoundError, NotATableError, ReadOnlyError,
                      ShapeMismatchError)
@@ -26,7 +26,8 @@ __all__ = [
     "Table", "MemoryTable", "ZarrTable", "CacheInfo",
     "open", "create", "save", "verify", "VerifyReport", "TableWriter",
     "embedding_lookup", "Embedding",
-    "import_file", "export_table", "ImportResult", "lookup_file", "from_gensim", "to_gensim",
+    "import_file", "export_table", "ImportResult", "ExportResult", "lookup_file",
+    "from_gensim", "to_gensim",
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
 ]

@@ -13,29 +13,44 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 
 import click
 
 from . import demo as demo_steps
+from .atomic import remove, temp_path
 from .batch import lookup_file, output_kind
 from .batch.parquet import is_parquet
-from .convert import export_format_for, export_table, import_file
+from .convert import export_table, import_file
+from .dtypes import STORAGE_DTYPES
 from .errors import EmbstoreError, NotATableError
-from .formats import READ_FORMATS, WRITE_FORMATS, detect
+from .formats import (READ_FORMATS, SPECS, WRITE_FORMATS, detect, export_extensions,
+                      export_format_for)
 from .layer import Embedding
 from .progress import display as progress
 from .store import open as open_table
 from .keys.foreign import build_key_index
+from .store.codecs import COMPRESSIONS
 from .store import verify as verify_table
 from .store.verify import checksum_status
 
 __all__ = ["main", "cli"]
 
 _TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext")  # progress in bytes
+
+
+# The library names parameters (overwrite=True, oov='zero'); the CLI shows flags instead.
+_FLAGS = "overwrite tensor vocab format resume keys oov unicode_errors scheduler".split()
+_PARAM_RE = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|'[^']*')?")
+
+
+def flag_terms(message: str) -> str:
+    """``message`` with ``name=True``, ``name='value'`` and ``name=`` as flags."""
+    return _PARAM_RE.sub(lambda m: "--" + m[1].replace("_", "-") + (
+        f" {m[2][1:-1]}" if m[2] and m[2] != "True" else ""), message)
 
 
 class _Group(click.Group):
@@ -45,9 +60,9 @@ class _Group(click.Group):
         except NotATableError as exc:
             hint = (f"; to make a table of it: embstore import {exc.path} TABLE"
                     if exc.is_file and not str(exc.path).lower().endswith(".npy") else "")
-            raise click.ClickException(f"{exc}{hint}") from None
+            raise click.ClickException(f"{flag_terms(str(exc))}{hint}") from None
         except EmbstoreError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(flag_terms(str(exc))) from None
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError,
                 PermissionError) as exc:
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
@@ -95,6 +110,7 @@ def _print_json(doc) -> None:
 
 _FILE = click.Path(exists=True, dir_okay=False, allow_dash=True)
 _TABLE = click.Path(exists=True)  # a file gets the library's 'not a table' message
+_TENSOR_FORMATS = tuple(f.name for f in SPECS if f.takes_tensor)
 
 
 @contextlib.contextmanager
@@ -105,14 +121,13 @@ def _stdin_file(src: str, dest: str) -> Iterator[str]:
     if src != "-":
         yield src
         return
-    parent = os.path.dirname(os.path.abspath(dest))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.stdin-", dir=parent)
+    tmp = temp_path(dest)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
         yield tmp
     finally:
-        os.remove(tmp)
+        remove(tmp)
 
 
 @click.command("import", short_help="Import a vectors file as a table.")
@@ -120,15 +135,14 @@ def _stdin_file(src: str, dest: str) -> Iterator[str]:
 @click.argument("dest", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(("auto",) + READ_FORMATS), default="auto",
               show_default=True, help="Source format; auto decides from extension and first bytes.")
-@click.option("--tensor", default=None, help="safetensors/torch: the tensor to import "
-              "(default: the only 2-D float tensor).")
+@click.option("--tensor", default=None, help=f"{'/'.join(_TENSOR_FORMATS)}: the tensor to "
+              "import (default: the only 2-D float tensor).")
 @click.option("--vocab", type=_FILE, default=None,
               help="Text file with one key per line, for formats without keys.")
-@click.option("--dtype", type=click.Choice(("float32", "float16", "float64", "bfloat16", "int8")),
-              default=None, help="Stored dtype (default: the source's, bfloat16 kept; text "
-              "formats: float32). bfloat16 and int8 (row-wise quantised) are looked up as "
-              "float32.")
-@click.option("--compression", type=click.Choice(("none", "zstd", "blosc")), default="none",
+@click.option("--dtype", type=click.Choice(STORAGE_DTYPES), default=None,
+              help="Stored dtype (default: the source's, bfloat16 kept; text formats: "
+              "float32). bfloat16 and int8 (row-wise quantised) are looked up as float32.")
+@click.option("--compression", type=click.Choice(COMPRESSIONS), default="none",
               show_default=True, help="Compression of the stored chunks.")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
               help="Rows per inner chunk (default: about 1 KiB of rows).")
@@ -151,8 +165,8 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
       embstore import model.safetensors bert.emb --tensor embeddings.word_embeddings.weight --vocab vocab.txt
       gunzip -c glove.txt.gz | embstore import - glove.emb --format glove
     """
-    if tensor is not None and fmt not in ("auto", "safetensors", "torch"):
-        raise click.UsageError("--tensor applies to --format safetensors or torch only")
+    if tensor is not None and fmt not in ("auto",) + _TENSOR_FORMATS:
+        raise click.UsageError(f"--tensor applies to --format {' or '.join(_TENSOR_FORMATS)} only")
     with _stdin_file(src, dest) as path:
         unit = "bytes" if (fmt if fmt != "auto" else detect(path)) in _TEXT_FORMATS else "rows"
         with progress(f"importing {os.path.basename(src)}", quiet=quiet or as_json,
@@ -178,8 +192,8 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
 @click.argument("src", type=_TABLE)
 @click.argument("dest", type=click.Path(allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(WRITE_FORMATS), default=None,
-              help="Output format (default: from DEST's extension: .npy .safetensors .bin "
-                   ".vec .txt).")
+              help="Output format (default: from DEST's extension: "
+                   f"{' '.join(export_extensions())}).")
 @click.option("--limit", type=click.IntRange(min=0), default=None,
               help="Export only the first N rows.")
 @click.option("--vocab-out", type=click.Path(dir_okay=False), default=None,

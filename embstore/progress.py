@@ -59,7 +59,8 @@ class Display:
         self._every = 1.0 / redraws if self.tty else interval
         self._t0 = self._last = self._clock()
         self._drawn = False
-        self.done, self.total = 0, None
+        self.done: int = 0
+        self.total: int | None = None
 
     def line(self) -> str:
         elapsed = max(self._clock() - self._t0, 1e-9)

@@ -207,7 +207,9 @@ class MappedArray:
             self._maps[i] = m
         if check and not self._ok[i]:
             raw = self._raws[i]
-            if crc32c(memoryview(raw[:-4])) != int.from_bytes(bytes(raw[-4:]), "little"):
+            assert raw is not None
+            body = memoryview(raw[:-4])  # type: ignore[arg-type]  # an ndarray is a buffer
+            if crc32c(body) != int.from_bytes(bytes(raw[-4:]), "little"):
                 raise CorruptStoreError(f"{self.dir / 'c' / str(i)}: crc32c mismatch (the key "
                                         "index is damaged; run embstore verify)",
                                         path=self.dir)
@@ -264,7 +266,7 @@ class MappedArray:
 
     def verify(self, group: zarr.Group, name: str) -> None:
         """Read every chunk through zarr-python, which checks its crc32c."""
-        arr = group[name]
+        arr: zarr.Array = group[name]  # type: ignore[assignment]  # an array, not a group
         for start in range(0, self.n, self.chunk):
             stop = min(self.n, start + self.chunk)
             try:

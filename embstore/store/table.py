@@ -12,19 +12,23 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
+from .._types import Bytes, KeysLike, OpenMode, PathLike
 from ..cache import CacheInfo, make_cache, parse_bytes
 from ..errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
 from ..ids import as_ids
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
+from .codecs import Compression
 from .meta import read_table_meta
 from .quant import logical_dtype
 from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter, check_storage
+from ..dtypes import check_storage
+from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
            "Damage"]
@@ -40,7 +44,7 @@ class ZarrTable(Table):
     :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
     """
 
-    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB"):
+    def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB"):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
         self.path = Path(os.fspath(path)).absolute()
@@ -225,15 +229,17 @@ class ZarrTable(Table):
 
 
 # -- module functions ---------------------------------------------------------------------
-def open(path, mode: str = "r", cache_bytes="256MiB") -> ZarrTable:  # noqa: A001
+def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
+         cache_bytes: Bytes = "256MiB") -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
     ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it)."""
     return ZarrTable(path, mode=mode, cache_bytes=cache_bytes)
 
 
-def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=None,
-           compression: str = "none", overwrite: bool = False,
-           cache_bytes="256MiB") -> ZarrTable:
+def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
+           keys: KeysLike | None = None, chunk_rows: int | None = None,
+           shard_rows: int | None = None, compression: Compression = "none",
+           overwrite: bool = False, cache_bytes: Bytes = "256MiB") -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
     try:
         rows, dim = (int(s) for s in shape)
@@ -246,31 +252,17 @@ def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=
         key_list = [str(k) for k in as_key_array(list(keys)).reshape(-1)]
         if len(key_list) != rows:
             raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
-    w = TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
-                    chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                    overwrite=overwrite, expected_rows=rows)
-    try:
-        if key_list is not None:
-            _check_unique(w._keys.add(key_list), key_list)
-        w._declare_zero_rows(rows)
-    except BaseException:
-        w.abort()
-        raise
-    w.commit()
+    with TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
+                     chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
+        w.add_zeros(rows, key_list)
     return ZarrTable(path, mode="r+", cache_bytes=cache_bytes)
 
 
-def _check_unique(mask, keys, base: int = 0) -> None:
-    mask = np.asarray(mask, dtype=bool)
-    if not mask.all():
-        i = int(np.argmin(mask))
-        raise ShapeMismatchError(f"key {keys[i]!r} at row {base + i} repeats an earlier key "
-                                 "(keys must be distinct)")
-
-
-def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
-         compression: str = "none", overwrite: bool = False, dtype=None,
-         cache_bytes="256MiB") -> ZarrTable:
+def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | None = None, *,
+         chunk_rows: int | None = None, shard_rows: int | None = None,
+         compression: Compression = "none", overwrite: bool = False,
+         dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB") -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
     ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
@@ -299,8 +291,7 @@ def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
     block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                     overwrite=overwrite, expected_rows=rows) as w:
-        w._strict_keys = True
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
         for start, part in blocks(block):
             if keys is None:
                 w.add(part)
