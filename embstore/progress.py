@@ -1,7 +1,7 @@
 """Progress reporting of long operations: ``on_progress(done, total)`` callbacks.
 
 The library never draws anything; the command line turns these calls into a
-progress bar (see :func:`embstore.cli.progress`).
+progress display (:func:`display`, used by :mod:`embstore.cli`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .codecs import Compression
 from .meta import read_table_meta
 from .quant import logical_dtype
 from .source import open_source
-from ..table import Table, as_key_array
+from ..table import Table, Vocab, as_key_array
 from .verify import Damage, VerifyReport, verify
 from ..dtypes import check_storage
 from .writer import TableWriter
@@ -60,7 +60,7 @@ class ZarrTable(Table):
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj: DiskVocab | None = None
+        self._vocab_obj: Vocab | None = None
         if self._has_keys:
             self._check_key_count()
             if self.mode == "r+" and not has_key_index(self.path):
