@@ -18,6 +18,7 @@ from .._types import Bytes, KeysLike, OpenMode, PathLike
 from ..cache import CacheInfo, make_cache, parse_bytes
 from ..errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
 from ..ids import as_ids
+from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
@@ -25,7 +26,7 @@ from .codecs import Compression
 from .meta import read_table_meta
 from .quant import logical_dtype
 from .source import open_source
-from ..table import Table, Vocab, as_key_array
+from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
 from ..dtypes import check_storage
 from .writer import TableWriter
@@ -60,7 +61,7 @@ class ZarrTable(Table):
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj: Vocab | None = None
+        self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
         if self._has_keys:
             self._check_key_count()
             if self.mode == "r+" and not has_key_index(self.path):
@@ -153,7 +154,7 @@ class ZarrTable(Table):
         return self._cache.warm(ids, self._source.gather)
 
     # -- keys -------------------------------------------------------------------------------
-    def _vocab(self) -> DiskVocab | None:
+    def _vocab(self) -> DiskVocab | MemoryKeyIndex | None:
         if not self._has_keys:
             return None
         if self._vocab_obj is None:
@@ -189,7 +190,7 @@ class ZarrTable(Table):
             self._source.append(vectors)
             if keys is not None:
                 vocab = self._vocab()
-                assert vocab is not None
+                assert isinstance(vocab, DiskVocab)  # r+ tables store their key index at open
                 vocab.append(keys)
             self._source.publish_rows(n0 + n)  # last: readers see the new rows only now
 
