@@ -101,7 +101,7 @@ class RowCache:
         self.cheap_reads = False
         #: ``() -> bool``: whether the store's last reads were not resident (then they are
         #: not cheap whatever ``cheap_reads`` says, and hits are never read again)
-        self.reads_cold = None
+        self.reads_cold: Callable[[], bool] | None = None
         self._rows = np.empty((self.slots, self.dim), dtype=self.dtype)  # pages come on use
         self._reset()
 
@@ -377,6 +377,7 @@ class NullCache:
 
     slots = 0
     cheap_reads = False
+    reads_cold: Callable[[], bool] | None = None  # set by the table; unused here
 
     def gather(self, ids: np.ndarray, out: np.ndarray | None,
                fetch: Callable[[np.ndarray, np.ndarray], None],

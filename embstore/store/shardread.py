@@ -69,8 +69,8 @@ class ShardFile:
                 raise CorruptStoreError(f"shard {path}: cannot map ({exc.strerror or exc})",
                                         path=path) from None
         body = tail[: 16 * n]
-        stored = int.from_bytes(tail[16 * n:], "little")  # type: ignore[arg-type]
-        if layout.index_crc and crc32c(body) != stored:  # type: ignore[arg-type]
+        stored = int.from_bytes(tail[16 * n:], "little")
+        if layout.index_crc and crc32c(body) != stored:
             raise CorruptStoreError(f"shard {path}: the shard index fails its crc32c "
                                     "(damaged or truncated)", path=path)
         index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
