@@ -21,6 +21,7 @@ the whole table.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,7 +34,10 @@ from .table import Table
 
 __all__ = ["Embedding", "EmbeddingBag", "to_nn_embedding"]
 
-torch = require("torch", extra="torch", feature="embstore.torch")  # PyTorch, not this module
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = require("torch", extra="torch", feature="embstore.torch")  # PyTorch, not this module
 
 _BAG_MODES = ("sum", "mean", "max")
 
@@ -74,7 +78,7 @@ class _TableModule(torch.nn.Module):
                  norm_type: float = 2.0, cache_bytes="256MiB"):
         super().__init__()
         self._table, self._owns_table = _as_table(table, cache_bytes)
-        self._options = {"padding_idx": padding_idx, "max_norm": max_norm,
+        self._options: dict[str, Any] = {"padding_idx": padding_idx, "max_norm": max_norm,
                          "norm_type": norm_type}
         self._build()
 
@@ -227,7 +231,7 @@ class EmbeddingBag(_TableModule):
         off = None if offsets is None else _numpy(offsets, "offsets")
         w = None if per_sample_weights is None else _numpy(per_sample_weights,
                                                            "per_sample_weights")
-        rows = self._live().bag(ids, off, w, mode=self.mode,
+        rows = self._live().bag(ids, off, w, mode=self.mode,  # type: ignore[arg-type]
                                 include_last_offset=self.include_last_offset)
         return _tensor(rows, input)
 

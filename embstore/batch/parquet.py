@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,8 @@ from ..ids import as_ids
 from ..optional import require
 from ..progress import Progress, Tally
 from ..table import Table
-from .io import DEFAULT_CACHE_BYTES, lookup_into, move_into_place, open_table, remove_path
+from ..atomic import remove, replace, temp_path
+from .io import DEFAULT_CACHE_BYTES, lookup_into, open_table
 
 __all__ = ["lookup_parquet", "is_parquet"]
 
@@ -166,8 +168,7 @@ def lookup_parquet(table, input, output, *, column: str, keep=(), vector_column:
     col = _Column(pa, schema.field(column), input)
     owned = not isinstance(table, Table)
     tab = open_table(table, cache_bytes=cache_bytes) if owned else table
-    tmp = os.path.join(os.path.dirname(os.path.abspath(output)),
-                       f".{os.path.basename(output)}.{os.getpid()}.partial")
+    tmp = temp_path(output)
     try:
         if oov == "unk":
             unk_id = int(as_ids(unk_id, tab.vocab_size))
@@ -176,12 +177,12 @@ def lookup_parquet(table, input, output, *, column: str, keep=(), vector_column:
         stats = _stream(pa, pq, pf, tab, tmp, column, keep, vector_column, col, int(rows),
                         oov=oov, unk_id=unk_id, on_progress=on_progress, pf_path=input)
     except BaseException:
-        remove_path(tmp)
+        remove(tmp)
         raise
     finally:
         if owned:
             tab.close()
-    move_into_place(tmp, output)
+    replace(tmp, output)
     return {"output": output, **stats, "seconds": time.perf_counter() - t0}
 
 
@@ -207,7 +208,8 @@ def _stream(pa, pq, pf, tab, tmp, column, keep, vector_column, col, rows, *, oov
     at most two batches of vectors exist at a time."""
     bar = Tally(pf.metadata.num_rows, on_progress, 0)
     options = _writer_options(vector_column, keep)
-    writer = pending = None
+    writer: Any = None
+    pending = None
     done = ids = batches = 0
     with ThreadPoolExecutor(1, "embstore-parquet-write") as pool:
         try:
