@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CorruptStoreError, LockTimeoutError
-from .beside import remove_quietly, sweep_beside
+from ..beside import remove_quietly, sweep_beside
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]

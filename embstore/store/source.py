@@ -151,7 +151,8 @@ class ShardSource(RowSource):
         for a, b in zip(starts, np.r_[cuts, ids.size].tolist()):  # per shard
             k = int(sh[a])
             self._rewrite(txn, k, ids[a:b] - k * sr, values[a:b], min(sr, L.rows - k * sr))
-        txn.after(lambda ks=sh[starts].tolist(): self.reader.forget(ks))
+        touched: list[int] = sh[starts].tolist()
+        txn.after(lambda: self.reader.forget(touched))
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
         L = self._layout
@@ -217,7 +218,7 @@ class ZarrSource(RowSource):
         except (ValueError, RuntimeError, OSError) as exc:
             raise CorruptStoreError(f"{self.root}/{self.name}: cannot read rows ({exc})",
                                     path=str(self.root)) from exc
-        out[:] = rows[inv]
+        out[:] = np.asarray(rows)[inv]
 
     # Layouts of other tools are written in place by zarr-python: under the writer lock,
     # but not all-or-nothing (docs/FORMAT.md).

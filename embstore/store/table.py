@@ -14,23 +14,28 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
+from .._types import Bytes, KeysLike, OpenMode, PathLike
 from ..cache import CacheInfo, make_cache, parse_bytes
-from ..errors import (CorruptStoreError, EmbstoreError, FormatError, InvalidIdError,
+from ..errors import (CorruptStoreError, EmbstoreError, InvalidIdError,
                       ReadOnlyError, ShapeMismatchError)
-from .beside import sweep_beside
+from ..beside import sweep_beside
 from .commit import Transaction, last_commit, recover, settle
 from .lock import writer_lock
 from ..ids import as_ids
+from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
+from .codecs import Compression
 from .meta import read_table_meta
 from .quant import logical_dtype
 from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter, check_storage
+from ..dtypes import check_storage
+from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
            "Damage"]
@@ -46,7 +51,7 @@ class ZarrTable(Table):
     :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
     """
 
-    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB",
+    def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
                  lock_timeout: float | None = None):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
@@ -72,7 +77,7 @@ class ZarrTable(Table):
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj: DiskVocab | None = None
+        self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
         if self._has_keys:
             self._check_key_count()
             if self.mode == "r+" and not has_key_index(self.path):
@@ -165,7 +170,7 @@ class ZarrTable(Table):
         return self._cache.warm(ids, self._source.gather)
 
     # -- keys -------------------------------------------------------------------------------
-    def _vocab(self) -> DiskVocab | None:
+    def _vocab(self) -> DiskVocab | MemoryKeyIndex | None:
         if not self._has_keys:
             return None
         if self._vocab_obj is None:
@@ -253,6 +258,7 @@ class ZarrTable(Table):
                 raise ReadOnlyError(f"{self.path}: appending keys needs embstore's key index "
                                     "(this table's keys were written by another tool)")
             if vocab is not None:  # again, under the lock: another writer may have added them
+                assert keys is not None and isinstance(vocab, DiskVocab)
                 found = vocab.find(np.array(keys, dtype=object))
                 if (found >= 0).any():
                     i = int(np.argmax(found >= 0))
@@ -262,10 +268,12 @@ class ZarrTable(Table):
             try:
                 self._source.append(vectors, txn)
                 if vocab is not None:
+                    assert keys is not None and isinstance(vocab, DiskVocab)
+                    disk = vocab
                     tree = txn.tree("keys")
-                    for staged, live in vocab.stage_append(keys, tree):
+                    for staged, live in disk.stage_append(keys, tree):
                         txn.adopt(tree / staged, live)
-                    txn.after(lambda: vocab.committed(n0 + n))
+                    txn.after(lambda: disk.committed(n0 + n))
                 self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
             except BaseException:
                 txn.abort()
@@ -301,6 +309,11 @@ class ZarrTable(Table):
             if self._vocab_obj is not None:
                 self._vocab_obj.close()
 
+    def __reduce__(self):
+        """Pickled as its path (rows never travel): the copy opens the table again,
+        read-only, with the same cache budget (for worker processes, which read)."""
+        return (open, (str(self.path), "r", self.cache_info().capacity_bytes))
+
     def __repr__(self) -> str:
         stored = "" if self.storage_dtype == self.dtype.name else \
             f", storage_dtype={self.storage_dtype}"
@@ -309,8 +322,8 @@ class ZarrTable(Table):
 
 
 # -- module functions ---------------------------------------------------------------------
-def open(path, mode: str = "r", cache_bytes="256MiB",  # noqa: A001
-         lock_timeout: float | None = None) -> ZarrTable:
+def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
+         cache_bytes: Bytes = "256MiB", lock_timeout: float | None = None) -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
     ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it).
 
@@ -321,9 +334,11 @@ def open(path, mode: str = "r", cache_bytes="256MiB",  # noqa: A001
     return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, lock_timeout=lock_timeout)
 
 
-def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=None,
-           compression: str = "none", overwrite: bool = False,
-           cache_bytes="256MiB", lock_timeout: float | None = None) -> ZarrTable:
+def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
+           keys: KeysLike | None = None, chunk_rows: int | None = None,
+           shard_rows: int | None = None, compression: Compression = "none",
+           overwrite: bool = False, cache_bytes: Bytes = "256MiB",
+           lock_timeout: float | None = None) -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
     try:
         rows, dim = (int(s) for s in shape)
@@ -336,31 +351,17 @@ def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=
         key_list = [str(k) for k in as_key_array(list(keys)).reshape(-1)]
         if len(key_list) != rows:
             raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
-    w = TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
-                    chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                    overwrite=overwrite, expected_rows=rows)
-    try:
-        if key_list is not None:
-            _check_unique(w._keys.add(key_list), key_list)
-        w._declare_zero_rows(rows)
-    except BaseException:
-        w.abort()
-        raise
-    w.commit()
+    with TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
+                     chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
+        w.add_zeros(rows, key_list)
     return ZarrTable(path, mode="r+", cache_bytes=cache_bytes, lock_timeout=lock_timeout)
 
 
-def _check_unique(mask, keys, base: int = 0) -> None:
-    mask = np.asarray(mask, dtype=bool)
-    if not mask.all():
-        i = int(np.argmin(mask))
-        raise ShapeMismatchError(f"key {keys[i]!r} at row {base + i} repeats an earlier key "
-                                 "(keys must be distinct)")
-
-
-def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
-         compression: str = "none", overwrite: bool = False, dtype=None,
-         cache_bytes="256MiB") -> ZarrTable:
+def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | None = None, *,
+         chunk_rows: int | None = None, shard_rows: int | None = None,
+         compression: Compression = "none", overwrite: bool = False,
+         dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB") -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
     ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
@@ -389,8 +390,7 @@ def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
     block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                     overwrite=overwrite, expected_rows=rows) as w:
-        w._strict_keys = True
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
         for start, part in blocks(block):
             if keys is None:
                 w.add(part)
