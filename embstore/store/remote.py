@@ -24,6 +24,7 @@ import json
 import numpy as np
 from crc32c import crc32c
 
+from ..cache import parse_bytes
 from ..errors import CorruptStoreError, FormatError, ReadOnlyError
 from .chunkcache import ChunkCache
 from .codecs import ABSENT, Layout, check_chunk, make_codec
@@ -31,7 +32,7 @@ from .meta import check_group_meta, check_vectors_meta
 from .objstore import ObjectClient
 from .source import RowSource
 
-__all__ = ["RemoteShardSource", "read_remote_meta", "parse_index"]
+__all__ = ["RemoteShardSource", "open_remote_source", "read_remote_meta", "parse_index"]
 
 COALESCE_BYTES = 1 << 20  # the gap worth reading rather than paying another request
 MAX_REQUEST_BYTES = 8 << 20  # one request's size: large regions are split and run in parallel
@@ -311,3 +312,25 @@ class RemoteShardSource(RowSource):
     def close(self) -> None:
         self._index.clear()
         self.client.close()
+
+
+def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | None = None,
+                       cache_dir=None, cache_dir_bytes="4GiB") -> tuple[dict, RemoteShardSource]:
+    """``(embstore attributes, source)`` of the table at ``url``: two requests."""
+    if mode != "r":
+        raise ReadOnlyError(f"{url}: tables on object storage open read-only (mode 'r'), got "
+                            f"mode {mode!r}; write a local table and copy it there")
+    client = ObjectClient(url, storage_options)
+    try:
+        attrs, meta, version = read_remote_meta(client)
+        layout = Layout.from_metadata(meta)
+        if layout is None:
+            raise FormatError("vectors is not stored in the sharded layout of format v1 "
+                              "(crc32c-checked chunks in shards), which remote reads need; "
+                              "copy the table to a local folder to read it", path=url)
+        cache = None if cache_dir is None else ChunkCache(cache_dir, client.url, version,
+                                                          parse_bytes(cache_dir_bytes))
+    except BaseException:
+        client.close()
+        raise
+    return attrs, RemoteShardSource(client, layout, cache=cache)

@@ -14,13 +14,17 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import CacheInfo, make_cache, parse_bytes
-from ..errors import CorruptStoreError, EmbstoreError, FormatError, ShapeMismatchError
+from ..errors import (CorruptStoreError, EmbstoreError, FormatError, ReadOnlyError,
+                      ShapeMismatchError)
 from ..ids import as_ids
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
 from .meta import read_table_meta
 from .quant import logical_dtype
+from .objstore import is_url
+from .remote import open_remote_source
+from .transfer import staged
 from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
@@ -40,10 +44,16 @@ class ZarrTable(Table):
     :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
     """
 
-    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB"):
+    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB", **remote):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
-        self.path = Path(os.fspath(path)).absolute()
+        # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
+        self._remote = remote if is_url(path) else None
+        if remote and self._remote is None:
+            raise TypeError(f"{', '.join(remote)}: options of tables on object storage "
+                            f"(URLs), not of the local path {path!r}")
+        self.path = path.rstrip("/") if self._remote is not None else Path(
+            os.fspath(path)).absolute()
         self.mode = mode
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         self._closed = False
@@ -53,6 +63,11 @@ class ZarrTable(Table):
         self._cache.reads_cold = lambda: self._source.reads_cold()
 
     def _load_meta(self) -> None:
+        if self._remote is not None:
+            self._attrs, self._source = open_remote_source(self.path, self.mode, **self._remote)
+            self._has_keys = bool(self._attrs.get("has_keys"))
+            self._vocab_obj = None
+            return
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
@@ -96,8 +111,11 @@ class ZarrTable(Table):
 
     def info(self) -> dict:
         """What ``embstore info --json`` prints."""
-        stored = sum(os.path.getsize(os.path.join(d, f))
-                     for d, _, files in os.walk(self.path) for f in files)
+        if self._remote is not None:
+            stored = sum(size for _, size in self._source.client.list())
+        else:
+            stored = sum(os.path.getsize(os.path.join(d, f))
+                         for d, _, files in os.walk(self.path) for f in files)
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
                 "storage_dtype": self.storage_dtype,
@@ -152,6 +170,9 @@ class ZarrTable(Table):
     def _vocab(self) -> DiskVocab | None:
         if not self._has_keys:
             return None
+        if self._remote is not None:
+            raise EmbstoreError(f"{self.path}: key lookups on tables on object storage are not "
+                                "supported yet (rows by id are; copy the table locally for keys)")
         if self._vocab_obj is None:
             with self._lock:
                 if self._vocab_obj is None:
@@ -220,16 +241,24 @@ class ZarrTable(Table):
 
 
 # -- module functions ---------------------------------------------------------------------
-def open(path, mode: str = "r", cache_bytes="256MiB") -> ZarrTable:  # noqa: A001
+def open(path, mode: str = "r", cache_bytes="256MiB", **remote) -> ZarrTable:  # noqa: A001
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
-    ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it)."""
-    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes)
+    ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it).
+
+    ``path`` may be a URL (``s3://bucket/t.emb``, ``gs://``, ``az://``, ``http(s)://``), read
+    only, with ``storage_options`` (endpoint, region, credentials; default: the standard
+    AWS environment variables), ``cache_dir`` (an on-disk chunk cache shared by processes)
+    and ``cache_dir_bytes`` (its budget, default ``"4GiB"``)."""
+    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, **remote)
 
 
 def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=None,
            compression: str = "none", overwrite: bool = False,
            cache_bytes="256MiB") -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
+    if is_url(path):
+        raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
+                            "copy), not created empty and written in place")
     try:
         rows, dim = (int(s) for s in shape)
     except (TypeError, ValueError):
@@ -265,7 +294,7 @@ def _check_unique(mask, keys, base: int = 0) -> None:
 
 def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
          compression: str = "none", overwrite: bool = False, dtype=None,
-         cache_bytes="256MiB") -> ZarrTable:
+         cache_bytes="256MiB", storage_options: dict | None = None) -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
     ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
@@ -274,6 +303,11 @@ def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
     Streamed in blocks: the source is never held in memory whole.  Returns the new table,
     opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
     """
+    if is_url(path):  # written locally, then uploaded (group zarr.json last)
+        with staged(path, overwrite=overwrite, storage_options=storage_options) as local:
+            save(local, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
+                 compression=compression, dtype=dtype, cache_bytes=0).close()
+        return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
     src = array_or_table
     if isinstance(src, Table):
         rows, dim = src.shape
