@@ -38,9 +38,9 @@ COALESCE_BYTES = 1 << 20  # the gap worth reading rather than paying another req
 MAX_REQUEST_BYTES = 8 << 20  # one request's size: large regions are split and run in parallel
 
 
-def _parse_json(raw: bytes | None, where: str, what: str) -> dict:
+def _parse_json(raw: bytes | None, where: str, what: str, url: str) -> dict:
     if raw is None:
-        raise FormatError(f"not an embstore table: {what} is missing", path=where)
+        raise FormatError(f"not an embstore table: {what} is missing", path=url)
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -56,9 +56,10 @@ def read_remote_meta(client: ObjectClient) -> tuple[dict, dict, str]:
     ``version`` hashes both documents (it keys the on-disk chunk cache)."""
     graw = client.get("zarr.json")
     attrs = check_group_meta(_parse_json(graw, client.where("zarr.json"),
-                                         "the group's zarr.json"), client.url)
+                                         "the group's zarr.json", client.url), client.url)
     vraw = client.get("vectors/zarr.json")
-    meta = _parse_json(vraw, client.where("vectors/zarr.json"), "vectors/zarr.json")
+    meta = _parse_json(vraw, client.where("vectors/zarr.json"), "vectors/zarr.json",
+                       client.url)
     check_vectors_meta(meta, client.where("vectors/zarr.json"), attrs)
     version = hashlib.sha256(graw + b"\0" + vraw).hexdigest()[:20]
     return attrs, meta, version
