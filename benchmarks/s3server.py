@@ -144,3 +144,72 @@ def running():
         yield srv
     finally:
         srv.stop()
+
+
+class ServerProcess:
+    """The server in a child process (so that it does not share the GIL with the clients
+    being measured): ``endpoint``, ``env()``, ``make_bucket``, ``total()``, ``counts()``,
+    ``reset()``, ``stop()``; requests counted in the child, read over a pipe."""
+
+    def __init__(self):
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        root = str(Path(__file__).resolve().parent.parent)
+        self._proc = subprocess.Popen([sys.executable, "-m", "benchmarks.s3server"], cwd=root,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.endpoint = self._proc.stdout.readline().strip()
+        if not self.endpoint.startswith("http://"):
+            raise RuntimeError(f"the S3 server did not start (said {self.endpoint!r})")
+
+    def _ask(self, command: str) -> str:
+        self._proc.stdin.write(command + "\n")
+        self._proc.stdin.flush()
+        return self._proc.stdout.readline().strip()
+
+    def counts(self) -> dict:
+        import json
+        return json.loads(self._ask("count"))
+
+    def total(self) -> int:
+        return sum(self.counts().values())
+
+    def reset(self) -> None:
+        self._ask("reset")
+
+    def make_bucket(self, name: str) -> None:
+        self._ask(f"bucket {name}")
+
+    env = S3Server.env
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._ask("quit")
+            self._proc.wait(timeout=30)
+
+
+def _serve() -> None:
+    import json
+    import sys
+
+    srv = start()
+    print(srv.endpoint, flush=True)
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "count":
+            print(json.dumps(dict(srv.requests)), flush=True)
+        elif cmd == "reset":
+            srv.reset()
+            print("ok", flush=True)
+        elif cmd == "bucket":
+            srv.make_bucket(arg)
+            print("ok", flush=True)
+        else:
+            print("bye", flush=True)
+            break
+    srv.stop()
+
+
+if __name__ == "__main__":
+    _serve()
