@@ -28,6 +28,7 @@ from ..ids import position_of
 from ..memory import MemoryTable
 from ..store import table as zarrtable
 from ..table import Table
+from .remote import RemoteNpyIds, RemoteZarrSink, is_url
 
 __all__ = ["open_table", "Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
            "read_block", "lookup_into", "move_into_place", "remove_path", "output_kind"]
@@ -216,6 +217,11 @@ class KeyLines:
 
 
 def open_source(job: Job):
+    if is_url(job.input):
+        if job.keys:
+            raise EmbstoreError(f"{job.input}: key files on object storage are not supported "
+                                "yet (.npy ids are)")
+        return RemoteNpyIds(job.input)
     return KeyLines(job.input) if job.keys else NpyIds(job.input)
 
 
@@ -338,6 +344,8 @@ class ZarrSink:
 
 
 def open_sink(job: Job):
+    if is_url(job.tmp):
+        return RemoteZarrSink(job)
     return ZarrSink(job) if job.out_kind == "zarr" else NpySink(job)
 
 

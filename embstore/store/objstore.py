@@ -118,6 +118,9 @@ class ObjectClient:
 
     # -- names --------------------------------------------------------------------------------
     def key(self, rel: str) -> str:
+        """The object key of ``rel`` (``""``: the URL's own object)."""
+        if not rel:
+            return self.prefix
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def where(self, rel: str = "") -> str:

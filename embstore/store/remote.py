@@ -151,7 +151,7 @@ class RemoteShardSource(RowSource):
     def layout(self) -> dict:
         L = self._layout
         return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
-                "compression": L.compression, "fast_path": True}
+                "compression": L.compression, "fast_path": False}  # not the local mapped path
 
     def shard_object(self, k: int) -> str:
         return "vectors/" + self._layout.shard_key(k)
