@@ -90,7 +90,7 @@ class ObjectClient:
         if endpoint.startswith("http://") or self.scheme == "http":
             client.setdefault("allow_http", True)
         client.setdefault("connect_timeout", timedelta(seconds=5))
-        client.setdefault("timeout", timedelta(seconds=120))
+        client.setdefault("timeout", timedelta(seconds=60))  # per request (8 MiB at most)
         instance = bool(opts.pop("instance_credentials", False))
         if self.scheme in ("s3", "s3a") and not instance and not opts.get(
                 "access_key_id") and not opts.get("skip_signature") and not any(

@@ -192,6 +192,8 @@ class RemoteShardSource(RowSource):
 
     # -- reads --------------------------------------------------------------------------------
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        if ids.size == 0:
+            return
         L = self._layout
         per = L.n_inner
         chunks, inv = np.unique(ids // L.chunk_rows, return_inverse=True)

@@ -227,3 +227,12 @@ def test_refused_credentials_are_one_line(s3):
     assert str(err) == (f"s3://{s3.bucket}/t.emb/zarr.json: access denied, check the "
                         "credentials (InvalidAccessKeyId: The AWS Access Key Id you provided "
                         "does not exist in our records.)")
+
+
+def test_empty_batches_and_slices(table, s3):
+    url, E = table
+    with embstore.open(url, cache_bytes=0) as t:
+        assert t.lookup(np.zeros((0, 3), dtype=np.int64)).shape == (0, 3, 8)
+        assert t._source.take(np.zeros(0, dtype=np.int64)).shape == (0, 8)
+        t._source.gather(np.zeros(0, dtype=np.int64), np.empty((0, 8), np.float32))
+        np.testing.assert_array_equal(t[510:515], E[510:515])
