@@ -79,8 +79,8 @@ def main() -> None:
         srv.make_bucket(BUCKET)
     else:
         endpoint = args.endpoint
-    os.environ.update({k: v for k, v in s3server.S3Server.env(None).items()
-                       if k != "AWS_ENDPOINT_URL"})
+    os.environ.update({"AWS_ACCESS_KEY_ID": s3server.ACCESS_KEY, "AWS_REGION": "us-east-1",
+                       "AWS_SECRET_ACCESS_KEY": s3server.SECRET_KEY})
     small, large = _patterns()
     try:
         if srv is not None:

@@ -258,7 +258,14 @@ class RemoteShardSource(RowSource):
         self._scatter(b, js, payloads, pos)
 
     def _check(self, raw, b: _Batch, j: int):
-        return check_chunk(raw, self._where(b, j)) if self._layout.has_crc else raw
+        """The payload of a stored chunk after its crc32c check (the codecs release the GIL)."""
+        if not self._layout.has_crc:
+            return raw
+        mv = memoryview(raw).cast("B")
+        if len(mv) < 4 or crc32c(mv[:-4], gil_release_mode=1) != int.from_bytes(
+                mv[-4:], "little"):
+            check_chunk(mv, self._where(b, j))  # raises, with the reason and the place
+        return mv[:-4]
 
     def _scatter(self, b: _Batch, js, payloads, pos) -> None:
         """Decode the chunks ``js`` (stored ``payloads``) and copy rows to ``out[pos]``."""
