@@ -29,6 +29,8 @@ from .layer import Embedding
 from .progress import display as progress
 from .store import open as open_table
 from .keys.foreign import build_key_index
+from .store.objstore import is_url
+from .store.transfer import copy_table, staged
 from .store import verify as verify_table
 from .store.verify import checksum_status
 
@@ -93,7 +95,34 @@ def _print_json(doc) -> None:
 
 
 _FILE = click.Path(exists=True, dir_okay=False, allow_dash=True)
-_TABLE = click.Path(exists=True)  # a file gets the library's 'not a table' message
+
+
+class _PathOrUrl(click.ParamType):
+    """A local path (checked as ``path_type`` checks it) or an object-store URL (as is)."""
+
+    name = "path"
+
+    def __init__(self, path_type: click.Path):
+        self.path_type = path_type
+
+    def convert(self, value, param, ctx):
+        return value if is_url(value) else self.path_type.convert(value, param, ctx)
+
+
+# a file gets the library's 'not a table' message; URLs (s3://...) are tables on object storage
+_TABLE = _PathOrUrl(click.Path(exists=True))
+_DEST = _PathOrUrl(click.Path())
+
+
+@contextlib.contextmanager
+def _local_for(dest: str, overwrite: bool, quiet: bool) -> Iterator[str]:
+    """``dest`` itself, or for a URL a local folder uploaded to it when the block ends."""
+    if not is_url(dest):
+        yield dest
+        return
+    with progress(f"uploading to {dest}", quiet=quiet, unit="bytes") as on_progress, \
+            staged(dest, overwrite=overwrite, on_progress=on_progress) as local:
+        yield str(local)
 
 
 @contextlib.contextmanager
@@ -116,7 +145,7 @@ def _stdin_file(src: str, dest: str) -> Iterator[str]:
 
 @click.command("import", short_help="Import a vectors file as a table.")
 @click.argument("src", type=_FILE)
-@click.argument("dest", type=click.Path())
+@click.argument("dest", type=_DEST)
 @click.option("--format", "fmt", type=click.Choice(("auto",) + READ_FORMATS), default="auto",
               show_default=True, help="Source format; auto decides from extension and first bytes.")
 @click.option("--tensor", default=None, help="safetensors/torch: the tensor to import "
@@ -152,11 +181,11 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
     """
     if tensor is not None and fmt not in ("auto", "safetensors", "torch"):
         raise click.UsageError("--tensor applies to --format safetensors or torch only")
-    with _stdin_file(src, dest) as path:
+    with _local_for(dest, overwrite, quiet or as_json) as local, _stdin_file(src, local) as path:
         unit = "bytes" if (fmt if fmt != "auto" else detect(path)) in _TEXT_FORMATS else "rows"
         with progress(f"importing {os.path.basename(src)}", quiet=quiet or as_json,
                       unit=unit) as on_progress:
-            res = import_file(path, dest, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
+            res = import_file(path, local, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
                               limit=limit, unicode_errors=unicode_errors,
                               compression=compression, chunk_rows=chunk_rows,
                               shard_rows=shard_rows, overwrite=overwrite,
@@ -253,7 +282,7 @@ def info_cmd(path, as_json, quiet):
 
 
 @click.command("verify", short_help="Check every stored chunk's checksum.")
-@click.argument("path", type=_TABLE)
+@click.argument("path", type=click.Path(exists=True))
 @_options
 def verify_cmd(path, as_json, quiet):
     """Check every stored chunk of the table at PATH (checksums); exit 1 on damage, or when
@@ -356,9 +385,9 @@ def similar_cmd(table, query, k, by_id, as_json, quiet):
 
 
 @click.command("lookup", short_help="Batch job: vectors of every id in a file.")
-@click.argument("table", type=click.Path(exists=True))
-@click.argument("input", type=click.Path(exists=True, dir_okay=False))
-@click.argument("output", type=click.Path())
+@click.argument("table", type=_TABLE)
+@click.argument("input", type=_PathOrUrl(click.Path(exists=True, dir_okay=False)))
+@click.argument("output", type=_DEST)
 @click.option("--keys", is_flag=True,
               help="INPUT is a text file of keys: one whitespace-separated sequence a line.")
 @click.option("--oov", type=click.Choice(["error", "zero", "unk"]), default="error",
@@ -395,6 +424,7 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
       embstore lookup news.emb ids.npy vectors.npy
       embstore lookup news.emb sentences.txt vectors.zarr --keys --oov zero
       embstore lookup news.emb ids.npy vectors.zarr --scheduler local --workers 2
+      embstore lookup s3://b/news.emb s3://b/ids.npy s3://b/out.zarr --scheduler tcp://h:8786
     """
     if oov == "unk" and unk_id is None:
         raise click.UsageError("--oov unk needs --unk-id")
@@ -417,6 +447,29 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
                    f"({summary['ids']} ids in {summary['blocks']} blocks"
                    f"{f', {resumed} resumed' if resumed else ''}, {summary['seconds']:.2f} s)",
                    err=True)
+
+
+@click.command("copy", short_help="Copy a table to or from object storage.")
+@click.argument("src", type=_TABLE)
+@click.argument("dest", type=_DEST)
+@click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
+@_options
+def copy_cmd(src, dest, overwrite, as_json, quiet):
+    """Copy the table SRC to DEST between a local folder and object storage (s3://...); an
+    upload becomes visible only when complete (its zarr.json is written last).
+
+    \b
+    Example:
+      embstore copy news.emb s3://bucket/news.emb
+    """
+    if not (is_url(src) or is_url(dest)):
+        raise click.UsageError("copy moves tables to or from object storage: SRC or DEST "
+                               "must be a URL such as s3://bucket/table.emb")
+    with progress(f"copying {src}", quiet=quiet or as_json, unit="bytes") as on_progress:
+        copy_table(src, dest, overwrite=overwrite, on_progress=on_progress)
+    if as_json:
+        _print_json({"source": src, "path": dest})
+    _say(f"copied {src} to {dest}", quiet or as_json)
 
 
 @click.command("demo", short_help="Run the main job end to end (a tour).")
@@ -447,5 +500,6 @@ def demo_cmd(directory: str | None, no_dask: bool, as_json: bool, quiet: bool) -
 
 
 for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, similar_cmd, lookup,
+                 copy_cmd,
                  demo_cmd):
     cli.add_command(_command)

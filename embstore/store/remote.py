@@ -20,6 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
 
 import numpy as np
 from crc32c import crc32c
@@ -138,6 +143,9 @@ class RemoteShardSource(RowSource):
         self.cap = max(int(max_request_bytes), layout.chunk_bytes + 4)
         self.codec = make_codec(layout.compression, layout.dtype.itemsize)
         self._index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._keys_lock = threading.Lock()
+        self._keys_dir: Path | None = None
+        self._keys_tmp: Path | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -316,12 +324,56 @@ class RemoteShardSource(RowSource):
 
     write = append = publish_rows = _refuse
 
+    # -- keys -------------------------------------------------------------------------------
+    def key_index_dir(self) -> Path:
+        """A local folder holding the table's group ``zarr.json`` and its key arrays (every
+        object but ``vectors/``), downloaded once: into the chunk cache when there is one
+        (shared by processes: downloaded beside and renamed into place), else into a
+        temporary folder removed on close.  Key lookups then run on it as on a local table."""
+        with self._keys_lock:
+            if self._keys_dir is not None:
+                return self._keys_dir
+            final = None if self.cache is None else Path(self.cache.dir) / "key-index"
+            if final is not None and (final / "zarr.json").is_file():
+                self._keys_dir = final
+                return final
+            parent = Path(self.cache.dir) if self.cache is not None else None
+            tmp = Path(tempfile.mkdtemp(prefix=".keys-", dir=parent))
+            try:
+                rels = [r for r, _ in self.client.list() if not r.startswith("vectors/")]
+
+                def get(rel: str) -> None:
+                    data = self.client.get(rel)
+                    if data is None:
+                        raise FormatError(f"{rel} vanished while being read (is the table "
+                                          "being replaced?)", path=self.client.url)
+                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / rel).write_bytes(data)
+
+                self.client.map(get, rels)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if final is None:
+                self._keys_tmp = tmp
+                self._keys_dir = tmp
+                return tmp
+            try:
+                os.rename(tmp, final)
+            except OSError:  # another process was first: its copy is the same
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._keys_dir = final
+            return final
+
     def refresh(self) -> None:
         self._index.clear()
 
     def close(self) -> None:
         self._index.clear()
         self.client.close()
+        if self._keys_tmp is not None:
+            shutil.rmtree(self._keys_tmp, ignore_errors=True)
+            self._keys_tmp = self._keys_dir = None
 
 
 def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | None = None,

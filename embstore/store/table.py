@@ -170,15 +170,15 @@ class ZarrTable(Table):
     def _vocab(self) -> DiskVocab | None:
         if not self._has_keys:
             return None
-        if self._remote is not None:
-            raise EmbstoreError(f"{self.path}: key lookups on tables on object storage are not "
-                                "supported yet (rows by id are; copy the table locally for keys)")
         if self._vocab_obj is None:
             with self._lock:
                 if self._vocab_obj is None:
                     # no zarr import on the read path: DiskVocab opens the group when it writes
                     # rows: keys past the committed row count belong to an append in flight
-                    vocab = DiskVocab.open(None, self.path, rows=self.vocab_size,
+                    # a remote table: its key arrays downloaded once, then read locally
+                    root = (self.path if self._remote is None
+                            else self._source.key_index_dir())
+                    vocab = DiskVocab.open(None, root, rows=self.vocab_size,
                                            writable=self.writable)
                     if vocab is None or len(vocab) != self.vocab_size:
                         raise CorruptStoreError(

@@ -66,10 +66,8 @@ def make_table(request, s3, tmp_path):
     names = itertools.count()
 
     def make(array, keys=None, mode="r"):
-        if keys is not None:
-            pytest.skip("key lookups on remote tables are not supported yet")
         url = f"s3://{s3.bucket}/t{next(names)}.emb"
-        embstore.save(url, np.ascontiguousarray(array), **kw).close()
+        embstore.save(url, np.ascontiguousarray(array), keys=keys, **kw).close()
         t = embstore.open(url, cache_bytes=cache)
         opened.append(t)
         return t

@@ -178,20 +178,38 @@ def test_absent_shard_reads_as_fill(table, s3):
     np.testing.assert_array_equal(got[2], E[1200])
 
 
-def test_remote_tables_are_read_only_and_keyless_for_now(table, s3, tmp_path):
+def test_remote_tables_are_read_only(table, s3, tmp_path):
     url, E = table
     with pytest.raises(ReadOnlyError, match="open read-only"):
         embstore.open(url, mode="r+")
     with pytest.raises(ReadOnlyError, match="written whole"):
         embstore.create(f"s3://{s3.bucket}/new.emb", shape=(4, 2))
-    keyed = f"s3://{s3.bucket}/k.emb"
-    embstore.save(keyed, E[:3], keys=["a", "b", "c"]).close()
-    with embstore.open(keyed) as t:
-        np.testing.assert_array_equal(t[[2]], E[[2]])
-        with pytest.raises(EmbstoreError, match="key lookups on tables on object storage"):
-            t.ids_of(["a"])
+    with embstore.open(url) as t, pytest.raises(ReadOnlyError, match="read-only"):
+        t._source.write(np.array([0]), E[:1])
     with pytest.raises(TypeError, match="storage_options"):
         embstore.open(tmp_path, storage_options={})
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache-dir", "cache-dir"])
+def test_keys_of_a_remote_table(s3, rng, tmp_path, cached):
+    E = rng.standard_normal((300, 4)).astype(np.float32)
+    keys = [f"w{i}" for i in range(299)] + ["東京"]
+    url = f"s3://{s3.bucket}/k.emb"
+    embstore.save(url, E, keys=keys, chunk_rows=8, shard_rows=64).close()
+    kw = {"cache_dir": tmp_path / "c"} if cached else {}
+    with embstore.open(url, **kw) as t:
+        assert t.ids_of(["w7", "東京"]).tolist() == [7, 299]
+        np.testing.assert_array_equal(t.lookup_keys(["w5", "nope"], oov="zero"),
+                                      np.stack([E[5], np.zeros(4, np.float32)]))
+        assert t.keys[10:12] == ["w10", "w11"]
+        with pytest.raises(embstore.KeyNotFoundError):
+            t.ids_of(["nope"])
+    if cached:  # a second process finds the key index in the cache: no listing, no download
+        s3.reset()
+        with embstore.open(url, **kw) as t:
+            assert t.ids_of(["w299"], missing=-1).tolist() == [-1]
+            assert t.ids_of(["w3"]).tolist() == [3]
+        assert s3.total() == 2
 
 
 def test_one_line_errors(s3, monkeypatch):
