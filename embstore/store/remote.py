@@ -35,7 +35,8 @@ from .chunkcache import ChunkCache
 from .codecs import ABSENT, Layout, check_chunk, make_codec
 from .meta import check_group_meta, check_vectors_meta
 from .objstore import ObjectClient
-from .source import RowSource
+from .quant import SCALE_ARRAY
+from .source import Bf16Source, Int8Source, RowSource
 
 __all__ = ["RemoteShardSource", "open_remote_source", "read_remote_meta", "parse_index"]
 
@@ -135,8 +136,10 @@ class RemoteShardSource(RowSource):
     """Rows of a format-v1 ``vectors`` array on object storage (read-only)."""
 
     def __init__(self, client: ObjectClient, layout: Layout, *, cache: ChunkCache | None = None,
-                 coalesce_bytes: int = COALESCE_BYTES, max_request_bytes: int = MAX_REQUEST_BYTES):
+                 coalesce_bytes: int = COALESCE_BYTES, max_request_bytes: int = MAX_REQUEST_BYTES,
+                 name: str = "vectors"):
         self.client = client
+        self.name = name
         self._layout = layout
         self.cache = cache
         self.gap = int(coalesce_bytes)
@@ -162,7 +165,7 @@ class RemoteShardSource(RowSource):
                 "compression": L.compression, "fast_path": False}  # not the local mapped path
 
     def shard_object(self, k: int) -> str:
-        return "vectors/" + self._layout.shard_key(k)
+        return f"{self.name}/{self._layout.shard_key(k)}"
 
     # -- shard indexes ------------------------------------------------------------------------
     def _index_len(self) -> int:
@@ -340,7 +343,8 @@ class RemoteShardSource(RowSource):
             parent = Path(self.cache.dir) if self.cache is not None else None
             tmp = Path(tempfile.mkdtemp(prefix=".keys-", dir=parent))
             try:
-                rels = [r for r, _ in self.client.list() if not r.startswith("vectors/")]
+                rels = [r for r, _ in self.client.list() if not r.startswith(
+                    ("vectors/", f"{SCALE_ARRAY}/"))]
 
                 def get(rel: str) -> None:
                     data = self.client.get(rel)
@@ -370,29 +374,53 @@ class RemoteShardSource(RowSource):
 
     def close(self) -> None:
         self._index.clear()
-        self.client.close()
+        if self.name == "vectors":  # the client is the table's (row scales share it)
+            self.client.close()
         if self._keys_tmp is not None:
             shutil.rmtree(self._keys_tmp, ignore_errors=True)
             self._keys_tmp = self._keys_dir = None
 
 
 def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | None = None,
-                       cache_dir=None, cache_dir_bytes="4GiB") -> tuple[dict, RemoteShardSource]:
-    """``(embstore attributes, source)`` of the table at ``url``: two requests."""
+                       cache_dir=None, cache_dir_bytes="4GiB",
+                       ) -> tuple[dict, RowSource, RemoteShardSource]:
+    """``(embstore attributes, row source, vectors source)`` of the table at ``url`` (the
+    row source decodes bfloat16 and int8 rows over the vectors source): two requests
+    (three for int8 rows, whose row scales are an array of their own)."""
     if mode != "r":
         raise ReadOnlyError(f"{url}: tables on object storage open read-only (mode 'r'), got "
                             f"mode {mode!r}; write a local table and copy it there")
     client = ObjectClient(url, storage_options)
     try:
         attrs, meta, version = read_remote_meta(client)
-        layout = Layout.from_metadata(meta)
-        if layout is None:
-            raise FormatError("vectors is not stored in the sharded layout of format v1 "
-                              "(crc32c-checked chunks in shards), which remote reads need; "
-                              "copy the table to a local folder to read it", path=url)
         cache = None if cache_dir is None else ChunkCache(cache_dir, client.url, version,
                                                           parse_bytes(cache_dir_bytes))
+        codes = RemoteShardSource(client, _layout(meta, url), cache=cache)
+        kind = meta.get("data_type")
+        if kind == "bfloat16":
+            return attrs, Bf16Source(codes), codes
+        if kind != "int8":
+            return attrs, codes, codes
+        where = client.where(f"{SCALE_ARRAY}/zarr.json")
+        smeta = _parse_json(client.get(f"{SCALE_ARRAY}/zarr.json"), where,
+                            f"{SCALE_ARRAY}/zarr.json (int8 vectors need their row scales)", url)
+        check_vectors_meta(smeta, where)
+        if smeta["data_type"] != "float32" or smeta["shape"][1] != 2 or \
+                smeta["shape"][0] < meta["shape"][0]:
+            raise CorruptStoreError(f"{where}: expected float32 of shape [>= {meta['shape'][0]}"
+                                    f", 2] (scale, offset per row), got {smeta['data_type']} "
+                                    f"{smeta['shape']}", path=url)
+        scales = RemoteShardSource(client, _layout(smeta, url), cache=cache, name=SCALE_ARRAY)
+        return attrs, Int8Source(codes, scales), codes
     except BaseException:
         client.close()
         raise
-    return attrs, RemoteShardSource(client, layout, cache=cache)
+
+
+def _layout(meta: dict, url: str) -> Layout:
+    layout = Layout.from_metadata(meta)
+    if layout is None:
+        raise FormatError("vectors is not stored in the sharded layout of format v1 "
+                          "(crc32c-checked chunks in shards), which remote reads need; "
+                          "copy the table to a local folder to read it", path=url)
+    return layout

@@ -64,7 +64,8 @@ class ZarrTable(Table):
 
     def _load_meta(self) -> None:
         if self._remote is not None:
-            self._attrs, self._source = open_remote_source(self.path, self.mode, **self._remote)
+            self._attrs, self._source, self._objects = open_remote_source(
+                self.path, self.mode, **self._remote)
             self._has_keys = bool(self._attrs.get("has_keys"))
             self._vocab_obj = None
             return
@@ -112,7 +113,7 @@ class ZarrTable(Table):
     def info(self) -> dict:
         """What ``embstore info --json`` prints."""
         if self._remote is not None:
-            stored = sum(size for _, size in self._source.client.list())
+            stored = sum(size for _, size in self._objects.client.list())
         else:
             stored = sum(os.path.getsize(os.path.join(d, f))
                          for d, _, files in os.walk(self.path) for f in files)
@@ -177,7 +178,7 @@ class ZarrTable(Table):
                     # rows: keys past the committed row count belong to an append in flight
                     # a remote table: its key arrays downloaded once, then read locally
                     root = (self.path if self._remote is None
-                            else self._source.key_index_dir())
+                            else self._objects.key_index_dir())
                     vocab = DiskVocab.open(None, root, rows=self.vocab_size,
                                            writable=self.writable)
                     if vocab is None or len(vocab) != self.vocab_size:

@@ -13,6 +13,7 @@ import embstore
 from embstore import CorruptStoreError, ReadOnlyError
 from embstore.errors import EmbstoreError, FormatError
 from embstore.store.objstore import RemoteError
+from embstore.store.transfer import copy_table
 
 
 @pytest.fixture
@@ -254,3 +255,21 @@ def test_empty_batches_and_slices(table, s3):
         assert t._source.take(np.zeros(0, dtype=np.int64)).shape == (0, 8)
         t._source.gather(np.zeros(0, dtype=np.int64), np.empty((0, 8), np.float32))
         np.testing.assert_array_equal(t[510:515], E[510:515])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "float16"])
+def test_quantised_and_half_rows_read_as_locally(s3, rng, tmp_path, dtype):
+    E = rng.standard_normal((700, 12)).astype(np.float32)
+    local = tmp_path / "q.emb"
+    embstore.save(local, E, dtype=dtype, chunk_rows=16, shard_rows=128).close()
+    url = f"s3://{s3.bucket}/q.emb"
+    copy_table(local, url)
+    ids = rng.integers(0, 700, size=(9, 11))
+    with embstore.open(local) as ref, embstore.open(url) as t:
+        assert (t.dtype, t.storage_dtype) == (ref.dtype, ref.storage_dtype)
+        np.testing.assert_array_equal(t[ids], ref[ids])
+        for got, want in zip(t.raw(ids[0]), ref.raw(ids[0])):
+            np.testing.assert_array_equal(got, want)
+    if dtype == "float16":  # and the reference itself against NumPy
+        with embstore.open(url) as t:
+            np.testing.assert_array_equal(t[ids], E[ids].astype(np.float16))
