@@ -23,7 +23,7 @@ from ..memory import check_table_array
 from .meta import read_table_meta
 from .quant import logical_dtype
 from .objstore import is_url
-from .remote import open_remote_source
+from .remote_open import open_remote_source
 from .transfer import staged
 from .source import open_source
 from ..table import Table, as_key_array
