@@ -56,7 +56,9 @@ def s3(s3_server, monkeypatch):
     return s3_server
 
 
-@pytest.fixture(params=list(REMOTE_LAYOUTS), ids=list(REMOTE_LAYOUTS))
+# the default layout in every run; the others (same code paths, more requests) in full runs
+@pytest.fixture(params=[pytest.param(name, marks=() if name == "s3" else pytest.mark.slow)
+                        for name in REMOTE_LAYOUTS], ids=list(REMOTE_LAYOUTS))
 def make_table(request, s3, tmp_path):
     """``make_table(array, keys=None, mode=...)``: a table on S3 holding ``array``, opened
     read-only (remote tables are)."""
