@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from ..errors import EmbstoreError
+from ..optional import require
 
 __all__ = ["is_url", "ObjectClient", "RemoteError", "connect", "CONCURRENCY"]
 
@@ -76,13 +77,8 @@ class ObjectClient:
 
     def __init__(self, url: str, storage_options: dict | None = None, *,
                  concurrency: int = CONCURRENCY):
-        try:
-            import obstore
-            from obstore.store import from_url
-        except ImportError:
-            raise EmbstoreError(f"{url}: object storage needs the obstore package "
-                                "(pip install 'embstore[s3]')") from None
-        self._ob = obstore
+        self._ob = require("obstore", extra="s3", feature=f"{url}: object storage")
+        from_url = require("obstore.store", extra="s3", feature="object storage").from_url
         self.url = url.rstrip("/")
         self.scheme, self.bucket, self.prefix = _split(self.url)
         opts = {_ALIASES.get(k, k): v for k, v in dict(storage_options or {}).items()}

@@ -132,7 +132,8 @@ class RemoteShardSource(RowSource):
     def layout(self) -> dict:
         L = self._layout
         return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
-                "compression": L.compression, "fast_path": False}  # not the local mapped path
+                "compression": L.compression, "fast_path": False,  # not the local mapped path
+                "checksummed": L.has_crc}
 
     def shard_object(self, k: int) -> str:
         return f"{self.name}/{self._layout.shard_key(k)}"
