@@ -76,6 +76,15 @@ def parse_bytes(value) -> int:
 class RowCache:
     """A thread-safe LRU cache of table rows with a byte budget it never exceeds."""
 
+    # bookkeeping arrays, allocated on first use by _allocate() (None until then)
+    _slot_id: np.ndarray
+    _stamp: np.ndarray
+    _hk: np.ndarray
+    _hv: np.ndarray
+    _seen: np.ndarray
+    _filled: int
+    _used: int
+
     def __init__(self, capacity_bytes: int, dim: int, dtype):
         self.capacity_bytes = int(capacity_bytes)
         self.dtype = np.dtype(dtype)
@@ -92,7 +101,7 @@ class RowCache:
         self.cheap_reads = False
         #: ``() -> bool``: whether the store's last reads were not resident (then they are
         #: not cheap whatever ``cheap_reads`` says, and hits are never read again)
-        self.reads_cold = None
+        self.reads_cold: Callable[[], bool] | None = None
         self._rows = np.empty((self.slots, self.dim), dtype=self.dtype)  # pages come on use
         self._reset()
 
@@ -114,7 +123,7 @@ class RowCache:
             if getattr(self, "_seen_count", 0):
                 self._seen.fill(0)
         else:
-            self._slot_id = self._stamp = self._hk = self._hv = self._seen = None
+            self._slot_id = self._stamp = self._hk = self._hv = self._seen = None  # type: ignore[assignment]
         self._used = 0  # hash cells not empty (live + deleted)
         self._entries = 0
         self._filled = 0  # slots ever used (they fill in order, then LRU eviction)
@@ -124,7 +133,7 @@ class RowCache:
         self.hits = self.misses = self.evictions = 0
 
     def _allocate(self) -> None:
-        if self._slot_id is None:
+        if getattr(self, "_slot_id", None) is None:
             self._slot_id = np.full(self.slots, -1, dtype=np.int64)
             self._stamp = np.full(self.slots, -1, dtype=np.int64)  # -1: empty, evicted first
             self._hk = np.full(1 << self.bits, _EMPTY, dtype=np.int64)  # id; -1 empty, -2 deleted
@@ -203,6 +212,7 @@ class RowCache:
         if out is None and (take is None or n == 0):
             out = np.empty((n, self.dim), dtype=self.dtype)
         if n == 0:
+            assert out is not None
             return out
         with self._lock:
             self._clock += 1
@@ -232,17 +242,20 @@ class RowCache:
         # one call into the read path for all misses, outside the lock; afterwards every
         # row is in ``out`` and ``miss_pos`` says where the missed ones are
         if nh < 0:
+            assert take is not None
             out = take(ids)
             miss_pos = np.flatnonzero(~hit)
         elif nh:
             miss_ids = ids[miss_at]
             rows = np.empty((miss_ids.size, self.dim), dtype=self.dtype)
             fetch(miss_ids, rows)
+            assert out is not None
             out[miss_at] = rows
             miss_pos = miss_at
         else:
             miss_ids = ids
             if out is None:
+                assert take is not None
                 out = take(ids)
             else:
                 fetch(ids, out)
@@ -364,6 +377,7 @@ class NullCache:
 
     slots = 0
     cheap_reads = False
+    reads_cold: Callable[[], bool] | None = None  # set by the table; unused here
 
     def gather(self, ids: np.ndarray, out: np.ndarray | None,
                fetch: Callable[[np.ndarray, np.ndarray], None],

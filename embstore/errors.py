@@ -93,7 +93,10 @@ class NotATableError(FormatError):
 
 
 class ShapeMismatchError(EmbstoreError, ValueError):
-    """Vectors or an output buffer whose shape or dtype does not fit."""
+    """Vectors or an output buffer whose shape or dtype does not fit.  ``row``: the input
+    row at fault, when there is one."""
+
+    row: int | None = None
 
 
 class DestinationExistsError(EmbstoreError, FileExistsError):

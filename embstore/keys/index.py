@@ -7,13 +7,13 @@ Layout (in the table's Zarr group; ``V`` keys; see also docs/FORMAT.md):
 - ``key_utf8`` (uint8): the UTF-8 bytes of all keys, back to back, in row order,
   then 8 zero bytes (so keys are compared 8 bytes at a time straight from the map).
 - ``key_offsets`` (int64, ``V + 1``): key ``i`` is ``key_utf8[key_offsets[i]:key_offsets[i+1]]``.
-- ``key_hash`` (uint64, ``V``): the ``emb64-v1`` hashes (:mod:`embstore.keyhash`)
+- ``key_hash`` (uint64, ``V``): the ``emb64-v1`` hashes (:mod:`embstore.keys.hashing`)
   of all keys, sorted ascending.  Attribute ``embstore_key_index`` names the hash.
 - ``key_order`` (int64, ``V``): ``key_order[j]`` is the row whose hash is
   ``key_hash[j]`` (equal hashes: ascending rows).
 
 The four index arrays are uncompressed with a crc32c checksum and are read
-through memory maps of their chunk files (:mod:`embstore.keyarrays`).  Opening
+through memory maps of their chunk files (:mod:`embstore.keys.mapped`).  Opening
 reads five small JSON files.  ``find`` hashes the queries (vectorised),
 binary-searches ``key_hash`` and compares the stored bytes of each candidate row
 with the query, walking runs of equal hashes, so a collision never gives a
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class DiskVocab(Vocab):
         self._n = n
         self._map()
 
-    def _zarr_group(self, mode: str) -> zarr.Group:
+    def _zarr_group(self, mode: Literal["r", "r+"]) -> zarr.Group:
         """The Zarr group (opened on first need: lookups never import zarr)."""
         if self._group is not None:
             return self._group
@@ -224,7 +224,7 @@ class DiskVocab(Vocab):
         write_mapped(g, "key_hash", n + m, np.uint64, lambda a, b: merged_h[a:b],
                      attrs=index_attrs(), path=path)
         write_mapped(g, "key_order", n + m, np.int64, lambda a, b: merged_rows[a:b], path=path)
-        arr = g["keys"]
+        arr: zarr.Array = g["keys"]  # type: ignore[assignment]  # an array, not a group
         arr.resize((n + m,))
         arr[n:n + m] = np.array(keys, dtype=object)
         self._n = n + m

@@ -18,6 +18,7 @@ import mmap
 import os
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ __all__ = ["JoinedMap", "available"]
 
 _PROT_NONE, _PROT_READ = 0, 1
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_NORESERVE = 1, 2, 0x10, 0x20, 0x4000
-_libc = None
+_libc: Any = None  # the C library (ctypes.CDLL) once available() found mmap
 
 
 def available() -> bool:

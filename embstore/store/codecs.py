@@ -7,17 +7,19 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from crc32c import crc32c
 
 from ..errors import CorruptStoreError
 
-__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "make_codec", "encode_chunks",
-           "check_chunk", "pool"]
+__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "Compression", "make_codec",
+           "encode_chunks", "check_chunk", "pool"]
 
 ABSENT = np.uint64(2**64 - 1)
-COMPRESSIONS = ("none", "zstd", "blosc")
+COMPRESSIONS: tuple[str, ...] = ("none", "zstd", "blosc")
+Compression = Literal["none", "zstd", "blosc"]
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -42,7 +44,8 @@ def make_codec(compression: str, itemsize: int):
     if compression == "blosc":
         return Blosc(cname="zstd", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0,
                      typesize=itemsize)
-    raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    raise ValueError(f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}, got "
+                     f"{compression!r}")
 
 
 @dataclass(frozen=True)

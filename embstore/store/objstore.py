@@ -15,11 +15,14 @@ bounded, so nothing hangs.
 
 from __future__ import annotations
 
+import builtins
+
 import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 from ..errors import EmbstoreError
 from ..optional import require
@@ -81,7 +84,8 @@ class ObjectClient:
         from_url = require("obstore.store", extra="s3", feature="object storage").from_url
         self.url = url.rstrip("/")
         self.scheme, self.bucket, self.prefix = _split(self.url)
-        opts = {_ALIASES.get(k, k): v for k, v in dict(storage_options or {}).items()}
+        opts: dict[str, Any] = {str(_ALIASES.get(k, k)): v
+                                for k, v in dict(storage_options or {}).items()}
         client = {k: opts.pop(k) for k in _CLIENT_KEYS if k in opts}
         endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", "")
         if endpoint.startswith("http://") or self.scheme == "http":
@@ -98,7 +102,7 @@ class ObjectClient:
                               "AWS_SECRET_ACCESS_KEY, pass access_key_id/secret_access_key "
                               "in storage_options, anon=True for a public bucket, or "
                               "instance_credentials=True on EC2)", url=url)
-        retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=20),
+        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": timedelta(seconds=20),
                  "backoff": {"init_backoff": timedelta(milliseconds=50),
                              "max_backoff": timedelta(seconds=2), "base": 2}}
         base = f"{self.scheme}://{self.bucket}"
@@ -221,7 +225,7 @@ class ObjectClient:
             self._pool_pid = os.getpid()
         return self._pool
 
-    def map(self, fn, items) -> list:
+    def map(self, fn, items) -> builtins.list[Any]:  # (list: the method above)
         """``[fn(item) for item in items]`` with up to ``concurrency`` in flight; the first
         exception is raised once all have finished."""
         items = list(items)

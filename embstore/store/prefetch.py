@@ -92,7 +92,7 @@ def _get() -> _Sys | None:
             _sys = _Sys() if ok else False
         except (OSError, AttributeError):
             _sys = False
-    return _sys or None
+    return _sys if isinstance(_sys, _Sys) else None
 
 
 def available() -> bool:

@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from crc32c import crc32c
@@ -169,7 +170,8 @@ class RemoteShardSource(RowSource):
 
     def _indexes(self, shards: list[int]) -> None:
         todo = [k for k in shards if k not in self._index]
-        for k, idx in zip(todo, self.client.map(self._load_index, todo)):
+        loaded: list[Any] = self.client.map(self._load_index, todo)
+        for k, idx in zip(todo, loaded):
             self._index[k] = idx
 
     # -- reads --------------------------------------------------------------------------------
@@ -276,6 +278,7 @@ class RemoteShardSource(RowSource):
         for j in np.flatnonzero(todo).tolist():  # a loop per chunk
             obj = self.shard_object(int(b.chunks[j]) // L.n_inner)
             name = f"{int(b.off[j])}-{int(b.nb[j])}"
+            assert self.cache is not None  # only called with a disk cache
             raw = self.cache.get(obj, name)
             if raw is None or len(raw) != int(b.nb[j]):
                 continue
@@ -292,11 +295,18 @@ class RemoteShardSource(RowSource):
         return served
 
     # -- writes: refused ----------------------------------------------------------------------
-    def _refuse(self, *_args) -> None:
+    def _refuse(self) -> None:
         raise ReadOnlyError(f"{self.client.url}: tables on object storage are read-only (write "
                             "a local table and upload it with embstore.copy)")
 
-    write = append = publish_rows = _refuse
+    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+        self._refuse()
+
+    def append(self, values: np.ndarray) -> None:
+        self._refuse()
+
+    def publish_rows(self, rows: int) -> None:
+        self._refuse()
 
     # -- keys -------------------------------------------------------------------------------
     def key_index_dir(self) -> Path:

@@ -44,6 +44,7 @@ def read_remote_meta(client: ObjectClient) -> tuple[dict, dict, str]:
     meta = _parse_json(vraw, client.where("vectors/zarr.json"), "vectors/zarr.json",
                        client.url)
     check_vectors_meta(meta, client.where("vectors/zarr.json"), attrs)
+    assert graw is not None and vraw is not None  # _parse_json refused missing documents
     version = hashlib.sha256(graw + b"\0" + vraw).hexdigest()[:20]
     return attrs, meta, version
 

@@ -69,7 +69,8 @@ class ShardFile:
                 raise CorruptStoreError(f"shard {path}: cannot map ({exc.strerror or exc})",
                                         path=path) from None
         body = tail[: 16 * n]
-        if layout.index_crc and crc32c(body) != int.from_bytes(tail[16 * n:], "little"):
+        stored = int.from_bytes(tail[16 * n:], "little")
+        if layout.index_crc and crc32c(body) != stored:
             raise CorruptStoreError(f"shard {path}: the shard index fails its crc32c "
                                     "(damaged or truncated)", path=path)
         index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
@@ -94,7 +95,7 @@ class ShardFile:
         else:
             self.nbytes = np.where(present, nb, 0)
         self.mm = mm
-        self.buf = memoryview(mm).cast("B")  # slicing a memoryview is cheap, a memmap's is not
+        self.buf = memoryview(mm).cast("B")  # type: ignore[arg-type]  # slicing a memoryview is cheap, a memmap's is not
         self.addr = mm.ctypes.data if size else 0
         prefetch.advise_random(self.addr, size)  # see embstore/store/prefetch.py
         self.all_verified = not layout.has_crc
@@ -388,6 +389,7 @@ class ShardReader:
                 off, local, inner = off[keep], local[keep], inner[keep]
                 if off.size == 0:
                     continue
+            assert sf.rowview is not None  # uncompressed, row-aligned shards only
             src = sf.rowview[off + (local - inner * cr) * rb]
             if pos is None:
                 out_rows[:] = src
@@ -567,7 +569,7 @@ class ShardReader:
     def verify_all(self, progress=None) -> list[tuple[str, int | None, str]]:
         """Check every shard index and every chunk: ``(shard file, chunk or None, message)``."""
         L = self.layout
-        problems = []
+        problems: list[tuple[str, int | None, str]] = []
         self.checked_chunks = 0
         for k in self.existing_shards():  # absent shards read as zeros: nothing to check
             path = os.path.join(self.root, *L.shard_key(k).split(L.separator))

@@ -206,7 +206,7 @@ class ZarrSource(RowSource):
         except (ValueError, RuntimeError, OSError) as exc:
             raise CorruptStoreError(f"{self.root}/{self.name}: cannot read rows ({exc})",
                                     path=str(self.root)) from exc
-        out[:] = rows[inv]
+        out[:] = np.asarray(rows)[inv]
 
     def write(self, ids: np.ndarray, values: np.ndarray) -> None:
         self.array.set_orthogonal_selection((ids, slice(None)), values)

@@ -10,16 +10,21 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
+from .._types import Bytes, KeysLike, OpenMode, PathLike
 from ..cache import CacheInfo, make_cache, parse_bytes
-from ..errors import (CorruptStoreError, EmbstoreError, FormatError, ReadOnlyError,
+from ..errors import (CorruptStoreError, EmbstoreError, ReadOnlyError,
                       ShapeMismatchError)
 from ..ids import as_ids
+from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from ..memory import check_table_array
+from .codecs import Compression
 from .meta import read_table_meta
 from .quant import logical_dtype
 from .objstore import is_url
@@ -28,7 +33,8 @@ from .transfer import staged
 from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter, check_storage
+from ..dtypes import check_storage
+from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
            "Damage"]
@@ -44,7 +50,8 @@ class ZarrTable(Table):
     :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
     """
 
-    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB", **remote):
+    def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
+                 **remote: Any):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
         # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
@@ -52,8 +59,10 @@ class ZarrTable(Table):
         if remote and self._remote is None:
             raise TypeError(f"{', '.join(remote)}: options of tables on object storage "
                             f"(URLs), not of the local path {path!r}")
-        self.path = path.rstrip("/") if self._remote is not None else Path(
+        # a str for a URL, a Path on disk (Any: the local code below never sees a URL)
+        self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
             os.fspath(path)).absolute()
+        self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
         self.mode = mode
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         self._closed = False
@@ -72,7 +81,7 @@ class ZarrTable(Table):
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj: DiskVocab | None = None
+        self._vocab_obj = None
         if self._has_keys:
             self._check_key_count()
             if self.mode == "r+" and not has_key_index(self.path):
@@ -168,7 +177,7 @@ class ZarrTable(Table):
         return self._cache.warm(ids, self._source.gather)
 
     # -- keys -------------------------------------------------------------------------------
-    def _vocab(self) -> DiskVocab | None:
+    def _vocab(self) -> DiskVocab | MemoryKeyIndex | None:
         if not self._has_keys:
             return None
         if self._vocab_obj is None:
@@ -207,7 +216,7 @@ class ZarrTable(Table):
             self._source.append(vectors)
             if keys is not None:
                 vocab = self._vocab()
-                assert vocab is not None
+                assert isinstance(vocab, DiskVocab)  # r+ tables store their key index at open
                 vocab.append(keys)
             self._source.publish_rows(n0 + n)  # last: readers see the new rows only now
 
@@ -234,6 +243,11 @@ class ZarrTable(Table):
             if self._vocab_obj is not None:
                 self._vocab_obj.close()
 
+    def __reduce__(self):
+        """Pickled as its path (rows never travel): the copy opens the table again,
+        read-only, with the same cache budget (for worker processes, which read)."""
+        return (open, (str(self.path), "r", self.cache_info().capacity_bytes))
+
     def __repr__(self) -> str:
         stored = "" if self.storage_dtype == self.dtype.name else \
             f", storage_dtype={self.storage_dtype}"
@@ -242,7 +256,8 @@ class ZarrTable(Table):
 
 
 # -- module functions ---------------------------------------------------------------------
-def open(path, mode: str = "r", cache_bytes="256MiB", **remote) -> ZarrTable:  # noqa: A001
+def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
+         cache_bytes: Bytes = "256MiB", **remote: Any) -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
     ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it).
 
@@ -253,9 +268,10 @@ def open(path, mode: str = "r", cache_bytes="256MiB", **remote) -> ZarrTable:  #
     return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, **remote)
 
 
-def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=None,
-           compression: str = "none", overwrite: bool = False,
-           cache_bytes="256MiB") -> ZarrTable:
+def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
+           keys: KeysLike | None = None, chunk_rows: int | None = None,
+           shard_rows: int | None = None, compression: Compression = "none",
+           overwrite: bool = False, cache_bytes: Bytes = "256MiB") -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
     if is_url(path):
         raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
@@ -271,31 +287,18 @@ def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=
         key_list = [str(k) for k in as_key_array(list(keys)).reshape(-1)]
         if len(key_list) != rows:
             raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
-    w = TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
-                    chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                    overwrite=overwrite, expected_rows=rows)
-    try:
-        if key_list is not None:
-            _check_unique(w._keys.add(key_list), key_list)
-        w._declare_zero_rows(rows)
-    except BaseException:
-        w.abort()
-        raise
-    w.commit()
+    with TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
+                     chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
+        w.add_zeros(rows, key_list)
     return ZarrTable(path, mode="r+", cache_bytes=cache_bytes)
 
 
-def _check_unique(mask, keys, base: int = 0) -> None:
-    mask = np.asarray(mask, dtype=bool)
-    if not mask.all():
-        i = int(np.argmin(mask))
-        raise ShapeMismatchError(f"key {keys[i]!r} at row {base + i} repeats an earlier key "
-                                 "(keys must be distinct)")
-
-
-def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
-         compression: str = "none", overwrite: bool = False, dtype=None,
-         cache_bytes="256MiB", storage_options: dict | None = None) -> ZarrTable:
+def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | None = None, *,
+         chunk_rows: int | None = None, shard_rows: int | None = None,
+         compression: Compression = "none", overwrite: bool = False,
+         dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB",
+         storage_options: dict | None = None) -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
     ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
@@ -305,7 +308,7 @@ def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
     opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
     """
     if is_url(path):  # written locally, then uploaded (group zarr.json last)
-        with staged(path, overwrite=overwrite, storage_options=storage_options) as local:
+        with staged(os.fspath(path), overwrite=overwrite, storage_options=storage_options) as local:
             save(local, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
                  compression=compression, dtype=dtype, cache_bytes=0).close()
         return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
@@ -329,8 +332,7 @@ def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
     block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                     overwrite=overwrite, expected_rows=rows) as w:
-        w._strict_keys = True
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
         for start, part in blocks(block):
             if keys is None:
                 w.add(part)

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..errors import DestinationExistsError, FormatError
 from .objstore import ObjectClient, is_url
@@ -148,8 +149,8 @@ def copy_table(src, dest, *, overwrite: bool = False, storage_options: dict | No
                on_progress: Progress = None) -> None:
     """Copy a table between a local folder and object storage (either way, or remote to
     remote through a local temporary folder).  ``storage_options`` apply to both URLs."""
-    opts = {"storage_options": storage_options, "on_progress": on_progress,
-            "overwrite": overwrite}
+    opts: dict[str, Any] = {"storage_options": storage_options, "on_progress": on_progress,
+                            "overwrite": overwrite}
     if is_url(src) and is_url(dest):
         with tempfile.TemporaryDirectory(prefix="embstore-copy-") as tmp:
             download_table(src, Path(tmp) / "t.emb", storage_options=storage_options)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._types import PathLike
 from ..errors import CorruptStoreError, FormatError, NotATableError
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
@@ -158,7 +159,7 @@ def _n_chunks(meta: dict) -> int:
     return math.prod(-(-s // c) for s, c in zip(shape, chunks))
 
 
-def verify(path) -> VerifyReport:
+def verify(path: PathLike) -> VerifyReport:
     """Check every chunk of the table at ``path``; never raises for damage, reports it.
 
     A path that is no table at all raises :class:`~embstore.errors.NotATableError`."""
@@ -255,6 +256,7 @@ def _deep_check_keys(root: Path, report: VerifyReport) -> None:
 def _read_all(arr, name: str, report: VerifyReport) -> None:
     """Read ``arr`` in blocks along its first axis; report blocks that fail."""
     report.arrays.append(name)
+    blocks: list[tuple[int, int] | None]
     if arr.ndim == 0:
         blocks = [None]
     else:
