@@ -30,6 +30,7 @@ from ..memory import MemoryTable
 from ..oov import map_oov
 from ..store import table as store_table
 from ..table import Table
+from .remote import RemoteNpyIds, RemoteZarrSink, is_url
 
 __all__ = ["open_table", "Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
            "read_block", "lookup_into", "output_kind"]
@@ -218,6 +219,11 @@ class KeyLines:
 
 
 def open_source(job: Job):
+    if is_url(job.input):
+        if job.keys:
+            raise EmbstoreError(f"{job.input}: key files on object storage are not supported "
+                                "yet (.npy ids are)")
+        return RemoteNpyIds(job.input)
     return KeyLines(job.input) if job.keys else NpyIds(job.input)
 
 
@@ -341,6 +347,8 @@ class ZarrSink:
 
 
 def open_sink(job: Job):
+    if is_url(job.tmp):
+        return RemoteZarrSink(job)
     return ZarrSink(job) if job.out_kind == "zarr" else NpySink(job)
 
 

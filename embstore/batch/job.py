@@ -28,12 +28,13 @@ import numpy as np
 from .dask import run_dask
 from .parquet import is_parquet, lookup_parquet
 from .io import (DEFAULT_CACHE_BYTES, Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into,
-                 open_sink, open_table, output_kind, read_block)
+                 open_sink, open_source, open_table, output_kind, read_block)
 from .._types import Bytes, PathLike
 from ..atomic import check_dest, remove, replace, temp_path
 from ..errors import EmbstoreError, KeyNotFoundError
 from ..ids import as_ids, one_of, positive_int
 from ..oov import OOV, OOV_MODES
+from .remote import RemoteNpyIds, RemoteZarrSink, check_remote_output, is_url, remote_stamp
 from ..optional import require
 from ..progress import Progress, Tally
 from ..table import Table
@@ -116,10 +117,14 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
     if scheduler is not None:  # before anything is written
         require("dask.distributed", extra="dask", feature="running a batch job on a Dask "
                 "scheduler")
-    check_dest(output, overwrite)
+    if is_url(output):  # on object storage: a Zarr array, written without rename
+        check_remote_output(output, kind)
+        RemoteZarrSink.check_dest(output, overwrite or resume)
+    else:
+        check_dest(output, overwrite)
     if lengths is not None:
         check_dest(lengths, overwrite)
-    if not os.path.exists(input):
+    if not is_url(input) and not os.path.exists(input):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), input)
 
     if isinstance(table, Table):
@@ -127,7 +132,7 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
         if scheduler is not None and table_path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
     else:
-        table_path = os.path.abspath(os.fspath(table))
+        table_path = table if is_url(table) else os.path.abspath(os.fspath(table))
         tab, owned = open_table(table_path, cache_bytes=cache_bytes), True
     try:
         return _run(tab, None if table_path is None else os.fspath(table_path), input, output,
@@ -165,8 +170,8 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         ends = np.concatenate([[0], np.cumsum(line_bytes)])
         offsets = tuple(int(ends[a]) for a in starts[:-1])
     else:
-        src = NpyIds(input)
-        shape = src.shape
+        src = RemoteNpyIds(input) if is_url(input) else NpyIds(input)
+        shape = tuple(src.shape)
         rows_per_block = batch_rows or _auto_rows(shape, dim, dtype.itemsize)
         starts = _starts(shape[0] if shape else 1, int(rows_per_block))
         if oov == "error":
@@ -176,7 +181,8 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         if unk_id is None:
             raise ValueError("oov='unk' needs unk_id")
         unk_id = int(as_ids(unk_id, tab.vocab_size))
-    job = Job(table=table_path or "", cache_bytes=cache_bytes, input=os.path.abspath(input),
+    job = Job(table=table_path or "", cache_bytes=cache_bytes,
+              input=input if is_url(input) else os.path.abspath(input),
               keys=bool(keys), oov=oov, unk_id=unk_id, shape=tuple(int(s) for s in shape),
               dim=int(dim), dtype=dtype.str, vocab_size=int(tab.vocab_size), starts=starts,
               offsets=offsets, out_kind=kind,
@@ -185,10 +191,15 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
 
 
 def _stamp(input: str, table_path: str | None) -> tuple:
-    st = os.stat(input)
-    stamp: tuple[int, ...] = (st.st_size, st.st_mtime_ns)
+    stamp: tuple
+    if is_url(input):
+        stamp = tuple(remote_stamp(input))
+    else:
+        st = os.stat(input)
+        stamp = (st.st_size, st.st_mtime_ns)
     if table_path:
-        stamp += (os.stat(table_path).st_mtime_ns,)
+        stamp += (remote_stamp(table_path, "zarr.json")[1] if is_url(table_path)
+                  else os.stat(table_path).st_mtime_ns,)
     return stamp
 
 
@@ -196,9 +207,12 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
          overwrite, resume, lengths, on_progress, cache_bytes, n_workers, threads, t0) -> dict:
     job, line_lengths = _plan(tab, table_path, input, kind, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, cache_bytes=cache_bytes)
-    tmp = _tmp_path(output, kind)
+    tmp = output if is_url(output) else _tmp_path(output, kind)
     job = dataclasses.replace(job, tmp=tmp)
-    if kind == "zarr":
+    if is_url(tmp):
+        if not (resume and RemoteZarrSink.resumable(job)):
+            RemoteZarrSink.create(job)
+    elif kind == "zarr":
         if not (resume and os.path.isdir(tmp) and ZarrSink.resumable(job)):
             if resume and os.path.lexists(tmp):
                 raise EmbstoreError(
@@ -239,14 +253,17 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
             sink.close()
         except OSError:
             pass  # a full disk fails the close too: clean up all the same
-        if not (kind == "zarr" and _resumable_failure(exc)):
-            remove(tmp)
+        if not (kind == "zarr" and _resumable_failure(exc)) and not is_url(tmp):
+            remove(tmp)  # a remote output stays resumable (its zarr.json comes last)
         if lengths_tmp is not None:
             remove(lengths_tmp)
         raise
-    if kind == "zarr":
-        ZarrSink.finish(tmp)
-    replace(tmp, output)
+    if is_url(tmp):
+        RemoteZarrSink.finish(job)
+    else:
+        if kind == "zarr":
+            ZarrSink.finish(tmp)
+        replace(tmp, output)
     if lengths_tmp is not None:
         replace(lengths_tmp, lengths)
     return {"output": output, "shape": job.shape + (job.dim,), "dtype": str(np.dtype(job.dtype)),
@@ -272,7 +289,7 @@ def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,
     """Read block k+1 and write block k-1 in threads while block k is looked up."""
     if not todo:
         return
-    source = KeyLines(job.input) if job.keys else NpyIds(job.input)
+    source = open_source(job)
     per_row = int(np.prod(job.inner, dtype=np.int64)) * job.dim
     most = max(job.starts[i + 1] - job.starts[i] for i in todo)
     bufs = [np.empty(most * per_row, dtype=job.dtype) for _ in range(2 if threads else 1)]

@@ -12,6 +12,9 @@ import click
 
 from ..atomic import remove, temp_path
 from ..formats import SPECS
+from ..progress import display as progress
+from ..store.objstore import is_url
+from ..store.transfer import staged
 
 TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext")  # progress in bytes
 
@@ -34,8 +37,35 @@ def print_json(doc) -> None:
 
 
 FILE = click.Path(exists=True, dir_okay=False, allow_dash=True)
-TABLE = click.Path(exists=True)  # a file gets the library's 'not a table' message
+
+
+class PathOrUrl(click.ParamType):
+    """A local path (checked as ``path_type`` checks it) or an object-store URL (as is)."""
+
+    name = "path"
+
+    def __init__(self, path_type: click.Path):
+        self.path_type = path_type
+
+    def convert(self, value, param, ctx):
+        return value if is_url(value) else self.path_type.convert(value, param, ctx)
+
+
+# a file gets the library's 'not a table' message; URLs (s3://...) are tables on object storage
+TABLE = PathOrUrl(click.Path(exists=True))
+DEST = PathOrUrl(click.Path())
 TENSOR_FORMATS = tuple(f.name for f in SPECS if f.takes_tensor)
+
+
+@contextlib.contextmanager
+def local_for(dest: str, overwrite: bool, quiet: bool) -> Iterator[str]:
+    """``dest`` itself, or for a URL a local folder uploaded to it when the block ends."""
+    if not is_url(dest):
+        yield dest
+        return
+    with progress(f"uploading to {dest}", quiet=quiet, unit="bytes") as on_progress, \
+            staged(dest, overwrite=overwrite, on_progress=on_progress) as local:
+        yield str(local)
 
 
 @contextlib.contextmanager

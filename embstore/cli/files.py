@@ -15,12 +15,12 @@ from ..formats import (READ_FORMATS, WRITE_FORMATS, detect, export_extensions,
                        export_format_for)
 from ..progress import display as progress
 from ..store.codecs import COMPRESSIONS
-from .common import (FILE, TABLE, TENSOR_FORMATS, TEXT_FORMATS, options, print_json, say,
-                     stdin_file)
+from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, TEXT_FORMATS, PathOrUrl, local_for,
+                     options, print_json, say, stdin_file)
 
 @click.command("import", short_help="Import a vectors file as a table.")
 @click.argument("src", type=FILE)
-@click.argument("dest", type=click.Path())
+@click.argument("dest", type=DEST)
 @click.option("--format", "fmt", type=click.Choice(("auto",) + READ_FORMATS), default="auto",
               show_default=True, help="Source format; auto decides from extension and first bytes.")
 @click.option("--tensor", default=None, help=f"{'/'.join(TENSOR_FORMATS)}: the tensor to "
@@ -55,11 +55,11 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
     """
     if tensor is not None and fmt not in ("auto",) + TENSOR_FORMATS:
         raise click.UsageError(f"--tensor applies to --format {' or '.join(TENSOR_FORMATS)} only")
-    with stdin_file(src, dest) as path:
+    with local_for(dest, overwrite, quiet or as_json) as local, stdin_file(src, local) as path:
         unit = "bytes" if (fmt if fmt != "auto" else detect(path)) in TEXT_FORMATS else "rows"
         with progress(f"importing {os.path.basename(src)}", quiet=quiet or as_json,
                       unit=unit) as on_progress:
-            res = import_file(path, dest, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
+            res = import_file(path, local, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
                               limit=limit, unicode_errors=unicode_errors,
                               compression=compression, chunk_rows=chunk_rows,
                               shard_rows=shard_rows, overwrite=overwrite,
@@ -125,9 +125,9 @@ def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite
 
 
 @click.command("lookup", short_help="Batch job: vectors of every id in a file.")
-@click.argument("table", type=click.Path(exists=True))
-@click.argument("input", type=click.Path(exists=True, dir_okay=False))
-@click.argument("output", type=click.Path())
+@click.argument("table", type=TABLE)
+@click.argument("input", type=PathOrUrl(click.Path(exists=True, dir_okay=False)))
+@click.argument("output", type=DEST)
 @click.option("--keys", is_flag=True,
               help="INPUT is a text file of keys: one whitespace-separated sequence a line.")
 @click.option("--oov", type=click.Choice(["error", "zero", "unk"]), default="error",
@@ -171,6 +171,7 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
       embstore lookup news.emb sentences.txt vectors.zarr --keys --oov zero
       embstore lookup news.emb ids.npy vectors.zarr --scheduler local --workers 2
       embstore lookup news.emb docs.parquet vecs.parquet --column tokens --keep doc_id
+      embstore lookup s3://b/news.emb s3://b/ids.npy s3://b/out.zarr --scheduler tcp://h:8786
     """
     if is_parquet(input):
         if column is None:

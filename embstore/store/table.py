@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
@@ -31,6 +32,9 @@ from ..memory import check_table_array
 from .codecs import Compression
 from .meta import read_table_meta
 from .quant import logical_dtype
+from .objstore import is_url
+from .remote_open import open_remote_source
+from .transfer import staged
 from .source import open_source
 from ..table import Table, as_key_array
 from .verify import Damage, VerifyReport, verify
@@ -52,32 +56,48 @@ class ZarrTable(Table):
     """
 
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
-                 lock_timeout: float | None = None):
+                 lock_timeout: float | None = None, **remote: Any):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
-        self.path = Path(os.fspath(path)).absolute()
+        # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
+        self._remote = remote if is_url(path) else None
+        if remote and self._remote is None:
+            raise TypeError(f"{', '.join(remote)}: options of tables on object storage "
+                            f"(URLs), not of the local path {path!r}")
+        # a str for a URL, a Path on disk (Any: the local code below never sees a URL)
+        self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
+            os.fspath(path)).absolute()
+        self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
         self.mode = mode
         self.lock_timeout = lock_timeout  # seconds a write waits for another writer
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         self._closed = False
         self._in_write = False  # this handle holds the writer lock (inside _writing)
-        if mode == "r+" and self.path.is_dir():
-            with writer_lock(self.path, lock_timeout):  # finish or clear interrupted writes
-                recover(self.path, deep=True)
-            sweep_beside(self.path)  # and temporary tables of killed saves/imports
+        root = None if self._remote is not None else Path(self.path)
+        if mode == "r+" and root is not None and root.is_dir():
+            with writer_lock(root, lock_timeout):  # finish or clear interrupted writes
+                recover(root, deep=True)
+            sweep_beside(root)  # and temporary tables of killed saves/imports
         self._load_meta()
         self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype)
         self._cache.cheap_reads = self._source.cheap_reads
         self._cache.reads_cold = lambda: self._source.reads_cold()
 
     def _load_meta(self) -> None:
+        if self._remote is not None:
+            self._seen_commit = None
+            self._attrs, self._source, self._objects = open_remote_source(
+                self.path, self.mode, **self._remote)
+            self._has_keys = bool(self._attrs.get("has_keys"))
+            self._vocab_obj = None
+            return
         if self.path.is_dir():
             settle(self.path, self.lock_timeout)  # no commit half applied
         self._seen_commit = last_commit(self.path)  # before the metadata: never newer
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
+        self._vocab_obj = None
         if self._has_keys:
             self._check_key_count()
             if self.mode == "r+" and not has_key_index(self.path):
@@ -117,8 +137,11 @@ class ZarrTable(Table):
 
     def info(self) -> dict:
         """What ``embstore info --json`` prints."""
-        stored = sum(os.path.getsize(os.path.join(d, f))
-                     for d, _, files in os.walk(self.path) for f in files)
+        if self._remote is not None:
+            stored = sum(size for _, size in self._objects.client.list())
+        else:
+            stored = sum(os.path.getsize(os.path.join(d, f))
+                         for d, _, files in os.walk(self.path) for f in files)
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
                 "storage_dtype": self.storage_dtype,
@@ -179,12 +202,17 @@ class ZarrTable(Table):
                     # no zarr import on the read path: DiskVocab opens the group when it writes
                     # rows: keys past the committed row count belong to an append in flight
                     # writable: keys another tool wrote get their index stored, a write
-                    # to the table: under the writer lock (unless this call holds it)
-                    with (writer_lock(self.path, self.lock_timeout)
-                          if self.writable and not self._in_write else nullcontext()):
-                        vocab = DiskVocab.open(
-                            None, self.path, rows=self.vocab_size, writable=self.writable,
-                            settle=lambda: settle(self.path, self.lock_timeout))
+                    # to the table: under the writer lock (unless this call holds it); a
+                    # remote table: its key arrays downloaded once, then read locally
+                    if self._remote is not None:
+                        vocab = DiskVocab.open(None, self._objects.key_index_dir(),
+                                               rows=self.vocab_size, writable=False)
+                    else:
+                        with (writer_lock(self.path, self.lock_timeout)
+                              if self.writable and not self._in_write else nullcontext()):
+                            vocab = DiskVocab.open(
+                                None, self.path, rows=self.vocab_size, writable=self.writable,
+                                settle=lambda: settle(self.path, self.lock_timeout))
                     if vocab is None or len(vocab) != self.vocab_size:
                         raise CorruptStoreError(
                             f"{self.path}: expected {self.vocab_size} keys (has_keys), got "
@@ -271,8 +299,8 @@ class ZarrTable(Table):
                     assert keys is not None and isinstance(vocab, DiskVocab)
                     disk = vocab
                     tree = txn.tree("keys")
-                    for staged, live in disk.stage_append(keys, tree):
-                        txn.adopt(tree / staged, live)
+                    for name, live in disk.stage_append(keys, tree):
+                        txn.adopt(tree / name, live)
                     txn.after(lambda: disk.committed(n0 + n))
                 self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
             except BaseException:
@@ -323,15 +351,21 @@ class ZarrTable(Table):
 
 # -- module functions ---------------------------------------------------------------------
 def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
-         cache_bytes: Bytes = "256MiB", lock_timeout: float | None = None) -> ZarrTable:
+         cache_bytes: Bytes = "256MiB", lock_timeout: float | None = None,
+         **remote: Any) -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
     ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it).
 
     Writes take the table's writer lock, one writer at a time across processes and
     handles; a write waits up to ``lock_timeout`` seconds (default 300) for another one,
     then raises :class:`~embstore.errors.LockTimeoutError`.  Readers never wait for it.
-    """
-    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, lock_timeout=lock_timeout)
+
+    ``path`` may be a URL (``s3://bucket/t.emb``, ``gs://``, ``az://``, ``http(s)://``), read
+    only, with ``storage_options`` (endpoint, region, credentials; default: the standard
+    AWS environment variables), ``cache_dir`` (an on-disk chunk cache shared by processes)
+    and ``cache_dir_bytes`` (its budget, default ``"4GiB"``)."""
+    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, lock_timeout=lock_timeout,
+                     **remote)
 
 
 def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
@@ -340,6 +374,9 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
            overwrite: bool = False, cache_bytes: Bytes = "256MiB",
            lock_timeout: float | None = None) -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
+    if is_url(path):
+        raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
+                            "copy), not created empty and written in place")
     try:
         rows, dim = (int(s) for s in shape)
     except (TypeError, ValueError):
@@ -361,7 +398,8 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
 def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | None = None, *,
          chunk_rows: int | None = None, shard_rows: int | None = None,
          compression: Compression = "none", overwrite: bool = False,
-         dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB") -> ZarrTable:
+         dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB",
+         storage_options: dict | None = None) -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
     ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
@@ -370,6 +408,11 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
     Streamed in blocks: the source is never held in memory whole.  Returns the new table,
     opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
     """
+    if is_url(path):  # written locally, then uploaded (group zarr.json last)
+        with staged(os.fspath(path), overwrite=overwrite, storage_options=storage_options) as local:
+            save(local, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
+                 compression=compression, dtype=dtype, cache_bytes=0).close()
+        return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
     src = array_or_table
     if isinstance(src, Table):
         rows, dim = src.shape
