@@ -16,7 +16,7 @@ from .errors import ShapeMismatchError
 from .memory import MemoryTable
 from .optional import require
 from .store.table import open as open_table
-from .store.table import save
+from .store.build import save
 from .table import Table
 
 __all__ = ["from_gensim", "to_gensim"]

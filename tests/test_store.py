@@ -151,7 +151,7 @@ def test_save_from_memmap_and_from_tables(tmp_path, E, keys):
 
 
 def test_save_streams_in_blocks(tmp_path, E, monkeypatch):
-    import embstore.store.table as zt
+    import embstore.store.build as zt
     monkeypatch.setattr(zt, "_SAVE_BLOCK_BYTES", 24 * 10)  # 10 rows a block
     seen = []
     real_add = TableWriter.add

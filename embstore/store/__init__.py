@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 from .commit import repair
-from .table import ZarrTable, create, open, save  # noqa: A004
+from .build import create, save
+from .table import ZarrTable, open  # noqa: A004
 from .verify import Damage, VerifyReport, verify
 from .writer import TableWriter
 

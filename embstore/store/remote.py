@@ -299,13 +299,13 @@ class RemoteShardSource(RowSource):
         raise ReadOnlyError(f"{self.client.url}: tables on object storage are read-only (write "
                             "a local table and upload it with embstore.copy)")
 
-    def write(self, ids: np.ndarray, values: np.ndarray, txn: Any) -> None:
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Any = None) -> None:
         self._refuse()
 
-    def append(self, values: np.ndarray, txn: Any) -> None:
+    def append(self, values: np.ndarray, txn: Any = None) -> None:
         self._refuse()
 
-    def publish_rows(self, rows: int, txn: Any) -> None:
+    def publish_rows(self, rows: int, txn: Any = None) -> None:
         self._refuse()
 
     # -- keys -------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_killed_saves_are_swept_by_the_next_writer_only_when_dead(tmp_path):
     p = mp.get_context("spawn").Process(target=_start_and_die, args=(str(dest),))
     p.start()
     p.join(60)
-    dead = [n for n in os.listdir(tmp_path) if n.startswith("dest.tmp-")]
+    dead = [n for n in os.listdir(tmp_path) if n.lstrip(".").startswith("dest.tmp-")]
     assert len(dead) == 1
     mine = tmp_path / (owned_prefix(dest) + "live")  # a writer of this process, still working
     mine.mkdir()
