@@ -204,6 +204,42 @@ def drop_page_cache(paths) -> None:
             os.close(fd)
 
 
+def evict(paths) -> None:
+    """Take these files' pages out of memory, as a page cache too small for them would.
+
+    ``posix_fadvise(DONTNEED)`` keeps pages that a live process maps, so this process's
+    own mappings of the files (embstore's shard maps, ``np.memmap``) are first unmapped
+    page by page with ``madvise(MADV_DONTNEED)`` (the mappings stay; the next access
+    faults the page in again, from disk).  Linux only; elsewhere only the advice is given.
+    """
+    names = {os.path.realpath(f) for f in _files(paths)}
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].strip() in names:
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    libc.madvise(lo, hi - lo, 4)  # MADV_DONTNEED
+    except (OSError, AttributeError):
+        pass
+    drop_page_cache(paths)
+
+
+def read_bytes() -> int | None:
+    """Bytes this process has caused to be read from storage (``/proc/self/io``)."""
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 class Warmer:
     """Keeps files in the page cache during a timing loop.
 

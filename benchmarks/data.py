@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+import embstore
+
 from .common import Skip, log
 
 BLOCK_BYTES = 64 << 20
@@ -168,20 +170,10 @@ def gensim_files(path: Path) -> list[Path]:
 
 # ---------------------------------------------------------------- embstore stores
 
-def embstore_api():
-    """The embstore package with its on-disk backend, or Skip saying what is missing."""
-    import embstore
-
-    missing = [n for n in ("save", "open") if not hasattr(embstore, n)]
-    if missing:
-        raise Skip(f"embstore.{missing[0]} not available (embstore/zarrtable.py not built yet)")
-    return embstore
-
-
 def store(data_dir: Path, source: Path, *, compression: str = "none", with_keys: bool = False,
           layout: dict | None = None) -> Path:
     """An embstore table holding ``source`` (a 2-D ``.npy``), saved once with the default layout."""
-    es = embstore_api()
+    es = embstore
     arr = np.load(source, mmap_mode="r", allow_pickle=False)
     tag = "-".join(f"{k}{v}" for k, v in sorted((layout or {}).items()))
     name = f"{Path(source).stem}-{compression}{'-keys' if with_keys else ''}{'-' + tag if tag else ''}"

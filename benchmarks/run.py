@@ -54,6 +54,10 @@ CONFIGS = {
         "limits": {"copy_bytes": 1 << 30, "file_rows": 1_000_000, "file_dim": 256, "reps": 5},
         "compact": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 15, "batches": 4,
                     "cold_batches": 3},
+        "ooc": {"tables": [(8_388_608, 64), (100_000, 64), (1_000_000, 64), (33_554_432, 64),
+                           (131_072, 4096)], "ids": 16384, "batches": 4,
+                "warm_reps": 7, "zipf": True, "cache_bytes": 512 << 20, "zipf_warmup": 6},
+        "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 5, "slow_reps": 1},
     },
     "quick": {
         "lookup": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "slow_reps": 1,
@@ -67,6 +71,9 @@ CONFIGS = {
         "limits": {"copy_bytes": 256 << 20, "file_rows": 100_000, "file_dim": 256, "reps": 3},
         "compact": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "batches": 2,
                     "cold_batches": 2},
+        "ooc": {"tables": [(262_144, 64)], "ids": 4096, "batches": 2, "warm_reps": 5,
+                "zipf": True, "cache_bytes": 16 << 20, "zipf_warmup": 3, "zarr": False},
+        "remote": {"rows": 100_000, "dim": 256, "ids": [32, 128], "reps": 3, "slow_reps": 1},
     },
     "smoke": {  # the test suite's run: every code path, tiny sizes, not a measurement
         "lookup": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1,
@@ -79,6 +86,9 @@ CONFIGS = {
         "limits": {"copy_bytes": 16 << 20, "file_rows": 5_000, "file_dim": 16, "reps": 2},
         "compact": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "batches": 2,
                     "cold_batches": 2},
+        "ooc": {"tables": [(20_000, 16)], "ids": 256, "batches": 1, "warm_reps": 1,
+                "zipf": True, "cache_bytes": 1 << 20, "zipf_warmup": 1},
+        "remote": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1},
     },
 }
 

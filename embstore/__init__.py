@@ -11,23 +11,27 @@ from __future__ import annotations
 from ._version import __version__
 from .batch import lookup_file
 from .cache import CacheInfo
-from .convert import ImportResult, export_table, import_file
+from .convert import ExportResult, ImportResult, export_table, import_file
 from .errors import (CorruptStoreError, DestinationExistsError, EmbstoreError, FormatError,
-                     InvalidIdError, KeyNotFoundError, NotATableError, ReadOnlyError,
-                     ShapeMismatchError)
+                     InvalidIdError, KeyNotFoundError, LockTimeoutError, NotATableError,
+                     ReadOnlyError, ShapeMismatchError)
+from .gensim import from_gensim, to_gensim
 from .layer import Embedding
 from .memory import MemoryTable
-from .store import TableWriter, VerifyReport, ZarrTable, create, open, save, verify  # noqa: A004
+from .store import (TableWriter, VerifyReport, ZarrTable, create, open, repair,  # noqa: A004
+                    save, verify)
 from .table import Table
 
 __all__ = [
     "__version__",
     "Table", "MemoryTable", "ZarrTable", "CacheInfo",
-    "open", "create", "save", "verify", "VerifyReport", "TableWriter",
+    "open", "create", "save", "verify", "repair", "VerifyReport", "TableWriter",
     "embedding_lookup", "Embedding",
-    "import_file", "export_table", "ImportResult", "lookup_file",
+    "import_file", "export_table", "ImportResult", "ExportResult", "lookup_file",
+    "from_gensim", "to_gensim",
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
+    "LockTimeoutError",
 ]
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -63,6 +63,16 @@ def _bits_for(slots: int) -> int:
 class RowCache:
     """A thread-safe LRU cache of table rows with a byte budget it never exceeds."""
 
+    # bookkeeping arrays, allocated on first use (None until then; see _grow)
+    _slot_id: Any
+    _stamp: Any
+    _hk: Any
+    _hv: Any
+    _seen: Any
+    _rows: Any
+    _filled: int
+    _used: int
+
     def __init__(self, capacity_bytes: int, dim: int, dtype, rows: int | None = None):
         self.capacity_bytes = int(capacity_bytes)
         self.dtype = np.dtype(dtype)
@@ -73,6 +83,9 @@ class RowCache:
         #: reads are about as cheap as cache hits (uncompressed, memory-mapped): a batch that
         #: mostly misses is then read whole from the store instead of merged from both
         self.cheap_reads = False
+        #: ``() -> bool``: whether the store's last reads were not resident (then they are
+        #: not cheap whatever ``cheap_reads`` says, and hits are never read again)
+        self.reads_cold: Callable[[], bool] | None = None
         self._slot_id = None
         self._cap = 0  # slots allocated so far (rows and bookkeeping), <= slots
         self.resize_for(rows)
@@ -226,6 +239,7 @@ class RowCache:
         if out is None and (take is None or n == 0):
             out = np.empty((n, self.dim), dtype=self.dtype)
         if n == 0:
+            assert out is not None
             return out
         with self._lock:
             self._clock += 1
@@ -235,7 +249,8 @@ class RowCache:
             nh = int(np.count_nonzero(hit))
             self.hits += nh
             self.misses += n - nh
-            if nh and take is not None and out is None and self.cheap_reads and 2 * nh < n:
+            if (nh and take is not None and out is None and self.cheap_reads and 2 * nh < n
+                    and not (self.reads_cold is not None and self.reads_cold())):
                 self._stamp[self._hv[cell[hit]]] = tick  # the hits stay recent
                 miss_ids = ids[~hit]
                 nh = -1  # read everything below
@@ -254,17 +269,20 @@ class RowCache:
         # one call into the read path for all misses, outside the lock; afterwards every
         # row is in ``out`` and ``miss_pos`` says where the missed ones are
         if nh < 0:
+            assert take is not None
             out = take(ids)
             miss_pos = np.flatnonzero(~hit)
         elif nh:
             miss_ids = ids[miss_at]
             rows = np.empty((miss_ids.size, self.dim), dtype=self.dtype)
             fetch(miss_ids, rows)
+            assert out is not None
             out[miss_at] = rows
             miss_pos = miss_at
         else:
             miss_ids = ids
             if out is None:
+                assert take is not None
                 out = take(ids)
             else:
                 fetch(ids, out)
@@ -388,6 +406,7 @@ class NullCache:
 
     slots = 0
     cheap_reads = False
+    reads_cold: Callable[[], bool] | None = None  # set by the table; unused here
 
     def gather(self, ids: np.ndarray, out: np.ndarray | None,
                fetch: Callable[[np.ndarray, np.ndarray], None],

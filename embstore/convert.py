@@ -3,32 +3,36 @@
 ``import_file`` reads the source with its format's :class:`~embstore.formats.Reader`
 and feeds :class:`embstore.store.writer.TableWriter`, which writes beside DEST and
 renames into place on success (an error leaves no DEST behind).
-``export_table`` writes ``DEST.tmp-*`` beside DEST and renames it when complete.
+``export_table`` writes beside DEST and renames into place when complete (both through
+:mod:`embstore.atomic`).
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from numpy.typing import DTypeLike
 
+from ._types import PathLike
+from .atomic import check_dest, remove, replace, temp_path
 from .errors import DestinationExistsError, FormatError
-from .formats import DEFAULT_BLOCK_ROWS, WRITE_FORMATS, detect, get
+from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect, export_format_for, get,
+                      spec)
 from .formats._textparse import decode_keys
+from .store.codecs import Compression
 from .store.table import open as open_table
-from .store.quant import QUANTISED
-from .store.writer import TableWriter, check_storage
+from .dtypes import QUANTISED, check_storage
+from .store.writer import TableWriter
+from .table import Table
 
 Progress = Callable[[int, "int | None"], None]  # on_progress(done, total)
 
 __all__ = ["import_file", "export_table", "ImportResult", "ExportResult", "vocab_path_for",
            "export_format_for", "VocabReader"]
-
-_EXPORT_EXT = {".npy": "npy", ".safetensors": "safetensors", ".bin": "word2vec-binary",
-               ".vec": "fasttext", ".txt": "word2vec", ".w2v": "word2vec"}
 
 
 @dataclass(frozen=True)
@@ -114,14 +118,11 @@ class VocabReader:
         self._f.close()
 
 
-def _check_dest(dest: str, overwrite: bool) -> None:
-    if os.path.lexists(dest) and not overwrite:
-        raise DestinationExistsError(f"{dest} already exists (pass --overwrite to replace it)")
-
-
-def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, vocab=None,
-                dtype=None, limit: int | None = None, unicode_errors: str = "strict",
-                compression: str = "none", chunk_rows: int | None = None,
+def import_file(src: PathLike, dest: PathLike, *, format: str = "auto",
+                tensor: str | None = None, vocab: PathLike | None = None,
+                dtype: DTypeLike | None = None, limit: int | None = None,
+                unicode_errors: Literal["strict", "replace"] = "strict",
+                compression: Compression = "none", chunk_rows: int | None = None,
                 shard_rows: int | None = None, overwrite: bool = False,
                 block_rows: int = DEFAULT_BLOCK_ROWS,
                 on_progress: Progress | None = None) -> ImportResult:
@@ -133,11 +134,12 @@ def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, v
     src, dest = os.fspath(src), os.fspath(dest)
     if not os.path.isfile(src):
         raise FileNotFoundError(2, "No such file", src)
-    _check_dest(dest, overwrite)
+    check_dest(dest, overwrite)
     fmt = detect(src) if format == "auto" else format
     module = get(fmt)
-    if tensor is not None and fmt not in ("safetensors", "torch"):
-        raise FormatError(f"--tensor applies to safetensors and torch files, got format {fmt}")
+    if tensor is not None and not spec(fmt).takes_tensor:
+        named = " and ".join(f.name for f in SPECS if f.takes_tensor)
+        raise FormatError(f"tensor= applies to {named} files, got format {fmt}")
     storage = None if dtype is None else check_storage(dtype)
     # quantised storage: the reader yields its float rows and the writer encodes them
     reader = module.read(src, block_rows=block_rows, limit=limit, unicode_errors=unicode_errors,
@@ -148,12 +150,12 @@ def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, v
     try:
         if vocab is not None:
             if reader.has_keys:
-                raise FormatError(f"--vocab gives keys to formats without them; {fmt} files "
+                raise FormatError(f"vocab= gives keys to formats without them; {fmt} files "
                                   "hold their own keys")
             keys_file = VocabReader(vocab, unicode_errors=unicode_errors)
         name = os.path.basename(src)
         attrs = {"source": {"format": fmt, "file": name}}
-        if getattr(reader, "tensor", None):
+        if reader.tensor:
             attrs["source"]["tensor"] = reader.tensor
         writer = TableWriter(dest, dim=reader.dim, dtype=storage,
                              has_keys=reader.has_keys or keys_file is not None,
@@ -175,18 +177,7 @@ def import_file(src, dest, *, format: str = "auto", tensor: str | None = None, v
         if keys_file is not None:
             keys_file.close()
     return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
-                        dtype=storage, duplicates=duplicates,
-                        tensor=getattr(reader, "tensor", None))
-
-
-def export_format_for(dest) -> str:
-    """The export format implied by DEST's extension (``.npy``, ``.safetensors``, ``.bin``,
-    ``.vec``, ``.txt``)."""
-    ext = os.path.splitext(os.fspath(dest))[1].lower()
-    if ext not in _EXPORT_EXT:
-        raise FormatError(f"cannot tell the format from the extension {ext or '(none)'!r} of "
-                          f"{os.fspath(dest)}; pass --format ({', '.join(WRITE_FORMATS)})")
-    return _EXPORT_EXT[ext]
+                        dtype=storage, duplicates=duplicates, tensor=reader.tensor)
 
 
 @dataclass(frozen=True)
@@ -201,7 +192,7 @@ class ExportResult:
     keys_dropped: bool = False
 
 
-_KEYLESS_FORMATS = ("npy", "safetensors")
+_KEYLESS_FORMATS = tuple(f.name for f in SPECS if f.can_write and not f.has_keys)
 
 
 def vocab_path_for(dest) -> str:
@@ -210,9 +201,10 @@ def vocab_path_for(dest) -> str:
     return root + ".vocab.txt"
 
 
-def export_table(src, dest, *, format: str | None = None, limit: int | None = None,
-                 overwrite: bool = False, block_rows: int = DEFAULT_BLOCK_ROWS,
-                 vocab_out=None, tensor: str | None = None,
+def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = None,
+                 limit: int | None = None, overwrite: bool = False,
+                 block_rows: int = DEFAULT_BLOCK_ROWS, vocab_out: PathLike | bool | None = None,
+                 tensor: str | None = None,
                  on_progress: Progress | None = None) -> ExportResult:
     """Write the table at ``src`` (a path or an open :class:`~embstore.Table`) to the file
     ``dest``.  ``on_progress(done, total)`` counts rows.
@@ -231,7 +223,7 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
     fmt = format or export_format_for(dest)
     if fmt not in WRITE_FORMATS:
         raise FormatError(f"cannot export to {fmt}; expected one of {', '.join(WRITE_FORMATS)}")
-    _check_dest(dest, overwrite)
+    check_dest(dest, overwrite)
     if os.path.isdir(dest):
         raise DestinationExistsError(f"{dest} is a directory; expected a file path to write")
     if tensor is not None and fmt != "safetensors":
@@ -241,37 +233,34 @@ def export_table(src, dest, *, format: str | None = None, limit: int | None = No
     if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
         vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
             os.fspath(vocab_out)
-        _check_dest(vocab, overwrite)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
-                       f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:8]}")
-    vocab_tmp = None if vocab is None else os.path.join(
-        os.path.dirname(os.path.abspath(vocab)),
-        f".{os.path.basename(vocab)}.tmp-{uuid.uuid4().hex[:8]}")
+        check_dest(vocab, overwrite)
+    tmp = temp_path(dest)
+    vocab_tmp = None if vocab is None else temp_path(vocab)
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
+    done = 0
+
+    def advance(k: int) -> None:
+        nonlocal done
+        done += k
+        if on_progress is not None:
+            on_progress(done, n)
+
     try:
         if vocab_tmp is not None:
             _write_vocab(vocab_tmp, table, n, block_rows)
-        done = 0
-
-        def advance(k: int) -> None:
-            nonlocal done
-            done += k
-            if on_progress is not None:
-                on_progress(done, n)
-
         extra = {} if tensor is None else {"tensor": tensor}
         rows = get(fmt).write(tmp, table, limit=limit, block_rows=block_rows, progress=advance,
                               **extra)
-        _check_dest(dest, overwrite)
+        check_dest(dest, overwrite)
         if vocab_tmp is not None and vocab is not None:
-            _check_dest(vocab, overwrite)
-            os.replace(vocab_tmp, vocab)
-        os.replace(tmp, dest)
+            check_dest(vocab, overwrite)
+            replace(vocab_tmp, vocab)
+        replace(tmp, dest)
     except BaseException:
         for path in (tmp, vocab_tmp):
-            if path is not None and os.path.exists(path):
-                os.remove(path)
+            if path is not None:
+                remove(path)
         raise
     finally:
         if table is not src:

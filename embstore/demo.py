@@ -118,6 +118,7 @@ def _demo(root: Path, no_dask: bool) -> None:
     _check(np.array_equal(top[0], np.argsort(-full[0], kind="stable")[:3]),
            f"logits(h, top_k=3) streamed by row blocks: ids {top[0].tolist()}")
     sim_ids, scores = embstore.Embedding(t).most_similar("police", k=5)
+    assert t.keys is not None
     click.echo("   most_similar('police'): " + ", ".join(
         f"{t.keys[i]} {s:.3f}" for i, s in zip(sim_ids.tolist(), scores.tolist())))
 
@@ -155,7 +156,7 @@ def _demo(root: Path, no_dask: bool) -> None:
                      "--overwrite", "--quiet")
             import zarr
 
-            got = zarr.open_array(zarr_out, mode="r")[...]
+            got = np.asarray(zarr.open_array(zarr_out, mode="r")[...])
             _check(np.array_equal(got, ref[zipf]),
                    f"the same job on a local Dask cluster, written to {zarr_out.name} "
                    f"({time.perf_counter() - t0:.2f} s)")

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidOptionError",
     "ResultTooLargeError",
     "ResourceLimitError",
+    "LockTimeoutError",
 ]
 
 
@@ -97,7 +98,10 @@ class NotATableError(FormatError):
 
 
 class ShapeMismatchError(EmbstoreError, ValueError):
-    """Vectors or an output buffer whose shape or dtype does not fit."""
+    """Vectors or an output buffer whose shape or dtype does not fit.  ``row``: the input
+    row at fault, when there is one."""
+
+    row: int | None = None
 
 
 class DestinationExistsError(EmbstoreError, FileExistsError):
@@ -147,6 +151,16 @@ class ResourceLimitError(EmbstoreError, OSError):
         self.errno = errno
         self.filename = path
         self.path = path
+class LockTimeoutError(EmbstoreError, TimeoutError):
+    """Another writer held a table's writer lock for longer than the timeout.
+
+    ``path`` is the table, ``timeout`` the seconds waited.
+    """
+
+    def __init__(self, message: str, *, path=None, timeout=None):
+        super().__init__(message)
+        self.path = path
+        self.timeout = timeout
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -104,12 +104,12 @@ class _Mapping:
                                     "data": (addr, True)}
 
     def __del__(self) -> None:
-        if self.addr:
+        if self.addr and _libc is not None:
             _libc.munmap(ctypes.c_void_p(self.addr), ctypes.c_size_t(self.size))
             self.addr = 0
 
 
-_libc = None
+_libc: ctypes.CDLL | None = None
 if sys.platform.startswith(("linux", "darwin")) and ctypes.sizeof(ctypes.c_void_p) == 8:
     try:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -141,9 +141,8 @@ def map_file(fd: int, size: int, path) -> np.ndarray:
     addr = _libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
     if addr is None or addr == ctypes.c_void_p(-1).value:
         err = ctypes.get_errno()
-        exc = OSError(err, os.strerror(err))
         if err in RESOURCE_ERRNOS:
-            raise resource_error(exc, path)
+            raise resource_error(OSError(err, os.strerror(err)), path)
         raise CorruptStoreError(f"{path}: cannot map ({os.strerror(err)})", path=str(path))
     return np.asarray(_Mapping(int(addr), size))
 

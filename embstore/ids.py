@@ -11,6 +11,10 @@ Array subclasses are converted to plain arrays first: ``np.matrix`` (whose resha
 is masked (its ``min``/``max`` skip masked elements, which would let any value through).
 ``row_bytes`` makes it refuse, before scanning a single id, a result that could never fit
 in this machine's memory (a broadcast of 2**40 ids).
+
+The argument validators every module shares live here too: :func:`positive_int`,
+:func:`non_negative_int` and :func:`one_of` (messages ``NAME must be a positive int,
+got VALUE`` and ``NAME must be one of 'a', 'b', got VALUE``).
 """
 
 from __future__ import annotations
@@ -24,9 +28,36 @@ import numpy as np
 
 from .errors import InvalidIdError, InvalidOptionError, ResultTooLargeError
 
-__all__ = ["as_ids", "position_of", "check_result_size", "parse_bytes"]
+__all__ = ["as_ids", "position_of", "check_result_size", "parse_bytes", "positive_int",
+           "non_negative_int", "one_of", "is_int"]
 
 _INT64_MAX = np.iinfo(np.int64).max
+
+
+def is_int(value: object) -> bool:
+    """A Python or NumPy integer that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def positive_int(value: object, name: str, *, error: type[Exception] = ValueError) -> int:
+    """``int(value)`` if ``value`` is an integer >= 1, else ``error`` naming ``name``."""
+    if not is_int(value) or value < 1:  # type: ignore[operator]
+        raise error(f"{name} must be a positive int, got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def non_negative_int(value: object, name: str, *, error: type[Exception] = ValueError) -> int:
+    """``int(value)`` if ``value`` is an integer >= 0, else ``error`` naming ``name``."""
+    if not is_int(value) or value < 0:  # type: ignore[operator]
+        raise error(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def one_of(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of the strings ``choices``, else a :class:`ValueError`."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -139,7 +170,7 @@ def _python_int_array(ids) -> np.ndarray:
             raise InvalidIdError(
                 f"ids must be integers, got {type(v).__name__} {v!r} at position {pos}",
                 id=v, position=pos)
-        if v < 0 or v > _INT64_MAX:
+        if int(v) < 0 or int(v) > _INT64_MAX:
             pos = position_of(i, obj.shape)
             raise InvalidIdError(f"id {v} at position {pos} is out of range", id=v, position=pos)
     return obj.astype(np.int64)

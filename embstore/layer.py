@@ -32,19 +32,20 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import InvalidIdError, ShapeMismatchError
 from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
+from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
 from .pooling import pool_bags
 from .search import logits, most_similar
 from .table import Table
 
 __all__ = ["Embedding"]
-
-_OOV_MODES = ("error", "unk", "clip", "zero")
 
 
 def _int_id_array(ids) -> np.ndarray:
@@ -104,8 +105,10 @@ class Embedding:
     The order of operations is in the module docstring.
     """
 
-    def __init__(self, table, padding_idx: int | None = None, unk_id: int | None = None,
-                 oov: str = "error", scale: float | str | None = None,
+    def __init__(self, table: Table | ArrayLike, padding_idx: int | None = None,
+                 unk_id: int | None = None,
+                 oov: Literal["error", "unk", "clip", "zero"] = "error",
+                 scale: float | Literal["sqrt_dim"] | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0):
         self._table = _as_table(table)
         vocab = self._table.vocab_size
@@ -120,10 +123,7 @@ class Embedding:
         if unk_id is not None:
             unk_id = int(as_ids(_check_int(unk_id, "unk_id"), vocab))
         self.unk_id: int | None = unk_id
-        if oov not in _OOV_MODES:
-            raise ValueError(f"oov must be one of {', '.join(map(repr, _OOV_MODES))}, got {oov!r}")
-        if oov == "unk" and unk_id is None:
-            raise ValueError("oov='unk' needs unk_id")
+        check_oov(oov, unk_id, EMBEDDING_OOV_MODES)
         self.oov: str = oov
         if isinstance(scale, str):
             if scale != "sqrt_dim":
@@ -190,15 +190,9 @@ class Embedding:
                 raw = np.where(oob, 0, raw)
             idx = raw.astype(np.int64, copy=False)  # out-of-range uint64 may wrap: replaced below
             if oob.any():
-                if self.oov == "unk":
-                    idx = np.where(oob, np.int64(self.unk_id), idx)
-                elif self.oov == "clip":
-                    if vocab == 0:
-                        raise InvalidIdError("oov='clip' cannot clamp ids into a table of 0 rows",
-                                             id=None, position=None, vocab_size=0)
-                    idx = np.where(low, np.int64(0), np.where(high, np.int64(vocab - 1), idx))
-                else:  # zero
-                    idx = np.where(oob, np.int64(0), idx)
+                idx = map_oov(idx, oob, self.oov, unk_id=self.unk_id, zero_id=0, low=low,
+                              vocab_size=vocab)
+                if self.oov == "zero":
                     zero = oob
             else:
                 oob = None
@@ -268,7 +262,8 @@ class Embedding:
         return w
 
     # -- the layer --------------------------------------------------------------------
-    def __call__(self, ids, mask=None, weights=None, unk=None) -> np.ndarray:
+    def __call__(self, ids: ArrayLike, mask: ArrayLike | None = None,
+                 weights: ArrayLike | None = None, unk: ArrayLike | None = None) -> np.ndarray:
         """Rows for ``ids`` of any shape: ``ids.shape + (dim,)``, the table's dtype."""
         if (self.oov == "error" and unk is None and mask is None and weights is None
                 and self.max_norm is None and self.scale is None):
@@ -291,8 +286,9 @@ class Embedding:
             rows *= self.dtype.type(factor)
         return rows
 
-    def slice(self, ids, start: int | None, end: int | None, *, mask=None, weights=None,
-              unk=None) -> np.ndarray:
+    def slice(self, ids: ArrayLike, start: int | None, end: int | None, *,
+              mask: ArrayLike | None = None, weights: ArrayLike | None = None,
+              unk: ArrayLike | None = None) -> np.ndarray:
         """``emb(ids[:, start:end])``: a window of the time axis (axis 1) of 2-D+ ids.
 
         ``mask`` and ``weights``, if given, have the shape of the whole ``ids`` and are
@@ -314,8 +310,9 @@ class Embedding:
             weights = self._check_like_ids(weights, arr.shape, "weights")[window]
         return self(arr[window], mask=mask, weights=weights, unk=unk)
 
-    def contextual(self, ids, hidden, projection, *, mask=None, weights=None,
-                   unk=None) -> np.ndarray:
+    def contextual(self, ids: ArrayLike, hidden: ArrayLike, projection: ArrayLike, *,
+                   mask: ArrayLike | None = None, weights: ArrayLike | None = None,
+                   unk: ArrayLike | None = None) -> np.ndarray:
         """``emb(ids) + hidden @ projection``.
 
         ``hidden`` has shape ``ids.shape + (h,)``, ``projection`` shape ``(h, dim)``;
@@ -338,8 +335,9 @@ class Embedding:
         rows += extra.astype(self.dtype, copy=False)
         return rows
 
-    def bag(self, ids, offsets=None, weights=None, mode: str = "mean",
-            include_last_offset: bool = False, *, unk=None) -> np.ndarray:
+    def bag(self, ids: ArrayLike, offsets: ArrayLike | None = None,
+            weights: ArrayLike | None = None, mode: Literal["sum", "mean", "max"] = "mean",
+            include_last_offset: bool = False, *, unk: ArrayLike | None = None) -> np.ndarray:
         """Pooled bags of rows, as ``torch.nn.EmbeddingBag``: shape ``(bags, dim)``.
 
         2-D ``ids`` are fixed-length bags (``offsets`` must be None); 1-D ``ids``
@@ -356,7 +354,8 @@ class Embedding:
         return pool_bags(self, ids, offsets, weights, mode=mode,
                          include_last_offset=include_last_offset, unk=unk)
 
-    def logits(self, hidden, top_k: int | None = None, *, block_rows: int | None = None):
+    def logits(self, hidden: ArrayLike, top_k: int | None = None, *,
+               block_rows: int | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """``hidden @ table.T`` (a tied output layer), reading the table block by block.
 
         ``hidden`` has shape ``(..., dim)``; the result ``(..., vocab_size)``, or with
@@ -365,7 +364,8 @@ class Embedding:
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
-    def most_similar(self, query, k: int = 10, exclude=(), *, block_rows: int | None = None):
+    def most_similar(self, query: ArrayLike, k: int = 10, exclude: ArrayLike = (), *,
+                     block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them).
 
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);

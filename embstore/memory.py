@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ._types import KeysLike
+from .dtypes import dtype_list, is_float_dtype
 from .errors import ShapeMismatchError
 from .ids import as_ids
 from .table import Table, Vocab, as_key_array
 
 __all__ = ["MemoryTable", "DictVocab", "check_table_array"]
 
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 def check_table_array(array) -> np.ndarray:
     arr = np.asarray(array)
     if arr.ndim != 2:
         raise ShapeMismatchError(f"a table is 2-D (vocab_size, dim), got shape {arr.shape}")
-    if arr.dtype not in FLOAT_DTYPES:
-        raise ShapeMismatchError(
-            f"a table holds float16, float32 or float64 values, got {arr.dtype}")
+    if not is_float_dtype(arr.dtype):
+        raise ShapeMismatchError(f"a table holds {dtype_list()} values, got {arr.dtype}")
     return arr
 
 
@@ -62,7 +63,7 @@ class MemoryTable(Table):
     reallocates, so the table stops sharing memory with the array it wrapped.
     """
 
-    def __init__(self, array, keys=None):
+    def __init__(self, array: ArrayLike, keys: KeysLike | None = None):
         arr = check_table_array(array)
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
@@ -77,7 +78,7 @@ class MemoryTable(Table):
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self._array.shape  # type: ignore[return-value]
+        return self._array.shape
 
     @property
     def dtype(self) -> np.dtype:

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from .errors import ShapeMismatchError
+from .ids import one_of
 
 __all__ = ["pool_bags", "bag_bounds"]
 
@@ -23,10 +24,17 @@ _MODES = ("sum", "mean", "max")
 class Embedding(Protocol):
     """What pooling needs of an embedding layer (:class:`embstore.layer.Embedding` is one)."""
 
-    dim: int
-    dtype: np.dtype
-    padding_idx: int | None
-    scale_factor: float | None
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def padding_idx(self) -> int | None: ...
+
+    @property
+    def scale_factor(self) -> float | None: ...
 
     def _map_ids(self, ids, unk) -> tuple[np.ndarray, np.ndarray | None]: ...
 
@@ -116,8 +124,7 @@ def segment_reduce(vals: np.ndarray, lens: np.ndarray, op) -> np.ndarray:
 def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_offset: bool,
               unk=None) -> np.ndarray:
     """The body of :meth:`Embedding.bag` (see there for the semantics)."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
+    one_of(mode, "mode", _MODES)
     if weights is not None and mode == "max":
         raise ValueError("per-sample weights are supported for mode='sum' and mode='mean', "
                          "not for mode='max'")

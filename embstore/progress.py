@@ -1,7 +1,7 @@
 """Progress reporting of long operations: ``on_progress(done, total)`` callbacks.
 
 The library never draws anything; the command line turns these calls into a
-progress bar (see :func:`embstore.cli.progress`).
+progress display (:func:`display`, used by :mod:`embstore.cli`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class Display:
         self._every = 1.0 / redraws if self.tty else interval
         self._t0 = self._last = self._clock()
         self._drawn = False
-        self.done, self.total = 0, None
+        self.done: int = 0
+        self.total: int | None = None
 
     def line(self) -> str:
         elapsed = max(self._clock() - self._t0, 1e-9)

@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from .errors import ShapeMismatchError
-from .ids import as_ids
+from .ids import as_ids, positive_int
 from .table import Table, as_key_array
 
 __all__ = ["logits", "most_similar", "top_k_columns", "auto_block_rows"]
@@ -40,16 +40,11 @@ def auto_block_rows(table: Table, n_queries: int) -> int:
 def _check_block_rows(table: Table, block_rows, n_queries: int) -> int:
     if block_rows is None:
         return auto_block_rows(table, n_queries)
-    if isinstance(block_rows, bool) or not isinstance(block_rows, numbers.Integral) or \
-            block_rows < 1:
-        raise ValueError(f"block_rows must be a positive int, got {block_rows!r}")
-    return int(block_rows)
+    return positive_int(block_rows, "block_rows")
 
 
 def _check_k(k, name: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f"{name} must be a positive int, got {k!r}")
-    return int(k)
+    return positive_int(k, name)
 
 
 def _rank_key(values: np.ndarray) -> np.ndarray:

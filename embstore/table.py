@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ._types import KeysLike
 from .cache import CacheInfo
+from .dasktable import to_dask
 from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
-from .ids import as_ids, check_result_size, position_of
+from .ids import as_ids, check_result_size, position_of, positive_int
+from .oov import OOV, check_oov, map_oov
 
 __all__ = ["Table", "Vocab", "as_key_array"]
 
@@ -151,7 +156,8 @@ class Table(abc.ABC):
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         raise ReadOnlyError(f"{self!r} is read-only")
 
-    def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> None:
+    def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int | None:
+        """Store rows at the end; returns the first new id (None: ``vocab_size`` before)."""
         raise ReadOnlyError(f"{self!r} is read-only")
 
     # -- geometry ---------------------------------------------------------------------
@@ -193,7 +199,7 @@ class Table(abc.ABC):
             raise ClosedTableError(f"{what} is closed (open it again to use it)")
 
     # -- lookup -------------------------------------------------------------------------
-    def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
+    def lookup(self, ids: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
         """Rows for ``ids`` of any shape: an array of shape ``ids.shape + (dim,)``."""
         self._check_open()
         ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
@@ -219,10 +225,10 @@ class Table(abc.ABC):
             raise ShapeMismatchError("out must be a writeable C-contiguous array")
         return out
 
-    def __call__(self, ids, out: np.ndarray | None = None) -> np.ndarray:
+    def __call__(self, ids: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
         return self.lookup(ids, out=out)
 
-    def __getitem__(self, ids) -> np.ndarray:
+    def __getitem__(self, ids: ArrayLike | slice) -> np.ndarray:
         self._check_open()
         if isinstance(ids, slice):
             start, stop, step = ids.indices(self.vocab_size)
@@ -234,8 +240,7 @@ class Table(abc.ABC):
     def iter_blocks(self, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
         """``(start, rows)`` for consecutive blocks of at most ``block_rows`` rows."""
         self._check_open()
-        if block_rows < 1:
-            raise ValueError(f"block_rows must be >= 1, got {block_rows}")
+        block_rows = positive_int(block_rows, "block_rows")
         for start in range(0, self.vocab_size, block_rows):
             yield start, self._read_rows(start, min(self.vocab_size, start + block_rows))
 
@@ -244,6 +249,12 @@ class Table(abc.ABC):
         self._check_open()
         check_result_size(self.vocab_size, self._row_bytes)
         return self._read_rows(0, self.vocab_size)
+
+    def to_dask(self, block_rows: int | None = None):
+        """The table as a lazy ``dask.array`` (needs dask): blocks of whole shards read
+        through the fast path, and ``x[ids]`` a table lookup per block of ids (see
+        :mod:`embstore.dasktable`)."""
+        return to_dask(self, block_rows)
 
     # -- NumPy and Python protocols ---------------------------------------------------------
     _ARRAY_BLOCK_BYTES = 64 << 20  # __array__ with a dtype change converts 64 MiB at a time
@@ -295,7 +306,7 @@ class Table(abc.ABC):
             raise KeyNotFoundError("this table has no keys", key=None, position=None)
         return vocab
 
-    def ids_of(self, keys, missing="error") -> np.ndarray:
+    def ids_of(self, keys: ArrayLike, missing: Literal["error", -1] = "error") -> np.ndarray:
         """int64 row ids for ``keys`` of any shape; ``missing=-1`` puts -1 for unknown keys."""
         if not (isinstance(missing, str) and missing == "error") and not (
                 isinstance(missing, int) and missing == -1):
@@ -311,22 +322,19 @@ class Table(abc.ABC):
                                    key=key, position=pos)
         return ids
 
-    def lookup_keys(self, keys, oov: str = "error", unk_id: int | None = None) -> np.ndarray:
+    def lookup_keys(self, keys: ArrayLike, oov: OOV = "error",
+                    unk_id: int | None = None) -> np.ndarray:
         """Vectors by key; unknown keys: ``oov="error"``, ``"zero"`` or ``"unk"`` (row ``unk_id``)."""
-        if oov not in ("error", "zero", "unk"):
-            raise ValueError(f"oov must be 'error', 'zero' or 'unk', got {oov!r}")
+        check_oov(oov, unk_id)
         self._check_open()
         if oov == "error":
             return self.lookup(self.ids_of(keys))
         ids = self.ids_of(keys, missing=-1)
         missing = ids < 0
         if oov == "unk":
-            if unk_id is None:
-                raise ValueError("oov='unk' needs unk_id")
-            unk = as_ids(unk_id, self.vocab_size)
-            ids = np.where(missing, unk, ids)
-            return self.lookup(ids)
-        out = self.lookup(np.where(missing, 0, ids) if self.vocab_size else ids)
+            unk = int(as_ids(unk_id, self.vocab_size))
+            return self.lookup(map_oov(ids, missing, "unk", unk_id=unk))
+        out = self.lookup(map_oov(ids, missing, "zero", zero_id=0) if self.vocab_size else ids)
         out[missing] = 0
         return out
 
@@ -353,14 +361,14 @@ class Table(abc.ABC):
                 f"{what}: vector {position_of(i, tuple(lead_shape))} holds NaN or infinity")
         return vec
 
-    def write(self, ids, vectors) -> None:
+    def write(self, ids: ArrayLike, vectors: ArrayLike) -> None:
         """Overwrite rows ``ids`` (any shape) with ``vectors`` (shape ``ids.shape + (dim,)``)."""
         self._check_writable()
         ids = as_ids(ids, self.vocab_size)
         vec = self._check_vectors(vectors, ids.shape, "write")
         self._write_rows(ids.reshape(-1), vec.reshape(-1, self.dim))
 
-    def append(self, vectors, keys=None) -> np.ndarray:
+    def append(self, vectors: ArrayLike, keys: KeysLike | None = None) -> np.ndarray:
         """Add rows at the end; returns their new ids (int64)."""
         self._check_writable()
         vec = np.asarray(vectors)
@@ -389,7 +397,8 @@ class Table(abc.ABC):
         elif keys is not None:
             raise ShapeMismatchError("append: this table has no keys, so keys cannot be given")
         start = self.vocab_size
-        self._append_rows(vec, key_list)
+        first = self._append_rows(vec, key_list)  # on disk: after other writers' rows
+        start = start if first is None else int(first)
         return np.arange(start, start + n, dtype=np.int64)
 
     # -- housekeeping ---------------------------------------------------------------------

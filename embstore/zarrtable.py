@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .store.table import ZarrTable, create, open, save  # noqa: A004
+from .store.build import create, save
+from .store.table import ZarrTable, open  # noqa: A004
 from .store.verify import Damage, VerifyReport, verify
 from .store.writer import TableWriter
 

@@ -67,7 +67,7 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if ".partial" in p.name
-                  or ".old-" in p.name)
+                  or ".old-" in p.name or ".tmp-" in p.name)
 
 
 # -- ids in .npy ---------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def test_existing_output_needs_overwrite(runner, tmp_path, table_path, table_arr
     args = ["lookup", table_path, str(tmp_path / "ids.npy"), str(out), "-q"]
     res = runner.invoke(cli, args)
     assert res.exit_code == 1
-    assert res.output.strip() == f"Error: {out} exists (use --overwrite to replace it)"
+    assert res.output.strip() == f"Error: {out} already exists (pass --overwrite to replace it)"
     with pytest.raises(embstore.DestinationExistsError):
         lookup_file(table_path, tmp_path / "ids.npy", out)
     res = runner.invoke(cli, args + ["--overwrite"])

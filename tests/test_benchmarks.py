@@ -85,6 +85,18 @@ def test_runner_smoke_every_scenario(tmp_path):
     assert "memory copy (np.copyto)" in methods
 
 
+@pytest.mark.slow
+def test_runner_smoke_ooc(tmp_path):
+    run, md = _run(tmp_path, "--only", "ooc")
+    s, methods = _methods(run, "ooc")
+    assert {"embstore on-disk, no row cache", "np.load(mmap_mode='r')[ids]",
+            "embstore on-disk, row cache"} <= methods
+    labels = {c["label"] for c in s["comparisons"]}
+    assert any("cold: MiB read <= 1.5 x ids" in x for x in labels)
+    assert any("cold: embstore vs np.memmap" in x for x in labels)
+    assert "cold: embstore vs np.memmap" in md
+
+
 def test_unknown_scenario_is_a_usage_error(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--only", "nope",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)

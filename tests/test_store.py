@@ -65,14 +65,17 @@ def test_tensorstore_reads_vectors(tmp_path, E, layout):
 
 
 def test_default_layout_is_documented(tmp_path, rng):
-    t = embstore.save(tmp_path / "t", rng.standard_normal((10, 256)).astype(np.float32))
+    t = embstore.save(tmp_path / "t", rng.standard_normal((10, 16)).astype(np.float32))
     assert t.layout["chunk_rows"] == 10 and t.layout["shard_rows"] == 10  # clipped to size
     from embstore.store.writer import choose_layout
-    assert choose_layout(256, "float32") == (16, 131072)  # docs/FORMAT.md section 3
-    assert choose_layout(300, "float32") == (8, 65536)  # 16 KiB // 1200 B -> 8 rows
-    assert choose_layout(256, "float32", 1000) == (16, 1008)
+    assert choose_layout(256, "float32") == (1, 131072)  # docs/FORMAT.md section 3
+    assert choose_layout(64, "float32") == (4, 524288)  # 1 KiB // 256 B -> 4 rows
+    assert choose_layout(4096, "float32") == (1, 8192)  # at least one row
+    assert choose_layout(300, "float32") == (1, 65536)
+    assert choose_layout(16, "float32", 1000) == (16, 1008)  # shards of whole chunks
     assert choose_layout(4, "float64", shard_rows=48) == (16, 48)
-    assert choose_layout(256, "float32", compression="zstd") == (4, 131072)
+    assert choose_layout(256, "float32", compression="zstd") == (1, 131072)
+    assert choose_layout(64, "float32", compression="blosc") == (4, 524288)
 
 
 def test_create_then_write_persists(tmp_path, rng):
@@ -148,7 +151,7 @@ def test_save_from_memmap_and_from_tables(tmp_path, E, keys):
 
 
 def test_save_streams_in_blocks(tmp_path, E, monkeypatch):
-    import embstore.store.table as zt
+    import embstore.store.build as zt
     monkeypatch.setattr(zt, "_SAVE_BLOCK_BYTES", 24 * 10)  # 10 rows a block
     seen = []
     real_add = TableWriter.add

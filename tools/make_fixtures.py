@@ -5,6 +5,12 @@ are written byte by byte the way each real tool writes them (see the comments);
 the gensim, safetensors and torch files come from those libraries themselves.
 The expected values are in ``tests/data/expected.npy`` (float32, 5 x 4) with
 keys ``KEYS``; every fixture holds exactly these rows.
+
+``python tools/make_fixtures.py --golden`` writes only the golden format-v1 stores
+``tests/data/golden-v1-none`` and ``golden-v1-zstd`` (``golden_data()``: 100 x 8 float32
+with keys, chunk_rows 16, shard_rows 64, written by ``embstore.save``).  They freeze the
+on-disk format: tests/test_golden.py reads them back exactly and checks that ``save``
+still writes the same bytes.  Regenerate them only for a deliberate format change.
 """
 
 from __future__ import annotations
@@ -21,6 +27,31 @@ VALUES = np.array([[0.1, -0.25, 3.0, 1e-3],
                    [7.75, 0.5, -0.3, 0.2],
                    [1e-8, 123.5, -4.0, 0.015625],
                    [0.0, 0.0, 0.0, 1.0]], dtype=np.float32)
+
+
+GOLDEN_LAYOUT = {"chunk_rows": 16, "shard_rows": 64}  # two shards, a partial last chunk
+
+
+def golden_data() -> tuple[np.ndarray, list[str]]:
+    """100 x 8 float32 values exact in binary (multiples of 1/8) and 100 keys, two non-ASCII."""
+    i = np.arange(800, dtype=np.int64)
+    values = (((i * 37) % 101 - 50) / 8).astype(np.float32).reshape(100, 8)
+    keys = [f"w{r}" for r in range(100)]
+    keys[3], keys[7] = "été", "naïve"
+    return values, keys
+
+
+def golden_stores() -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    import shutil
+
+    import embstore
+
+    values, keys = golden_data()
+    for compression in ("none", "zstd"):
+        path = os.path.join(DATA, f"golden-v1-{compression}")
+        shutil.rmtree(path, ignore_errors=True)
+        embstore.save(path, values, keys=keys, compression=compression, **GOLDEN_LAYOUT).close()
 
 
 def _fmt_c(x: float) -> str:
@@ -84,4 +115,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] == ["--golden"]:
+        golden_stores()
+    else:
+        main()
+        golden_stores()

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import batch, compact, import_w2v, keys, limits, lookup, open_time, scale
+from . import batch, compact, import_w2v, keys, limits, lookup, ooc, open_time, remote, scale
 
-SCENARIOS = {m.NAME: m for m in (lookup, scale, open_time, keys, import_w2v, batch, limits,
-                                     compact)}
+SCENARIOS = {m.NAME: m for m in (lookup, scale, ooc, open_time, keys, import_w2v, batch, limits,
+                                 compact, remote)}
 
 __all__ = ["SCENARIOS"]

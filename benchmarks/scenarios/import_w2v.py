@@ -12,6 +12,8 @@ import shutil
 
 import numpy as np
 
+import embstore
+
 from .. import data
 from ..children import child_method_runs, run_child
 from ..common import Warmer, absolute, compare
@@ -62,7 +64,7 @@ def run(ctx, res) -> None:
 
 def _check_store(dest, npy, rows) -> None:
     """The imported table holds the file's exact values and keys (a random sample of rows)."""
-    es = data.embstore_api()
+    es = embstore
     values = np.load(npy, mmap_mode="r", allow_pickle=False)
     sample = np.sort(np.random.default_rng(5).choice(rows, size=min(rows, 10_000), replace=False))
     with es.open(dest, mode="r") as t:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import embstore
+
 from .. import data
 from ..common import Measurement, Method, Skip, Warmer, absolute, compare, interleave
 
@@ -32,16 +34,11 @@ def run(ctx, res) -> None:
             raise AssertionError("row ids differ from the keys' rows")
 
     methods, paths, opened = [], [], []
-    try:
-        store = data.store(ctx.data_dir, npy, with_keys=True)
-        t = data.embstore_api().open(store, mode="r")
-        opened.append(t)
-        paths.append(store)
-        if not hasattr(t, "ids_of"):
-            raise Skip("Table.ids_of not available (embstore/vocab.py not built yet)")
-        methods.append(Method(EMB, "embstore", lambda: t.ids_of(batch), check=check))
-    except Skip as exc:
-        res.notes.append(f"{EMB}: skipped: {exc}")
+    store = data.store(ctx.data_dir, npy, with_keys=True)
+    t = embstore.open(store, mode="r")
+    opened.append(t)
+    paths.append(store)
+    methods.append(Method(EMB, "embstore", lambda: t.ids_of(batch), check=check))
     try:
         native = data.gensim_native(ctx.data_dir, rows, dim)
         from gensim.models import KeyedVectors

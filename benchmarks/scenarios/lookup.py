@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import embstore
+
 from .. import data
 from ..common import Method, Skip, Warmer, compare, interleave
 from . import peers
@@ -44,24 +46,16 @@ def run(ctx, res) -> None:
     E = data.load_in_ram(npy)
 
     tables, stores, opened = {}, {}, []
-    try:
-        es = data.embstore_api()
-        stores["none"] = data.store(ctx.data_dir, npy)
-        stores["zstd"] = data.store(ctx.data_dir, npy, compression="zstd")
-    except Skip as exc:
-        es = None
-        res.notes.append(f"on-disk methods and their Zarr peers skipped: {exc}")
-    import embstore
-
+    stores["none"] = data.store(ctx.data_dir, npy)
+    stores["zstd"] = data.store(ctx.data_dir, npy, compression="zstd")
     tables[MEM] = embstore.MemoryTable(E)
     row_bytes = dim * 4
-    if es is not None:
-        warm_bytes = max(256 << 20, int(1.5 * nb * int(np.prod(shape)) * row_bytes))
-        for name, path, cache in ((COLD, stores["none"], "256MiB"), (OFF, stores["none"], 0),
-                                  (WARM, stores["none"], warm_bytes), (ZSTD, stores["zstd"], "256MiB")):
-            tables[name] = es.open(path, mode="r", cache_bytes=cache)
-            opened.append(tables[name])
-        res.params["warm_cache_bytes"] = warm_bytes
+    warm_bytes = max(256 << 20, int(1.5 * nb * int(np.prod(shape)) * row_bytes))
+    for name, path, cache in ((COLD, stores["none"], "256MiB"), (OFF, stores["none"], 0),
+                              (WARM, stores["none"], warm_bytes), (ZSTD, stores["zstd"], "256MiB")):
+        tables[name] = embstore.open(path, mode="r", cache_bytes=cache)
+        opened.append(tables[name])
+    res.params["warm_cache_bytes"] = warm_bytes
 
     warmer = Warmer([npy, *stores.values()])
     try:

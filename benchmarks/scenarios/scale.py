@@ -7,8 +7,10 @@ grows only by the hardware's own effects (TLB and cache misses over more memory)
 
 from __future__ import annotations
 
+import embstore
+
 from .. import data
-from ..common import Comparison, Method, Skip, Warmer, compare, interleave
+from ..common import Comparison, Method, Warmer, compare, interleave
 from . import peers
 
 NAME = "scale"
@@ -33,13 +35,9 @@ def run(ctx, res) -> None:
         E = data.load_in_ram(npy)
         paths = [npy]
         table = None
-        try:
-            es = data.embstore_api()
-            path = data.store(ctx.data_dir, npy)
-            paths.append(path)
-            table = es.open(path, mode="r", cache_bytes="256MiB")
-        except Skip as exc:
-            res.notes.append(f"{case}: {COLD}: skipped: {exc}")
+        path = data.store(ctx.data_dir, npy)
+        paths.append(path)
+        table = embstore.open(path, mode="r", cache_bytes="256MiB")
         batches = [data.ids(rows, shape, "uniform", seed=s) for s in range(cfg["batches"])]
         cur = {"ids": batches[0]}
 

@@ -16,6 +16,7 @@ import uuid
 import numpy as np
 
 from .io import Job, lookup_into, open_sink, open_source, open_table, read_block
+from .remote import is_url
 from ..errors import EmbstoreError
 from ..optional import require
 
@@ -28,7 +29,7 @@ _tables_lock = threading.Lock()
 
 
 def _worker_table(path: str, cache_bytes):
-    key = (path, str(cache_bytes), os.stat(path).st_mtime_ns)
+    key = (path, str(cache_bytes), 0 if is_url(path) else os.stat(path).st_mtime_ns)
     with _tables_lock:
         table = _tables.get(key)
         if table is None:

@@ -21,17 +21,20 @@ import os
 import re
 import shutil
 from itertools import islice
+from typing import BinaryIO
 
 import numpy as np
 
 from ..errors import EmbstoreError, FormatError, InvalidIdError, KeyNotFoundError
 from ..ids import position_of
 from ..memory import MemoryTable
-from ..store import table as zarrtable
+from ..oov import map_oov
+from ..store import table as store_table
 from ..table import Table
+from .remote import RemoteNpyIds, RemoteZarrSink, is_url
 
 __all__ = ["open_table", "Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
-           "read_block", "lookup_into", "move_into_place", "remove_path", "output_kind"]
+           "read_block", "lookup_into", "output_kind"]
 
 _MARKERS = ".embstore-lookup"
 #: Tokens of a key line: runs of anything but ASCII whitespace, as the importers split
@@ -219,16 +222,21 @@ class KeyLines:
                 col = i - (int(ends[row - 1]) if row else 0)
                 raise KeyNotFoundError(
                     f"{self.path}, line {first_line + row + 1}: key {flat[i]!r} (token "
-                    f"{col + 1}) is not in the table (use --oov zero or --oov unk)",
+                    f"{col + 1}) is not in the table (use oov='zero' or oov='unk')",
                     key=flat[i], position=(first_line + row, col))
             if oov == "unk":
-                ids[unknown] = unk_id
+                ids = map_oov(ids, unknown, "unk", unk_id=unk_id)
         out = np.full((n_lines, width), -1, dtype=np.int64)
         out[np.arange(width) < lengths[:, None]] = ids
         return out
 
 
 def open_source(job: Job):
+    if is_url(job.input):
+        if job.keys:
+            raise EmbstoreError(f"{job.input}: key files on object storage are not supported "
+                                "yet (.npy ids are)")
+        return RemoteNpyIds(job.input)
     return KeyLines(job.input) if job.keys else NpyIds(job.input)
 
 
@@ -237,10 +245,10 @@ def read_block(job: Job, source, i: int, table) -> np.ndarray:
     if job.keys:
         return source.read(job.offsets[i], b - a, job.inner[0], a, table, job.oov, job.unk_id)
     ids = source.read(a, b)  # may be a read-only view of the memory-mapped input
-    if job.oov != "error":  # out-of-range ids become zero rows or the unk row: a new array
+    if job.oov != "error":  # out-of-range ids become zero rows (-1) or the unk row: a new array
         bad = (ids < 0) | (ids >= job.vocab_size)
         if bad.any():
-            ids = np.where(bad, np.int64(-1 if job.oov == "zero" else job.unk_id), ids)
+            ids = map_oov(ids, bad, job.oov, unk_id=job.unk_id, zero_id=-1)
     return ids
 
 
@@ -264,7 +272,7 @@ class NpySink:
         self.job = job
         self.row_bytes = int(np.prod(job.inner, dtype=np.int64)) * job.dim * np.dtype(
             job.dtype).itemsize
-        self._f = None
+        self._f: BinaryIO | None = None
 
     @staticmethod
     def create(tmp: str, shape: tuple[int, ...], dtype) -> int:
@@ -287,7 +295,8 @@ class NpySink:
         if self._f is None:
             self._f = open(self.job.tmp, "r+b")  # noqa: SIM115 - closed in close()
         self._f.seek(self.job.header_len + self.job.starts[i] * self.row_bytes)
-        self._f.write(memoryview(np.ascontiguousarray(block).reshape(-1)).cast("B"))
+        data = memoryview(np.ascontiguousarray(block).reshape(-1))  # type: ignore[arg-type]
+        self._f.write(data.cast("B"))
 
     def close(self) -> None:
         if self._f is not None:
@@ -351,27 +360,9 @@ class ZarrSink:
 
 
 def open_sink(job: Job):
+    if is_url(job.tmp):
+        return RemoteZarrSink(job)
     return ZarrSink(job) if job.out_kind == "zarr" else NpySink(job)
-
-
-# -- files -------------------------------------------------------------------------------
-def remove_path(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-def move_into_place(tmp: str, dest: str) -> None:
-    """Rename ``tmp`` to ``dest``, replacing what was there (checked by the caller)."""
-    if os.path.lexists(dest) and (os.path.isdir(dest) or os.path.isdir(tmp)):
-        old = os.path.join(os.path.dirname(dest) or ".",
-                           f".{os.path.basename(dest)}.old-{os.getpid()}")
-        os.replace(dest, old)
-        os.replace(tmp, dest)
-        remove_path(old)
-    else:
-        os.replace(tmp, dest)
 
 
 DEFAULT_CACHE_BYTES = "auto"    # row cache of the table opened for a job (see open_table)
@@ -391,10 +382,10 @@ def open_table(path, *, cache_bytes=DEFAULT_CACHE_BYTES) -> Table:
     if os.path.isfile(path) and path.lower().endswith(".npy"):
         return MemoryTable(np.load(path, mmap_mode="r", allow_pickle=False))
     if cache_bytes != "auto":
-        return zarrtable.open(path, mode="r", cache_bytes=cache_bytes)
-    table = zarrtable.open(path, mode="r", cache_bytes=0)
+        return store_table.open(path, mode="r", cache_bytes=cache_bytes)
+    table = store_table.open(path, mode="r", cache_bytes=0)
     layout = getattr(table, "layout", {})
     if layout.get("compression") == "none" and layout.get("fast_path", True):
         return table
     table.close()
-    return zarrtable.open(path, mode="r", cache_bytes=COMPRESSED_CACHE_BYTES)
+    return store_table.open(path, mode="r", cache_bytes=COMPRESSED_CACHE_BYTES)

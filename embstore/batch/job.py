@@ -21,16 +21,20 @@ import dataclasses
 import errno
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from .dask import run_dask
-from .io import (DEFAULT_CACHE_BYTES, Job, open_table, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into, move_into_place,
-                       open_sink, output_kind, read_block, remove_path)
-from ..errors import DestinationExistsError, EmbstoreError, KeyNotFoundError
-from ..ids import as_ids
-from ..memory import MemoryTable
+from .parquet import is_parquet, lookup_parquet
+from .io import (DEFAULT_CACHE_BYTES, Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into,
+                 open_sink, open_source, open_table, output_kind, read_block)
+from .._types import Bytes, PathLike
+from ..atomic import check_dest, remove, replace, temp_path
+from ..errors import EmbstoreError, KeyNotFoundError
+from ..ids import as_ids, one_of, positive_int
+from ..oov import OOV, OOV_MODES
+from .remote import RemoteNpyIds, RemoteZarrSink, check_remote_output, is_url, remote_stamp
 from ..optional import require
 from ..progress import Progress, Tally
 from ..table import Table
@@ -38,11 +42,6 @@ from ..table import Table
 __all__ = ["lookup_file", "open_table", "DEFAULT_BLOCK_BYTES", "DEFAULT_CACHE_BYTES"]
 
 DEFAULT_BLOCK_BYTES = 16 << 20  # output bytes per block when batch_rows is not given
-
-
-def _check_dest(path: str | None, overwrite: bool) -> None:
-    if path is not None and os.path.lexists(path) and not overwrite:
-        raise DestinationExistsError(f"{path} exists (use --overwrite to replace it)")
 
 
 def _auto_rows(shape: tuple[int, ...], dim: int, itemsize: int) -> int:
@@ -56,17 +55,21 @@ def _starts(rows: int, batch_rows: int) -> tuple[int, ...]:
 
 
 def _tmp_path(output: str, kind: str) -> str:
+    """Where the output is written: a Zarr job under a fixed name (``.<name>.partial``) that a
+    re-run finds and resumes; anything else under :func:`embstore.atomic.temp_path`."""
+    if kind != "zarr":
+        return temp_path(output)
     parent, name = os.path.split(os.path.abspath(output.rstrip("/\\")))
-    if kind == "zarr":  # a fixed name, so that a re-run can find it and resume
-        return os.path.join(parent, f".{name}.partial")
-    return os.path.join(parent, f".{name}.{os.getpid()}.partial")
+    return os.path.join(parent, f".{name}.partial")
 
 
-def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
-                unk_id: int | None = None, batch_rows: int | None = None,
-                scheduler: str | None = None, overwrite: bool = False, resume: bool = False,
-                lengths=None, cache_bytes=DEFAULT_CACHE_BYTES, n_workers: int = 2,
-                threads: bool = True, on_progress: Progress | None = None) -> dict:
+def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
+                keys: bool = False, oov: OOV = "error", unk_id: int | None = None,
+                batch_rows: int | None = None, scheduler: str | None = None,
+                overwrite: bool = False, resume: bool = False, lengths: PathLike | None = None,
+                cache_bytes: Bytes = DEFAULT_CACHE_BYTES, n_workers: int = 2,
+                threads: bool = True, on_progress: Progress | None = None,
+                column: str | None = None, keep=()) -> dict:
     """Look up every id of ``input`` in ``table`` and write the vectors to ``output``.
 
     ``table`` is a :class:`Table` or a path (a store, or a 2-D ``.npy``); with a
@@ -88,25 +91,40 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
 
     Returns a summary dict: ``output``, ``shape``, ``dtype``, ``ids``, ``blocks``,
     ``resumed_blocks``, ``seconds``, ``scheduler``, ``lengths``.
+
+    A Parquet ``input`` (``.parquet``) reads ids or keys (or lists of them) from
+    ``column`` and writes a Parquet ``output`` with the vectors and the input columns
+    named in ``keep``; see :mod:`embstore.batch.parquet` (runs locally).
     """
+    if is_parquet(input):
+        return _parquet(table, input, output, column=column, keep=keep, oov=oov,
+                        unk_id=unk_id, batch_rows=batch_rows, scheduler=scheduler,
+                        overwrite=overwrite, resume=resume, lengths=lengths,
+                        cache_bytes=cache_bytes, on_progress=on_progress)
+    if column is not None or keep:
+        raise ValueError("column= and keep= are for Parquet inputs (.parquet)")
     t0 = time.perf_counter()
     input, output = os.fspath(input), os.fspath(output)
     lengths = None if lengths is None else os.fspath(lengths)
-    if oov not in ("error", "zero", "unk"):
-        raise ValueError(f"oov must be 'error', 'zero' or 'unk', got {oov!r}")
+    one_of(oov, "oov", OOV_MODES)
     if lengths is not None and not keys:
         raise ValueError("lengths= needs keys=True (a key file has lines of different lengths)")
-    if batch_rows is not None and (isinstance(batch_rows, bool) or int(batch_rows) < 1):
-        raise ValueError(f"batch_rows must be >= 1, got {batch_rows!r}")
+    if batch_rows is not None:
+        batch_rows = positive_int(batch_rows, "batch_rows")
     kind = output_kind(output)
     if resume and kind != "zarr":
         raise ValueError("resume=True needs a Zarr output (.zarr): a .npy job restarts")
     if scheduler is not None:  # before anything is written
         require("dask.distributed", extra="dask", feature="running a batch job on a Dask "
                 "scheduler")
-    _check_dest(output, overwrite)
-    _check_dest(lengths, overwrite)
-    if not os.path.exists(input):
+    if is_url(output):  # on object storage: a Zarr array, written without rename
+        check_remote_output(output, kind)
+        RemoteZarrSink.check_dest(output, overwrite or resume)
+    else:
+        check_dest(output, overwrite)
+    if lengths is not None:
+        check_dest(lengths, overwrite)
+    if not is_url(input) and not os.path.exists(input):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), input)
 
     if isinstance(table, Table):
@@ -114,7 +132,7 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
         if scheduler is not None and table_path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
     else:
-        table_path = os.path.abspath(os.fspath(table))
+        table_path = table if is_url(table) else os.path.abspath(os.fspath(table))
         tab, owned = open_table(table_path, cache_bytes=cache_bytes), True
     try:
         return _run(tab, None if table_path is None else os.fspath(table_path), input, output,
@@ -127,13 +145,23 @@ def lookup_file(table, input, output, *, keys: bool = False, oov: str = "error",
             tab.close()
 
 
+def _parquet(table, input, output, *, column, keep, scheduler, resume, lengths,
+             **options) -> dict:
+    if column is None:
+        raise ValueError("a Parquet input needs column= (the column of ids or keys)")
+    for name, value in (("scheduler", scheduler), ("resume", resume), ("lengths", lengths)):
+        if value:
+            raise ValueError(f"{name}= is not supported for Parquet inputs (they run locally)")
+    return lookup_parquet(table, input, output, column=column, keep=keep, **options)
+
+
 def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows, cache_bytes):
     """The job's geometry and blocks; validates the whole input first (ids, or key lines)."""
     dim, dtype = tab.dim, np.dtype(tab.dtype)
     line_lengths = None
     if keys:
         if tab.keys is None:
-            raise KeyNotFoundError(f"{table_path or 'the table'} has no keys: --keys needs a "
+            raise KeyNotFoundError(f"{table_path or 'the table'} has no keys: keys=True needs a "
                                    "table with keys", key=None, position=None)
         line_lengths, line_bytes = KeyLines(input).scan(65536)
         shape = (len(line_lengths), int(line_lengths.max()) if len(line_lengths) else 0)
@@ -142,8 +170,8 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         ends = np.concatenate([[0], np.cumsum(line_bytes)])
         offsets = tuple(int(ends[a]) for a in starts[:-1])
     else:
-        src = NpyIds(input)
-        shape = src.shape
+        src = RemoteNpyIds(input) if is_url(input) else NpyIds(input)
+        shape = tuple(src.shape)
         rows_per_block = batch_rows or _auto_rows(shape, dim, dtype.itemsize)
         starts = _starts(shape[0] if shape else 1, int(rows_per_block))
         if oov == "error":
@@ -153,7 +181,8 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         if unk_id is None:
             raise ValueError("oov='unk' needs unk_id")
         unk_id = int(as_ids(unk_id, tab.vocab_size))
-    job = Job(table=table_path or "", cache_bytes=cache_bytes, input=os.path.abspath(input),
+    job = Job(table=table_path or "", cache_bytes=cache_bytes,
+              input=input if is_url(input) else os.path.abspath(input),
               keys=bool(keys), oov=oov, unk_id=unk_id, shape=tuple(int(s) for s in shape),
               dim=int(dim), dtype=dtype.str, vocab_size=int(tab.vocab_size), starts=starts,
               offsets=offsets, out_kind=kind,
@@ -162,10 +191,15 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
 
 
 def _stamp(input: str, table_path: str | None) -> tuple:
-    st = os.stat(input)
-    stamp = (st.st_size, st.st_mtime_ns)
+    stamp: tuple
+    if is_url(input):
+        stamp = tuple(remote_stamp(input))
+    else:
+        st = os.stat(input)
+        stamp = (st.st_size, st.st_mtime_ns)
     if table_path:
-        stamp += (os.stat(table_path).st_mtime_ns,)
+        stamp += (remote_stamp(table_path, "zarr.json")[1] if is_url(table_path)
+                  else os.stat(table_path).st_mtime_ns,)
     return stamp
 
 
@@ -173,20 +207,31 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
          overwrite, resume, lengths, on_progress, cache_bytes, n_workers, threads, t0) -> dict:
     job, line_lengths = _plan(tab, table_path, input, kind, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, cache_bytes=cache_bytes)
-    tmp = _tmp_path(output, kind)
+    tmp = output if is_url(output) else _tmp_path(output, kind)
     job = dataclasses.replace(job, tmp=tmp)
-    if kind == "zarr":
+    if is_url(tmp):
+        if not (resume and RemoteZarrSink.resumable(job)):
+            RemoteZarrSink.create(job)
+    elif kind == "zarr":
         if not (resume and os.path.isdir(tmp) and ZarrSink.resumable(job)):
             if resume and os.path.lexists(tmp):
                 raise EmbstoreError(
                     f"cannot resume {output}: {tmp} holds the partial output of a different "
-                    "job (other table, input, options or batch rows); run without --resume "
+                    "job (other table, input, options or batch rows); run without resume=True "
                     "to start over")
-            remove_path(tmp)
-            ZarrSink.create(job)
+            remove(tmp)
+            try:
+                ZarrSink.create(job)
+            except BaseException:
+                remove(tmp)  # a full disk: nothing half made stays
+                raise
     else:
-        job = dataclasses.replace(job, header_len=NpySink.create(tmp, job.shape + (job.dim,),
-                                                                 job.dtype))
+        try:
+            job = dataclasses.replace(job, header_len=NpySink.create(
+                tmp, job.shape + (job.dim,), job.dtype))
+        except BaseException:
+            remove(tmp)
+            raise
     sink = open_sink(job)
     done = sink.done()
     todo = [i for i in range(job.n_blocks) if i not in done]
@@ -200,21 +245,27 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
             _run_local(job, tab, sink, todo, bar, threads=threads)
         sink.close()
         if lengths is not None:
-            lengths_tmp = _tmp_path(lengths, "npy")
+            lengths_tmp = temp_path(lengths)
             with open(lengths_tmp, "wb") as f:
                 np.save(f, line_lengths, allow_pickle=False)
     except BaseException as exc:
-        sink.close()
-        if not (kind == "zarr" and _resumable_failure(exc)):
-            remove_path(tmp)
+        try:
+            sink.close()
+        except OSError:
+            pass  # a full disk fails the close too: clean up all the same
+        if not (kind == "zarr" and _resumable_failure(exc)) and not is_url(tmp):
+            remove(tmp)  # a remote output stays resumable (its zarr.json comes last)
         if lengths_tmp is not None:
-            remove_path(lengths_tmp)
+            remove(lengths_tmp)
         raise
-    if kind == "zarr":
-        ZarrSink.finish(tmp)
-    move_into_place(tmp, output)
+    if is_url(tmp):
+        RemoteZarrSink.finish(job)
+    else:
+        if kind == "zarr":
+            ZarrSink.finish(tmp)
+        replace(tmp, output)
     if lengths_tmp is not None:
-        move_into_place(lengths_tmp, lengths)
+        replace(lengths_tmp, lengths)
     return {"output": output, "shape": job.shape + (job.dim,), "dtype": str(np.dtype(job.dtype)),
             "ids": int(np.prod(job.shape, dtype=np.int64)), "blocks": job.n_blocks,
             "resumed_blocks": len(done), "seconds": time.perf_counter() - t0,
@@ -238,7 +289,7 @@ def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,
     """Read block k+1 and write block k-1 in threads while block k is looked up."""
     if not todo:
         return
-    source = KeyLines(job.input) if job.keys else NpyIds(job.input)
+    source = open_source(job)
     per_row = int(np.prod(job.inner, dtype=np.int64)) * job.dim
     most = max(job.starts[i + 1] - job.starts[i] for i in todo)
     bufs = [np.empty(most * per_row, dtype=job.dtype) for _ in range(2 if threads else 1)]
@@ -259,7 +310,8 @@ def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,
     with ThreadPoolExecutor(1, "embstore-read") as reader, \
             ThreadPoolExecutor(1, "embstore-write") as writer:
         nxt = reader.submit(read_block, job, source, todo[0], tab)
-        pending, last = None, None
+        pending: Future | None = None
+        last = todo[0]
         for k, i in enumerate(todo):
             ids = nxt.result()
             if k + 1 < len(todo):
@@ -269,5 +321,6 @@ def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,
                 pending.result()
                 bar.update(rows(last))
             pending, last = writer.submit(sink.write, i, out), i
+        assert pending is not None
         pending.result()
         bar.update(rows(last))

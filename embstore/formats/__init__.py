@@ -2,18 +2,34 @@
 
 Every format module provides::
 
-    read(path, *, block_rows=65536, limit=None, unicode_errors="strict", tensor=None) -> Reader
+    read(path, *, block_rows=65536, limit=None, unicode_errors="strict", tensor=None,
+         dtype=None) -> Reader
     write(path, table, *, limit=None, block_rows=65536, progress=None) -> int   # rows written
 
 A :class:`Reader` streams the source: iterating it yields ``(vectors, keys)``
 blocks (``vectors`` a C-contiguous ``(n, dim)`` float array, ``keys`` a list of
 ``n`` str or ``None``), never more than ``block_rows`` rows at a time, so memory
 does not grow with the file.  ``write`` streams a table to ``path`` block by
-block (it writes ``path`` itself; :func:`embstore.formats.convert.export_table`
-writes beside the destination and renames into place).
+block (it writes ``path`` itself; :func:`embstore.convert.export_table` writes
+beside the destination and renames into place).
 
-``FORMATS`` maps each format name to its module; :func:`detect` picks a name
-from the extension and the first bytes of a file.
+``SPECS`` holds one :class:`FormatSpec` record per format: its name, module, file
+extensions, magic bytes, whether it holds keys, takes a tensor name, can be written.
+Everything else derives from it: ``FORMATS`` (name -> module, imported on first use),
+``READ_FORMATS``/``WRITE_FORMATS``, :func:`detect`, the export extensions
+(:func:`export_format_for`) and the command line's ``--format`` choices and help.
+
+Adding a format
+---------------
+Write ``embstore/formats/<name>.py`` with ``read`` (returning a :class:`Reader`
+subclass: set ``dim``, ``dtype``, ``count``, ``has_keys`` and the progress fields,
+implement ``blocks()``; :class:`~embstore.formats._array.ArrayReader` does it all for
+array-like sources) and, if it can be written, ``write``.  Then add one
+:class:`FormatSpec` to ``SPECS`` below: with ``magic`` bytes (or a ``sniff``
+function) :func:`detect` recognises it, its ``extensions`` name it on export, and
+``embstore import``/``export`` offer it.  Nothing outside this folder changes.  A
+format module imports only from this folder and the ground (errors, ids, dtypes):
+never the store, the batch jobs or click.
 """
 
 from __future__ import annotations
@@ -23,75 +39,144 @@ import importlib
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import IO
 from types import ModuleType
 
 import numpy as np
 
 from ..errors import FormatError
+from ..ids import non_negative_int, positive_int
 
-__all__ = ["FORMATS", "READ_FORMATS", "WRITE_FORMATS", "Reader", "detect", "get",
+__all__ = ["FormatSpec", "SPECS", "FORMATS", "READ_FORMATS", "WRITE_FORMATS", "Reader",
+           "detect", "get", "spec", "export_format_for", "export_extensions",
            "DEFAULT_BLOCK_ROWS", "open_output"]
 
 DEFAULT_BLOCK_ROWS = 65536
 
-# format name -> module name (imported on first use: torch and safetensors are heavy)
-_MODULES = {
-    "npy": "npy",
-    "word2vec": "word2vec",
-    "fasttext": "fasttext",
-    "glove": "glove",
-    "word2vec-binary": "word2vec_binary",
-    "safetensors": "safetensors",
-    "torch": "torch",
-}
-READ_FORMATS = tuple(_MODULES)
-WRITE_FORMATS = ("npy", "word2vec", "word2vec-binary", "glove", "fasttext", "safetensors")
+
+def _safetensors_header(head: bytes, ext: str, size: int) -> bool:
+    """An 8-byte little-endian header length, then the JSON header's ``{``."""
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    (n,) = struct.unpack("<Q", head[:8])
+    return 2 <= n <= size - 8
 
 
-class _Registry(dict):
-    """``FORMATS[name]`` -> the module that reads (and writes) ``name``, imported lazily."""
+def _torch_pickle(head: bytes, ext: str, size: int) -> bool:
+    """A legacy (non-zip) PyTorch file: a pickle, told apart by its extension too."""
+    return head[:1] == b"\x80" and ext in (".pt", ".pth", ".bin", ".ckpt")
 
-    def __missing__(self, name):
-        if name not in _MODULES:
-            raise KeyError(name)
-        module = importlib.import_module(f".{_MODULES[name]}", __name__)
-        self[name] = module
-        return module
 
-    def __contains__(self, name) -> bool:
-        return name in _MODULES
+@dataclass(frozen=True)
+class FormatSpec:
+    """One file format: what the pipeline, detection and the command line know of it."""
 
-    def __iter__(self):
-        return iter(_MODULES)
+    name: str                       # the --format value
+    module: str                     # module in embstore.formats
+    title: str                      # for help text
+    extensions: tuple[str, ...] = ()   # lower case; an export to DEST.<ext> picks the first
+    magic: tuple[bytes, ...] = ()   # leading bytes that identify the format
+    sniff: Callable[[bytes, str, int], bool] | None = None  # (head, ext, size): more checks
+    binary: bool = True             # False: a text format, told apart by its first line
+    has_keys: bool = False          # the file holds a key per row
+    takes_tensor: bool = False      # the file holds named tensors (tensor=)
+    can_write: bool = False         # the module has write()
+
+
+SPECS: tuple[FormatSpec, ...] = (
+    FormatSpec("npy", "npy", "npy", extensions=(".npy",), magic=(b"\x93NUMPY",),
+               can_write=True),
+    FormatSpec("word2vec", "word2vec", "word2vec", extensions=(".txt", ".w2v"), binary=False,
+               has_keys=True, can_write=True),
+    FormatSpec("fasttext", "fasttext", "fastText", extensions=(".vec",), binary=False,
+               has_keys=True, can_write=True),
+    FormatSpec("glove", "glove", "GloVe", binary=False, has_keys=True, can_write=True),
+    FormatSpec("word2vec-binary", "word2vec_binary", "word2vec binary", extensions=(".bin",),
+               binary=False, has_keys=True, can_write=True),
+    FormatSpec("safetensors", "safetensors", "safetensors", extensions=(".safetensors",),
+               sniff=_safetensors_header, takes_tensor=True, can_write=True),
+    FormatSpec("torch", "torch", "PyTorch", extensions=(".pt", ".pth", ".ckpt"),
+               magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True),
+)
+_SPEC = {f.name: f for f in SPECS}
+READ_FORMATS = tuple(_SPEC)
+WRITE_FORMATS = tuple(f.name for f in SPECS if f.can_write)
+
+
+def export_extensions() -> dict[str, str]:
+    """``{".ext": format}``: the format an export to ``DEST.ext`` writes."""
+    out: dict[str, str] = {}
+    for f in SPECS:
+        if f.can_write:
+            for ext in f.extensions:
+                out.setdefault(ext, f.name)
+    return out
+
+
+def spec(name: str) -> FormatSpec:
+    """The record of format ``name`` (a :class:`FormatError` listing the formats if unknown)."""
+    if name not in _SPEC:
+        raise FormatError(f"unknown format {name!r}; expected one of {', '.join(_SPEC)}")
+    return _SPEC[name]
+
+
+class _Registry(Mapping[str, ModuleType]):
+    """``FORMATS[name]`` -> the module that reads (and writes) ``name``, imported lazily
+    (torch and safetensors are heavy)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, ModuleType] = {}
+
+    def __getitem__(self, name: str) -> ModuleType:
+        if name not in self._loaded:
+            if name not in _SPEC:
+                raise KeyError(name)
+            self._loaded[name] = importlib.import_module(f".{_SPEC[name].module}", __name__)
+        return self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_SPEC)
 
     def __len__(self) -> int:
-        return len(_MODULES)
-
-    def keys(self):
-        return _MODULES.keys()
+        return len(_SPEC)
 
 
-FORMATS: dict[str, ModuleType] = _Registry()
+FORMATS: Mapping[str, ModuleType] = _Registry()
 
 
 def get(name: str) -> ModuleType:
     """The module of format ``name`` (a :class:`FormatError` listing the formats if unknown)."""
-    if name not in _MODULES:
-        raise FormatError(f"unknown format {name!r}; expected one of {', '.join(_MODULES)}")
-    return FORMATS[name]
+    return FORMATS[spec(name).name]
+
+
+def export_format_for(dest: str | os.PathLike[str]) -> str:
+    """The export format implied by DEST's extension (see :func:`export_extensions`)."""
+    ext = os.path.splitext(os.fspath(dest))[1].lower()
+    table = export_extensions()
+    if ext not in table:
+        raise FormatError(f"cannot tell the format from the extension {ext or '(none)'!r} of "
+                          f"{os.fspath(dest)}; pass format= ({', '.join(WRITE_FORMATS)})")
+    return table[ext]
 
 
 class Reader:
-    """A streamed source of vectors.  Subclasses set the attributes and implement ``blocks``.
+    """A streamed source of vectors: everything :func:`embstore.import_file` uses.
 
-    ``dim``: row length; ``count``: rows the source holds when known up front
-    (``None`` otherwise; a text header's count is only a claim, checked while
-    reading); ``dtype``: dtype of the yielded blocks; ``native_dtype``: the source's
-    own dtype when NumPy lacks it and the blocks widen it exactly (``"bfloat16"``, whose
-    blocks arrive as float32), else None; ``has_keys``;
-    ``progress_total``/``progress_done`` in ``progress_unit`` ("bytes" or "rows").
+    Subclasses set the attributes and implement ``blocks``:
+
+    - ``format``: the format name; ``dim``: row length; ``dtype``: dtype of the yielded
+      blocks; ``native_dtype``: the source's own dtype when NumPy lacks it and the blocks
+      widen it exactly (``"bfloat16"``, whose blocks arrive as float32), else None;
+      ``has_keys``: blocks come with one key per row;
+    - ``count``: rows the source holds when known up front (``None`` otherwise; a text
+      header's count is only a claim, checked while reading); ``size_hint()``: rows to
+      expect, for sizing the table's layout (``None``: unknown);
+    - ``progress_done``/``progress_total`` in ``progress_unit`` (``"bytes"`` or
+      ``"rows"``), updated as blocks are yielded;
+    - ``tensor``: the tensor read, for formats holding several (else ``None``);
+    - iteration yields ``(vectors, keys)`` blocks; ``close()`` releases the file.
     """
 
     format: str = ""
@@ -100,19 +185,26 @@ class Reader:
     dtype: np.dtype = np.dtype(np.float32)
     native_dtype: str | None = None
     has_keys: bool = False
+    tensor: str | None = None
     progress_unit: str = "rows"
     progress_total: int | None = None
     progress_done: int = 0
 
-    def __init__(self, path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None):
-        if block_rows < 1:
-            raise ValueError(f"block_rows must be >= 1, got {block_rows}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+    def __init__(self, path: str | os.PathLike[str], *, block_rows: int = DEFAULT_BLOCK_ROWS,
+                 limit: int | None = None):
+        positive_int(block_rows, "block_rows")
+        if limit is not None:
+            non_negative_int(limit, "limit")
         self.path = os.fspath(path)
         self.name = os.path.basename(self.path)
         self.block_rows = int(block_rows)
         self.limit = limit
+
+    def size_hint(self) -> int | None:
+        """Rows to expect (``count`` capped by ``limit``), or ``None`` when unknown."""
+        if self.count is None:
+            return None
+        return self.count if self.limit is None else min(self.count, self.limit)
 
     def blocks(self) -> Iterator[tuple[np.ndarray, list[str] | None]]:  # pragma: no cover
         raise NotImplementedError
@@ -123,10 +215,10 @@ class Reader:
     def close(self) -> None:
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> Reader:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def error(self, message: str, line: int | None = None) -> FormatError:
@@ -158,12 +250,12 @@ def check_finite(reader: Reader, block: np.ndarray, first_row: int) -> None:
 _HEADER_RE = re.compile(rb"^[ \t]*(\d+)[ \t]+(\d+)[ \t]*\r?\n")
 
 
-def detect(path) -> str:
-    """The format name of ``path`` from its extension and first bytes.
+def detect(path: str | os.PathLike[str]) -> str:
+    """The format name of ``path`` from its first bytes and extension (see ``SPECS``).
 
-    Magic bytes win over the extension (a ``.bin`` may be word2vec or PyTorch);
-    text files with a ``count dim`` first line are word2vec (``.vec``: fasttext),
-    otherwise glove.
+    Magic bytes win over the extension (a ``.bin`` may be word2vec or PyTorch); then a
+    binary format's extension; text files with a ``count dim`` first line are word2vec
+    (``.vec``: fasttext, raw bytes after the header: word2vec-binary), otherwise glove.
     """
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
@@ -171,28 +263,25 @@ def detect(path) -> str:
         head = f.read(1 << 16)
     if not head:
         raise FormatError("the file is empty", path=path)
-    if head.startswith(b"\x93NUMPY"):
-        return "npy"
-    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80" and ext in (".pt", ".pth", ".bin", ".ckpt"):
-        return "torch"
-    if len(head) >= 9 and head[8:9] == b"{":
-        (n,) = struct.unpack("<Q", head[:8])
-        if 2 <= n <= os.path.getsize(path) - 8:
-            return "safetensors"
-    if ext == ".npy":
-        return "npy"
-    if ext == ".safetensors":
-        return "safetensors"
-    if ext in (".pt", ".pth", ".ckpt"):
-        return "torch"
+    size = os.path.getsize(path)
+    # binary formats with fixed magic bytes first, then those with only a sniff function
+    binary = sorted((s for s in SPECS if s.binary), key=lambda s: not s.magic)
+    for s in binary:
+        if s.magic and head.startswith(s.magic):
+            return s.name
+        if s.sniff is not None and s.sniff(head, ext, size):
+            return s.name
+    for s in binary:
+        if ext in s.extensions:
+            return s.name
     m = _HEADER_RE.match(head)
     if m:
         if _binary_record(head[m.end():], int(m.group(2))):
             return "word2vec-binary"
-        return "fasttext" if ext == ".vec" else "word2vec"
+        return "fasttext" if ext in _SPEC["fasttext"].extensions else "word2vec"
     if _looks_binary(head[:4096]):
         raise FormatError("cannot tell the format from the first bytes (not npy, safetensors, "
-                          "PyTorch, or word2vec/GloVe text); pass --format", path=path)
+                          "PyTorch, or word2vec/GloVe text); pass format=", path=path)
     return "glove"
 
 

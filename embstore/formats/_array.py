@@ -9,9 +9,7 @@ import numpy as np
 
 from . import DEFAULT_BLOCK_ROWS, Reader, check_finite
 
-__all__ = ["ArrayReader", "FLOAT_KINDS", "write_rows"]
-
-FLOAT_KINDS = ("float16", "float32", "float64")
+__all__ = ["ArrayReader", "write_rows"]
 
 
 def write_rows(f, table, n: int, dtype, *, block_rows: int, progress=None,
@@ -28,6 +26,7 @@ def write_rows(f, table, n: int, dtype, *, block_rows: int, progress=None,
 
 
 class ArrayReader(Reader):
+    count: int  # known up front
     """Blocks of ``source[a:b]`` (``to_numpy`` turns a block into an ndarray).
 
     ``dtype=None`` keeps the source's float dtype; bfloat16 sources arrive as float32.

@@ -51,7 +51,7 @@ def decode_keys(raw: list[bytes], *, path, first_line: int, unicode_errors: str,
         line = line_numbers[i] if line_numbers is not None else first_line + i
         offset = exc.start - (joined.rfind(b"\n", 0, exc.start) + 1)
         msg = (f"expected a UTF-8 key, got {raw[i]!r} (invalid byte at offset {offset}; "
-               "--unicode-errors replace accepts it)")
+               "unicode_errors='replace' accepts it)")
         if unit == "row":
             raise FormatError(f"row {line}: {msg}", path=path) from None
         raise FormatError(msg, path=path, line=line) from None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import DEFAULT_BLOCK_ROWS, open_output
-from ._array import FLOAT_KINDS, ArrayReader, write_rows
+from ._array import ArrayReader, write_rows
+from ..dtypes import dtype_list, is_float_dtype
 from ..errors import FormatError
 
 __all__ = ["read", "write"]
@@ -28,8 +29,8 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
         raise FormatError("expected a .npy array, got an .npz archive", path=path)
     if arr.ndim != 2:
         raise FormatError(f"expected a 2-D array (rows, dim), got shape {arr.shape}", path=path)
-    if arr.dtype.name not in FLOAT_KINDS:
-        raise FormatError(f"expected a float16, float32 or float64 array, got {arr.dtype}", path=path)
+    if not is_float_dtype(arr.dtype):
+        raise FormatError(f"expected a {dtype_list()} array, got {arr.dtype}", path=path)
     return ArrayReader(path, arr, format="npy", shape=arr.shape,
                        source_dtype=arr.dtype.newbyteorder("="), block_rows=block_rows,
                        limit=limit, dtype=dtype)

@@ -93,7 +93,7 @@ def choose_tensor(tensors: dict[str, tuple[tuple[int, ...], str]], tensor: str |
     if len(two_d) != 1:
         cands = ", ".join(f"{k} {list(tensors[k][0])}" for k in two_d) or "none"
         raise FormatError(f"expected exactly one 2-D float tensor, got {len(two_d)} ({cands}); "
-                          "choose one with --tensor", path=path)
+                          "choose one with tensor=", path=path)
     return two_d[0]
 
 
@@ -115,7 +115,7 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
     if info["dtype"] == "BF16":
         def to_numpy(block):  # bfloat16 = the high half of a float32
             return (np.asarray(block).astype(np.uint32) << 16).view(np.float32)
-        source_dtype = np.float32
+        source_dtype: np.dtype = np.dtype(np.float32)
     else:
         to_numpy = np.asarray
         source_dtype = np.dtype(_DTYPES[info["dtype"]]).newbyteorder("=")

@@ -15,12 +15,13 @@ import warnings
 from . import DEFAULT_BLOCK_ROWS
 from ._array import ArrayReader
 from .safetensors import choose_tensor
+from ..dtypes import FLOAT_DTYPES
 from ..errors import FormatError
 from ..optional import require
 
 __all__ = ["read", "load_tensors"]
 
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_FLOATS = FLOAT_DTYPES + ("bfloat16",)
 
 
 def _torch():

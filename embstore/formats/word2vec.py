@@ -34,6 +34,7 @@ _WS = re.compile(r"[ \t\n\r\x0b\x0c]")
 
 
 class TextReader(Reader):
+    progress_total: int  # the file size
     """Streams ``key v1 ... vdim`` lines, with (word2vec, fasttext) or without (glove) a header."""
 
     progress_unit = "bytes"
@@ -74,7 +75,7 @@ class TextReader(Reader):
         if header:
             toks = first.split()
             if len(toks) != 2 or not all(t.isdigit() for t in toks):
-                hint = " (a file without header is --format glove)" if len(toks) > 2 else ""
+                hint = " (a file without header is format='glove')" if len(toks) > 2 else ""
                 raise self.error(f"expected a header 'COUNT DIM', got {_show(first)}{hint}", line=1)
             count, dim = int(toks[0]), int(toks[1])
             if dim < 1:

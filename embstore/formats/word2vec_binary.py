@@ -28,6 +28,8 @@ MAX_KEY_BYTES = 1 << 16
 
 
 class BinaryReader(Reader):
+    count: int  # from the header
+    progress_total: int  # the file size
     format = "word2vec-binary"
     progress_unit = "bytes"
 
@@ -180,7 +182,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
             if bad:
                 raise FormatError(f"row {start + bad[0]}: key {ks[bad[0]]!r} is empty or holds a "
                                   "newline; word2vec-binary cannot store it")
-            parts = []
+            parts: list[bytes] = []
             for i, k in enumerate(ks):
                 parts += (k.encode("utf-8"), b" ", data[i * vb:(i + 1) * vb], b"\n")
             f.write(b"".join(parts))

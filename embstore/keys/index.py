@@ -14,7 +14,7 @@ Layout (in the table's Zarr group; ``V`` keys; see also docs/FORMAT.md):
   ``key_hash[j]`` (equal hashes: ascending rows).
 
 The four index arrays are uncompressed with a crc32c checksum and are read
-through memory maps of their chunk files (:mod:`embstore.keyarrays`).  Opening
+through memory maps of their chunk files (:mod:`embstore.keys.mapped`).  Opening
 reads five small JSON files.  ``find`` hashes the queries (vectorised),
 binary-searches ``key_hash`` and compares the stored bytes of each candidate row
 with the query, walking runs of equal hashes, so a collision never gives a
@@ -22,19 +22,24 @@ wrong id.  Keys are exact ``str``: any Unicode (``"\\x00"`` included), the empty
 string allowed; keys that are not valid Unicode (lone surrogates) are refused at
 write time with :class:`FormatError`, and simply miss at lookup.
 
-``append`` rewrites the four index arrays (O(V): append in batches) under
-temporary names, renames each into place, and grows ``keys`` last.  A reader
-takes its size from ``keys`` and maps the arrays through directory descriptors,
-so it sees one consistent snapshot (rows past it are skipped) even while
-another process appends; an interrupted append stays invisible and the next
-append overwrites its leftovers.
+An append writes the four index arrays (O(V): append in batches) and the grown
+``keys`` into a transaction's staging directory; the store's commit protocol
+(:mod:`embstore.store.commit`) replaces the live files in that order, all or
+nothing.  A reader takes its size from ``keys`` (capped by the row count) and
+maps the arrays through directory descriptors, so it sees one consistent
+snapshot (rows past it are skipped); while a commit replaces the files it
+retries.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -60,13 +65,15 @@ _RETRIES = 10  # attempts to map a consistent snapshot (20 ms apart)
 class DiskVocab(Vocab):
     """The key index of an on-disk table, read through memory maps (see the module doc)."""
 
-    def __init__(self, group: zarr.Group | None, path: Path, n: int):
+    def __init__(self, group: zarr.Group | None, path: Path, n: int,
+                 settle: Callable[[], None] | None = None):
         self._group = group
         self.path = Path(path)
         self._n = n
+        self._settle = settle  # waits while a commit replaces the index files
         self._map()
 
-    def _zarr_group(self, mode: str) -> zarr.Group:
+    def _zarr_group(self, mode: Literal["r", "r+"]) -> zarr.Group:
         """The Zarr group (opened on first need: lookups never import zarr)."""
         if self._group is not None:
             return self._group
@@ -86,6 +93,8 @@ class DiskVocab(Vocab):
                 if attempt == _RETRIES - 1:
                     raise
                 time.sleep(0.02)
+                if self._settle is not None:
+                    self._settle()
 
     def _map_once(self) -> None:
         # Read in the reverse of the order ``append`` writes (key_utf8, key_offsets,
@@ -117,7 +126,8 @@ class DiskVocab(Vocab):
 
     @classmethod
     def open(cls, group: zarr.Group | None, path, *, rows: int | None = None,
-             writable: bool = False) -> DiskVocab | MemoryKeyIndex | None:
+             writable: bool = False, settle: Callable[[], None] | None = None
+             ) -> DiskVocab | MemoryKeyIndex | None:
         """The vocabulary of the group at ``path``, or None when it has no ``keys``.
 
         Reads five small JSON files and maps the index files; nothing else.  ``group``
@@ -144,7 +154,7 @@ class DiskVocab(Vocab):
             if not writable:
                 return MemoryKeyIndex.from_store(path, n)
             build_key_index(path, n, group)
-        return cls(group, path, n)
+        return cls(group, path, n, settle)
 
     def __len__(self) -> int:
         return self._n
@@ -208,23 +218,33 @@ class DiskVocab(Vocab):
         except (IndexError, UnicodeDecodeError) as exc:
             raise self._corrupt(exc) from None
 
-    def append(self, keys: list[str]) -> None:
-        """Add keys for new rows (the caller checked they are new and unique)."""
+    def stage_append(self, keys: list[str], stage: Path) -> list[tuple[str, str]]:
+        """Write the key index and ``keys`` grown by ``keys`` (new and unique: the caller
+        checked) into the empty directory ``stage``; nothing live changes.
+
+        Returns ``(file under stage, live file in the table)`` pairs in the order they must
+        replace the live files (the four index arrays, then ``keys``, each array's
+        ``zarr.json`` after its chunks).  The caller's transaction moves them; then
+        :meth:`committed` shows the new keys.  Arrays only grow, so the new chunk files
+        cover every old one.
+        """
+        import zarr
+
         enc = encode_keys(keys, strict=True, first_row=self._n)
         m = len(enc)
         if not m:
-            return
-        n, g, path = self._n, self._zarr_group("r+"), self.path
+            return []
+        n, stage = self._n, Path(stage)
+        g = zarr.open_group(str(stage), mode="a")
         h = hash_encoded(enc, self._hash_key)
         flat = enc.buf[: enc.nbytes]
         new_offsets = self._nbytes + np.cumsum(enc.lengths)
-        # the index first, ``keys`` last (readers take their size from ``keys``); data past
-        # this snapshot (left by an interrupted append) is dropped
+        # data past this snapshot (left by an older embstore's interrupted append) is dropped
         write_mapped(g, "key_utf8", self._nbytes + len(flat) + KEY_PAD, np.uint8,
                      concat_reader(Head(self._utf8, self._nbytes), flat,
-                                   np.zeros(KEY_PAD, np.uint8)), path=path)
+                                   np.zeros(KEY_PAD, np.uint8)))
         write_mapped(g, "key_offsets", n + m + 1, np.int64,
-                     concat_reader(Head(self._offsets, n + 1), new_offsets), path=path)
+                     concat_reader(Head(self._offsets, n + 1), new_offsets))
         old_h, old_rows = self._hash.read(0, len(self._hash)), self._order.read(0, len(self._order))
         if len(old_h) != n:
             old_h, old_rows = old_h[old_rows < n], old_rows[old_rows < n]
@@ -232,12 +252,46 @@ class DiskVocab(Vocab):
         merged_h, merged_rows = merge_runs((old_h, old_rows),
                                            (h[order], np.arange(n, n + m, dtype=np.int64)[order]))
         write_mapped(g, "key_hash", n + m, np.uint64, lambda a, b: merged_h[a:b],
-                     attrs=index_attrs(self._hash_key), path=path)
-        write_mapped(g, "key_order", n + m, np.int64, lambda a, b: merged_rows[a:b], path=path)
-        arr = g["keys"]
-        arr.resize((n + m,))
-        arr[n:n + m] = np.array(keys, dtype=object)
-        self._n = n + m
+                     attrs=index_attrs(self._hash_key))
+        write_mapped(g, "key_order", n + m, np.int64, lambda a, b: merged_rows[a:b])
+        # ``keys``: its metadata with the new length, and its chunks from the one holding
+        # row n on (that chunk's old keys come from key_utf8)
+        meta = read_array_meta(self.path, "keys")
+        (chunk,) = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        c0 = n // chunk * chunk
+        meta["shape"] = [n + m]
+        (stage / "keys").mkdir()
+        with open(stage / "keys" / "zarr.json", "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+        arr = zarr.open_array(str(stage / "keys"), mode="r+",
+                              config={"write_empty_chunks": True})
+        arr[c0:n + m] = np.array(self.keys_between(c0, n) + list(keys), dtype=object)
+        moves = []
+        for name in (*INDEX_ARRAYS, "keys"):  # a loop per array
+            chunks = sorted(os.listdir(stage / name / "c"), key=int) if (
+                stage / name / "c").is_dir() else []
+            moves += [(f"{name}/c/{c}", f"{name}/c/{c}") for c in chunks]
+            moves.append((f"{name}/zarr.json", f"{name}/zarr.json"))
+        return moves
+
+    def append(self, keys: list[str]) -> None:
+        """Add keys for new rows, outside any table transaction (a bare key group): the
+        files are staged, then moved into place one by one, which a crash can interrupt.
+        Tables append through :meth:`stage_append` and their commit protocol."""
+        import tempfile
+
+        stage = Path(tempfile.mkdtemp(prefix=".embstore-stage-", dir=self.path))
+        try:
+            for staged, live in self.stage_append(keys, stage):
+                (self.path / live).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(stage / staged, self.path / live)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        self.committed(self._n + len(keys))
+
+    def committed(self, n: int) -> None:
+        """Show the first ``n`` keys after a commit that grew the index (see above)."""
+        self._n = int(n)
         self._map()
 
     def verify(self, block: int = KEYS_CHUNK) -> None:

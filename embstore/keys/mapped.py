@@ -44,14 +44,21 @@ def chunk_length(n: int, itemsize: int) -> int:
     return -(-n // nchunks)
 
 
+# xarray needs a name for each axis; a dimension named like its array would make xarray
+# load the array whole as an index, so the names differ from the array names
+_DIMENSION = {"key_utf8": "key_byte", "key_offsets": "key_bound", "key_hash": "key_slot",
+              "key_order": "key_slot"}
+
+
 def write_mapped(group: zarr.Group, name: str, n: int, dtype,
                  read: Callable[[int, int], np.ndarray], *, attrs: dict | None = None,
                  path: Path | None = None) -> None:
     """Write a 1-D array ``name`` of ``n`` elements, chunk by chunk, from ``read(start, stop)``.
 
-    With ``path`` (the group's directory) the array is written under a temporary
-    name and renamed into place, so a reader never sees a half-written array
-    and existing memory maps of the old chunk files stay valid.
+    Into a group nobody reads yet (a new table, or a transaction's staging directory: a
+    table's ``append`` replaces the live arrays through the store's commit protocol).  With
+    ``path`` (the group's directory) the array is written under a temporary name and
+    renamed into place (a key index built for keys another tool wrote).
     """
     from zarr.codecs import Crc32cCodec
 
@@ -60,7 +67,8 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype,
     target = name if path is None else f"{name}.__tmp__"
     arr = group.create_array(target, shape=(n,), chunks=(c,), dtype=dtype, fill_value=0,
                              compressors=[Crc32cCodec()], filters=None, overwrite=True,
-                             attributes=attrs or {}, config={"write_empty_chunks": True})
+                             attributes=attrs or {}, config={"write_empty_chunks": True},
+                             dimension_names=(_DIMENSION.get(name, f"{name}_i"),))
     for start in range(0, n, c):
         stop = min(n, start + c)
         arr[start:stop] = np.ascontiguousarray(read(start, stop), dtype=dtype)
@@ -225,7 +233,9 @@ class MappedArray:
             self._maps[i] = m
         if check and not self._ok[i]:
             raw = self._raws[i]
-            if crc32c(memoryview(raw[:-4])) != int.from_bytes(bytes(raw[-4:]), "little"):
+            assert raw is not None
+            body = memoryview(raw[:-4])  # type: ignore[arg-type]  # an ndarray is a buffer
+            if crc32c(body) != int.from_bytes(bytes(raw[-4:]), "little"):
                 raise CorruptStoreError(f"{self.dir / 'c' / str(i)}: crc32c mismatch (the key "
                                         "index is damaged; run embstore verify)",
                                         path=self.dir)
@@ -284,7 +294,7 @@ class MappedArray:
 
     def verify(self, group: zarr.Group, name: str) -> None:
         """Read every chunk through zarr-python, which checks its crc32c."""
-        arr = group[name]
+        arr: zarr.Array = group[name]  # type: ignore[assignment]  # an array, not a group
         for start in range(0, self.n, self.chunk):
             stop = min(self.n, start + self.chunk)
             try:

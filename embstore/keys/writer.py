@@ -46,7 +46,7 @@ def _create_keys_array(group: zarr.Group, chunk: int) -> zarr.Array:
 
     return group.create_array("keys", shape=(0,), chunks=(chunk,), dtype=str,
                               compressors=[ZstdCodec(level=3), Crc32cCodec()],
-                              overwrite=True)
+                              overwrite=True, dimension_names=("key",))
 
 
 class _Spill:

@@ -18,17 +18,19 @@ import mmap
 import os
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 
 from ..files import open_regular
 from ..forksafe import renew_after_fork
+from . import prefetch
 
 __all__ = ["JoinedMap", "available"]
 
 _PROT_NONE, _PROT_READ = 0, 1
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_NORESERVE = 1, 2, 0x10, 0x20, 0x4000
-_libc = None
+_libc: Any = None  # the C library (ctypes.CDLL) once available() found mmap
 
 
 def available() -> bool:
@@ -92,6 +94,8 @@ class JoinedMap:
                                      "slot")
                 _check(_libc.mmap(self.base + k * self.stride, size, _PROT_READ,
                                   _MAP_SHARED | _MAP_FIXED, fd, 0))
+                # no read-ahead around faults: cold batches are prefetched instead
+                prefetch.advise_random(self.base + k * self.stride, size)
             finally:
                 os.close(fd)
         self.goff[sl] = np.where(shard.offsets >= 0, shard.offsets + k * self.stride, -1)

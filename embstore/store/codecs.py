@@ -7,17 +7,19 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from crc32c import crc32c
 
 from ..errors import CorruptStoreError
 
-__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "make_codec", "encode_chunks",
-           "check_chunk", "pool"]
+__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "Compression", "make_codec",
+           "encode_chunks", "check_chunk", "pool"]
 
 ABSENT = np.uint64(2**64 - 1)
-COMPRESSIONS = ("none", "zstd", "blosc")
+COMPRESSIONS: tuple[str, ...] = ("none", "zstd", "blosc")
+Compression = Literal["none", "zstd", "blosc"]
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -54,7 +56,8 @@ def make_codec(compression: str, itemsize: int):
     if compression == "blosc":
         return Blosc(cname="zstd", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0,
                      typesize=itemsize)
-    raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    raise ValueError(f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}, got "
+                     f"{compression!r}")
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,21 @@ class ZstdDecoder:
             else:
                 cls._shared = False  # type: ignore[assignment]
         return cls._shared or None
+
+    def decode_many(self, src: list, n: list, dst: list, cap: int) -> int:
+        """Decompress frames ``src[j]`` (``n[j]`` bytes) into ``dst[j]`` (``cap`` bytes each);
+        returns the position of the first that fails (not exactly ``cap`` bytes), or -1.
+
+        A loop per frame with one foreign call each (the GIL is let go during the call);
+        zstd's error codes are sizes no chunk has, so ``got == cap`` is the whole check."""
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = self._lib.ZSTD_createDCtx()
+        fn = self._lib.ZSTD_decompressDCtx
+        for j, (s, m, d) in enumerate(zip(src, n, dst)):
+            if fn(ctx, d, cap, s, m) != cap:
+                return j
+        return -1
 
     def decode(self, src: int, n: int, dst: int, cap: int) -> bool:
         """Decompress into ``dst``; True if it gave exactly ``cap`` bytes."""

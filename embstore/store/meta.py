@@ -13,14 +13,15 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import TypeGuard
 
+from ..dtypes import STORAGE_DTYPES
 from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
 from ..files import MAX_JSON_BYTES, open_regular, read_small, within
 
 __all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES"]
 
-FLOAT_TYPES = ("float16", "float32", "float64", "bfloat16", "int8")  # storage dtypes
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
 MAX_BYTES = 1 << 60  # logical bytes of a table
 MAX_DIM = 1 << 28  # values per row (a 2 GiB float64 row)
@@ -30,7 +31,7 @@ def _is_int(x) -> bool:
     return type(x) is int  # JSON integers only: not true/false, not 4.0
 
 
-def _positive_ints(value, n: int) -> bool:
+def _positive_ints(value: object, n: int) -> TypeGuard[list[int]]:
     return isinstance(value, list) and len(value) == n and all(
         _is_int(v) and v >= 1 for v in value)
 
@@ -72,8 +73,8 @@ def check_vectors_meta(meta: dict, where, attrs: dict | None = None) -> None:
         raise bad(f"expected shape [rows >= 0, dim >= 1], got {shape!r}")
     rows, dim = shape
     dtype = meta.get("data_type")
-    if dtype not in FLOAT_TYPES:
-        raise bad(f"expected data_type one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
+    if dtype not in STORAGE_DTYPES:
+        raise bad(f"expected data_type one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
     if dim > MAX_DIM or rows * dim * 8 > MAX_BYTES:
         raise bad(f"shape {shape} is beyond any table (rows of at most {MAX_DIM} values, "
                   f"{MAX_BYTES} bytes in all)")
@@ -89,7 +90,7 @@ def check_vectors_meta(meta: dict, where, attrs: dict | None = None) -> None:
         raise bad(f"expected a regular chunk grid [rows, columns], got {grid!r}")
     cke = meta.get("chunk_key_encoding")
     conf = cke.get("configuration", {}) if isinstance(cke, dict) else None
-    if not (isinstance(conf, dict) and cke.get("name") == "default"
+    if not (isinstance(cke, dict) and isinstance(conf, dict) and cke.get("name") == "default"
             and conf.get("separator", "/") in ("/", ".")):
         raise bad(f"expected chunk key encoding 'default' with separator '/' or '.', got {cke!r}")
     codecs = meta.get("codecs")

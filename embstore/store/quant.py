@@ -19,29 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import QUANTISED, STORAGE_DTYPES, storage_name
 from ..errors import ShapeMismatchError
 
 __all__ = ["STORAGE_DTYPES", "QUANTISED", "SCALE_ARRAY", "storage_name", "code_dtype",
            "logical_dtype", "bf16_encode", "bf16_decode", "int8_quantise", "int8_dequantise"]
 
-STORAGE_DTYPES = ("float16", "float32", "float64", "bfloat16", "int8")
-QUANTISED = ("bfloat16", "int8")  # stored as codes, looked up as float32
 SCALE_ARRAY = "row_scale"  # int8 tables: (vocab_size, 2) float32, [scale, offset] per row
-_CODES = {"bfloat16": np.dtype("<u2"), "int8": np.dtype("i1")}
+_CODES: dict[str, np.dtype] = {"bfloat16": np.dtype("<u2"), "int8": np.dtype("i1")}
 _BLOCK_BYTES = 1 << 20  # output bytes per dequantisation block (fits in L2)
 _MAX_RANGE = float(np.finfo(np.float32).max)  # -128 * scale stays finite in float32
-
-
-def storage_name(dtype) -> str | None:
-    """The storage dtype name of ``dtype`` (a name, a NumPy dtype, ``ml_dtypes.bfloat16``),
-    or None if it is not a storage dtype."""
-    if isinstance(dtype, str) and dtype in QUANTISED:
-        return dtype
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        return None
-    return name if name in STORAGE_DTYPES else None
 
 
 def code_dtype(name: str) -> np.dtype:
@@ -106,6 +93,10 @@ def int8_quantise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         err.row = i
         raise err
     scale = ((hi - lo) / 255.0).astype(np.float32)
+    # a subnormal step keeps few digits: rounded down it may no longer let 255 steps cover
+    # the row (a normal step is off by 2**-24 at most, far below half a step): one step up
+    short = (scale < np.finfo(np.float32).tiny) & (scale.astype(np.float64) * 255.0 < hi - lo)
+    scale[short] = np.nextafter(scale[short], np.float32(np.inf))
     offset = (lo + 128.0 * scale.astype(np.float64)).astype(np.float32)
     s64 = scale.astype(np.float64)
     safe = np.where(s64 > 0, s64, 1.0)

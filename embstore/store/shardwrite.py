@@ -9,8 +9,9 @@ int8 tables, one for ``row_scale``.
 
 from __future__ import annotations
 
+import json
 import os
-import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from crc32c import crc32c
@@ -18,7 +19,7 @@ from crc32c import crc32c
 from .codecs import ABSENT, Layout, encode_chunks
 from .shardread import ShardReader
 
-__all__ = ["RowStream", "ShardStream", "rewrite_shard"]
+__all__ = ["RowStream", "ShardStream", "BackgroundSync", "rewrite_shard", "write_json"]
 
 STREAM_CHUNKS = 256  # inner chunks encoded per write while streaming a shard
 
@@ -42,19 +43,70 @@ class ShardStream:
             self.pos += len(part)
             self.chunks += 1
 
-    def close(self) -> None:
+    def close(self, sync: BackgroundSync | None = None) -> None:
+        """Write the index and close; the file is fsynced (by ``sync``'s thread if given)."""
         body = self.index.tobytes()
         self.f.write(body)
         if self.layout.index_crc:
             self.f.write(crc32c(body).to_bytes(4, "little"))
-        self.f.close()
+        self.f.flush()
+        if sync is not None:
+            sync.submit(self.f)
+        else:
+            _sync_close(self.f)
+
+
+def _sync_close(f) -> None:
+    try:
+        os.fsync(f.fileno())
+    finally:
+        f.close()
+
+
+class BackgroundSync:
+    """fsync (then close) finished files in one background thread, so the disk writes one
+    shard out while the next is encoded (an fsync at the end would wait for all of them);
+    :meth:`wait` before the files take their final names."""
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list = []
+
+    def submit(self, f) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="embstore-fsync")
+        self._pending.append(self._pool.submit(_sync_close, f))
+
+    def wait(self) -> None:
+        """Every file submitted is on disk (raises the first error, a full disk say)."""
+        pending, self._pending = self._pending, []
+        try:
+            for fut in pending:
+                fut.result()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Wait for the thread, ignoring errors (cleanup after a failure)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._pending = []
+
+
+def write_json(path, doc: dict) -> None:
+    """Write ``doc`` to the new file ``path`` (fsynced)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class RowStream:
     """The shard files of the array at ``root`` (a directory), written front to back."""
 
-    def __init__(self, root: str, layout: Layout, codec):
-        self.root, self.layout, self.codec = root, layout, codec
+    def __init__(self, root: str, layout: Layout, codec, sync: BackgroundSync | None = None):
+        self.root, self.layout, self.codec, self.sync = root, layout, codec, sync
         self.shards_done = 0
         self._rest = np.empty((0, layout.dim), dtype=layout.dtype)
         self._stream: ShardStream | None = None
@@ -85,7 +137,7 @@ class RowStream:
 
     def _close_shard(self) -> None:
         assert self._stream is not None
-        self._stream.close()
+        self._stream.close(self.sync)
         self._stream = None
         self.shards_done += 1
 
@@ -94,18 +146,23 @@ class RowStream:
         self.shards_done = -(-rows // self.layout.shard_rows)
 
     def abort(self) -> None:
-        if self._stream is not None:
-            self._stream.f.close()
-            self._stream = None
+        """Close the open shard file; never raises (on a full disk the close fails too)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.f.close()
+            except OSError:
+                pass
 
 
 def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.ndarray,
-                  valid_rows: int) -> None:
-    """Rewrite shard ``k`` with rows ``local`` (shard-relative, distinct) set to ``values``.
+                  valid_rows: int, dest) -> None:
+    """Write shard ``k`` with rows ``local`` (shard-relative, distinct) set to ``values`` to
+    the new file ``dest`` (fsynced); the live shard is not touched.
 
     ``valid_rows`` rows of the shard are inside the array after the change.  Untouched chunks
-    are copied as stored; touched ones are decoded, patched and encoded again.  The new shard
-    replaces the old file by an atomic rename, so readers see the old or the new shard whole.
+    are copied as stored; touched ones are decoded, patched and encoded again.  The caller's
+    transaction (:mod:`embstore.store.commit`) renames ``dest`` over the shard at commit.
     """
     L = reader.layout
     cr = L.chunk_rows
@@ -128,33 +185,24 @@ def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.nda
     starts = np.flatnonzero(~joined).tolist() + [n_valid]
     slot_of = {int(c): j for j, c in enumerate(touched.tolist())}
     index = np.full((L.n_inner, 2), ABSENT, dtype="<u8")
-    path = old.path
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)  # a shard never written before
-        with open(tmp, "wb") as f:
-            pos = 0
-            for a, b in zip(starts[:-1], starts[1:]):  # a loop per segment
-                if is_t[a]:
-                    piece = fresh[slot_of[a]]
-                    f.write(piece)
-                    index[a] = (pos, len(piece))
-                    pos += len(piece)
-                elif present[a]:
-                    lo, hi = int(offs[a]), int(offs[b - 1] + nbs[b - 1])
-                    f.write(old.buf[lo:hi])
-                    index[a:b, 0] = pos + (offs[a:b] - lo)
-                    index[a:b, 1] = nbs[a:b]
-                    pos += hi - lo
-            body = index.tobytes()
-            f.write(body)
-            if L.index_crc:
-                f.write(crc32c(body).to_bytes(4, "little"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    reader.forget([k])
+    with open(dest, "wb") as f:
+        pos = 0
+        for a, b in zip(starts[:-1], starts[1:]):  # a loop per segment
+            if is_t[a]:
+                piece = fresh[slot_of[a]]
+                f.write(piece)
+                index[a] = (pos, len(piece))
+                pos += len(piece)
+            elif present[a]:
+                lo, hi = int(offs[a]), int(offs[b - 1] + nbs[b - 1])
+                old.willneed(lo, hi)  # the map reads no ahead (MADV_RANDOM)
+                f.write(old.buf[lo:hi])
+                index[a:b, 0] = pos + (offs[a:b] - lo)
+                index[a:b, 1] = nbs[a:b]
+                pos += hi - lo
+        body = index.tobytes()
+        f.write(body)
+        if L.index_crc:
+            f.write(crc32c(body).to_bytes(4, "little"))
+        f.flush()
+        os.fsync(f.fileno())

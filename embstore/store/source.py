@@ -27,8 +27,10 @@ from ..errors import CorruptStoreError, FormatError
 from .codecs import Layout
 from .meta import check_vectors_meta, read_json
 from .quant import SCALE_ARRAY, bf16_decode, bf16_encode, int8_dequantise, int8_quantise
+from .commit import Transaction
 from .shardread import ShardReader
-from .writer import rewrite_shard, set_rows
+from .shardwrite import rewrite_shard
+from .writer import set_rows
 
 __all__ = ["RowSource", "ShardSource", "ZarrSource", "Bf16Source", "Int8Source",
            "open_source"]
@@ -62,6 +64,10 @@ class RowSource(abc.ABC):
         """``(codes, scale, offset)`` of rows ``ids`` as stored (floats: the rows, None, None)."""
         return self.take(ids), None, None
 
+    def reads_cold(self) -> bool:
+        """Whether the last reads found their rows out of memory (then no read is cheap)."""
+        return False
+
     @abc.abstractmethod
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out`` (``(len(ids), dim)``) with rows ``ids``."""
@@ -78,16 +84,16 @@ class RowSource(abc.ABC):
         return self.take(np.arange(start, stop, dtype=np.int64))
 
     @abc.abstractmethod
-    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
-        """Set rows ``ids`` (distinct, ascending) to ``values``."""
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        """Set rows ``ids`` (distinct, ascending) to ``values`` when ``txn`` commits."""
 
     @abc.abstractmethod
-    def append(self, values: np.ndarray) -> None:
-        """Store rows after the last one; they stay invisible until :meth:`publish_rows`."""
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
+        """Store rows after the last one when ``txn`` commits (with :meth:`publish_rows`)."""
 
     @abc.abstractmethod
-    def publish_rows(self, rows: int) -> None:
-        """Make the table ``rows`` rows long (the commit point of an append)."""
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        """Make the table ``rows`` rows long when ``txn`` commits (its last file)."""
 
     def refresh(self) -> None:
         """Forget what was read of the store (another process may have changed it)."""
@@ -122,36 +128,49 @@ class ShardSource(RowSource):
         return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
                 "compression": L.compression, "fast_path": True}
 
+    def reads_cold(self) -> bool:
+        return self.reader.cold_hint
+
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self.reader.gather(ids, out)
 
     def take(self, ids: np.ndarray) -> np.ndarray:
         return self.reader.take(ids)
 
-    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+    def _rewrite(self, txn: Transaction, k: int, local, values, valid_rows: int) -> None:
+        L = self._layout
+        dest = txn.file("/".join([self.name, *L.shard_key(k).split(L.separator)]))
+        rewrite_shard(self.reader, k, local, values, valid_rows, dest)
+
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
         L = self._layout
         sr = L.shard_rows
         sh = ids // sr
         cuts = np.flatnonzero(sh[1:] != sh[:-1]) + 1
-        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.size].tolist()):  # per shard
+        starts = np.r_[0, cuts].tolist()
+        for a, b in zip(starts, np.r_[cuts, ids.size].tolist()):  # per shard
             k = int(sh[a])
-            rewrite_shard(self.reader, k, ids[a:b] - k * sr, values[a:b],
-                          min(sr, L.rows - k * sr))
+            self._rewrite(txn, k, ids[a:b] - k * sr, values[a:b], min(sr, L.rows - k * sr))
+        touched: list[int] = sh[starts].tolist()
+        txn.after(lambda: self.reader.forget(touched))
 
-    def append(self, values: np.ndarray) -> None:
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
         L = self._layout
         sr = L.shard_rows
         n0 = L.rows
         n1 = n0 + values.shape[0]
-        for k in range(n0 // sr, (n1 - 1) // sr + 1):  # a loop per shard
+        ks = range(n0 // sr, (n1 - 1) // sr + 1)
+        for k in ks:  # a loop per shard
             a, b = max(n0, k * sr), min(n1, (k + 1) * sr)
-            rewrite_shard(self.reader, k, np.arange(a, b) - k * sr, values[a - n0: b - n0],
-                          b - k * sr)
+            self._rewrite(txn, k, np.arange(a, b) - k * sr, values[a - n0: b - n0], b - k * sr)
+        txn.after(lambda: self.reader.forget(ks))
 
-    def publish_rows(self, rows: int) -> None:
-        """Make ``rows`` rows visible (the commit point of an append)."""
-        set_rows(str(self.root), rows, self.name)
-        self.reader.layout = replace(self._layout, rows=rows)
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        set_rows(str(self.root), rows, self.name, txn.file(f"{self.name}/zarr.json"))
+
+        def publish():
+            self.reader.layout = replace(self._layout, rows=rows)
+        txn.after(publish)
 
     def refresh(self) -> None:
         self.reader.forget()
@@ -201,18 +220,20 @@ class ZarrSource(RowSource):
         except Exception as exc:  # noqa: BLE001 - each codec fails with its own type
             raise CorruptStoreError(f"{self.root}/{self.name}: cannot read rows ({exc})",
                                     path=str(self.root)) from None
-        out[:] = rows[inv]
+        out[:] = np.asarray(rows)[inv]
 
-    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+    # Layouts of other tools are written in place by zarr-python: under the writer lock,
+    # but not all-or-nothing (docs/FORMAT.md).
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
         self.array.set_orthogonal_selection((ids, slice(None)), values)
 
-    def append(self, values: np.ndarray) -> None:
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
         n0, dim = self.shape
         n1 = n0 + values.shape[0]
         self.array.resize((n1, dim))
         self.array[n0:n1] = values
 
-    def publish_rows(self, rows: int) -> None:
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
         pass  # zarr-python wrote the new shape with the rows
 
 
@@ -229,20 +250,23 @@ class Bf16Source(RowSource):
     dtype = property(lambda self: np.dtype(np.float32))
     storage_dtype = property(lambda self: "bfloat16")
 
+    def reads_cold(self) -> bool:
+        return self.inner.reads_cold()
+
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         bf16_decode(self.inner.take(ids), out)
 
     def raw(self, ids: np.ndarray):
         return self.inner.take(ids), None, None
 
-    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
-        self.inner.write(ids, bf16_encode(values))
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        self.inner.write(ids, bf16_encode(values), txn)
 
-    def append(self, values: np.ndarray) -> None:
-        self.inner.append(bf16_encode(values))
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
+        self.inner.append(bf16_encode(values), txn)
 
-    def publish_rows(self, rows: int) -> None:
-        self.inner.publish_rows(rows)
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        self.inner.publish_rows(rows, txn)
 
     def refresh(self) -> None:
         self.inner.refresh()
@@ -269,19 +293,19 @@ class Int8Source(Bf16Source):
         rs = self.scales.take(ids)
         return self.inner.take(ids), rs[:, 0].copy(), rs[:, 1].copy()
 
-    def write(self, ids: np.ndarray, values: np.ndarray) -> None:
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
         codes, rs = int8_quantise(values)
-        self.scales.write(ids, rs)
-        self.inner.write(ids, codes)
+        self.scales.write(ids, rs, txn)
+        self.inner.write(ids, codes, txn)
 
-    def append(self, values: np.ndarray) -> None:
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
         codes, rs = int8_quantise(values)
-        self.scales.append(rs)
-        self.inner.append(codes)
+        self.scales.append(rs, txn)
+        self.inner.append(codes, txn)
 
-    def publish_rows(self, rows: int) -> None:
-        self.scales.publish_rows(rows)  # readers take the row count from vectors: last
-        self.inner.publish_rows(rows)
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        self.scales.publish_rows(rows, txn)  # readers take the row count from vectors: last
+        self.inner.publish_rows(rows, txn)
 
     def refresh(self) -> None:
         self.scales.refresh()

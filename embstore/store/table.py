@@ -9,28 +9,35 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from .._types import Bytes, OpenMode, PathLike
 from ..cache import CacheInfo, make_cache, parse_bytes
-from ..errors import CorruptStoreError, FormatError, ShapeMismatchError
+from ..errors import (CorruptStoreError, InvalidIdError,
+                      ReadOnlyError, ShapeMismatchError)
+from ..beside import sweep_beside
+from .commit import Transaction, last_commit, recover, settle
+from .lock import writer_lock
 from ..forksafe import renew_after_fork
 from ..ids import as_ids
+from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
-from ..memory import check_table_array
 from .meta import read_table_meta
-from .quant import logical_dtype
+from .objstore import is_url
+from .remote_open import open_remote_source
 from .source import open_source
-from ..table import Table, as_key_array
+from ..table import Table
 from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter, check_storage
+from .writer import TableWriter
 
-__all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
-           "Damage"]
+__all__ = ["ZarrTable", "TableWriter", "open", "verify", "VerifyReport", "Damage"]
 
-_SAVE_BLOCK_BYTES = 64 << 20
 
 
 class ZarrTable(Table):
@@ -41,23 +48,50 @@ class ZarrTable(Table):
     :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
     """
 
-    def __init__(self, path, *, mode: str = "r", cache_bytes="256MiB"):
+    def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
+                 lock_timeout: float | None = None, **remote: Any):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
-        self.path = Path(os.fspath(path)).absolute()
+        # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
+        self._remote = remote if is_url(path) else None
+        if remote and self._remote is None:
+            raise TypeError(f"{', '.join(remote)}: options of tables on object storage "
+                            f"(URLs), not of the local path {path!r}")
+        # a str for a URL, a Path on disk (Any: the local code below never sees a URL)
+        self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
+            os.fspath(path)).absolute()
+        self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
         self.mode = mode
+        self.lock_timeout = lock_timeout  # seconds a write waits for another writer
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         renew_after_fork(self, "_lock")
         self._closed = False
+        self._in_write = False  # this handle holds the writer lock (inside _writing)
+        root = None if self._remote is not None else Path(self.path)
+        if mode == "r+" and root is not None and root.is_dir():
+            with writer_lock(root, lock_timeout):  # finish or clear interrupted writes
+                recover(root, deep=True)
+            sweep_beside(root)  # and temporary tables of killed saves/imports
         self._load_meta()
         self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype, self.vocab_size)
         self._cache.cheap_reads = self._source.cheap_reads
+        self._cache.reads_cold = lambda: self._source.reads_cold()
 
     def _load_meta(self) -> None:
+        if self._remote is not None:
+            self._seen_commit = None
+            self._attrs, self._source, self._objects = open_remote_source(
+                self.path, self.mode, **self._remote)
+            self._has_keys = bool(self._attrs.get("has_keys"))
+            self._vocab_obj = None
+            return
+        if self.path.is_dir():
+            settle(self.path, self.lock_timeout)  # no commit half applied
+        self._seen_commit = last_commit(self.path)  # before the metadata: never newer
         self._attrs, meta = read_table_meta(self.path)
         self._source = open_source(self.path, meta, self.mode)
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj: DiskVocab | None = None
+        self._vocab_obj = None
         if self._has_keys:
             self._check_key_count()
             if self.mode == "r+" and not has_key_index(self.path):
@@ -98,8 +132,11 @@ class ZarrTable(Table):
     def info(self) -> dict:
         """What ``embstore info --json`` prints."""
         self._check_open()
-        stored = sum(os.path.getsize(os.path.join(d, f))
-                     for d, _, files in os.walk(self.path) for f in files)
+        if self._remote is not None:
+            stored = sum(size for _, size in self._objects.client.list())
+        else:
+            stored = sum(os.path.getsize(os.path.join(d, f))
+                         for d, _, files in os.walk(self.path) for f in files)
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
                 "storage_dtype": self.storage_dtype,
@@ -147,7 +184,7 @@ class ZarrTable(Table):
         return self._cache.warm(ids, self._source.gather)
 
     # -- keys -------------------------------------------------------------------------------
-    def _vocab(self) -> DiskVocab | None:
+    def _vocab(self) -> DiskVocab | MemoryKeyIndex | None:
         if not self._has_keys or (self._closed and self._vocab_obj is None):
             return None if not self._has_keys else self._vocab_obj
             return None
@@ -156,8 +193,18 @@ class ZarrTable(Table):
                 if self._vocab_obj is None:
                     # no zarr import on the read path: DiskVocab opens the group when it writes
                     # rows: keys past the committed row count belong to an append in flight
-                    vocab = DiskVocab.open(None, self.path, rows=self.vocab_size,
-                                           writable=self.writable)
+                    # writable: keys another tool wrote get their index stored, a write
+                    # to the table: under the writer lock (unless this call holds it); a
+                    # remote table: its key arrays downloaded once, then read locally
+                    if self._remote is not None:
+                        vocab = DiskVocab.open(None, self._objects.key_index_dir(),
+                                               rows=self.vocab_size, writable=False)
+                    else:
+                        with (writer_lock(self.path, self.lock_timeout)
+                              if self.writable and not self._in_write else nullcontext()):
+                            vocab = DiskVocab.open(
+                                None, self.path, rows=self.vocab_size, writable=self.writable,
+                                settle=lambda: settle(self.path, self.lock_timeout))
                     if vocab is None or len(vocab) != self.vocab_size:
                         raise CorruptStoreError(
                             f"{self.path}: expected {self.vocab_size} keys (has_keys), got "
@@ -167,36 +214,107 @@ class ZarrTable(Table):
         return self._vocab_obj
 
     # -- writes -----------------------------------------------------------------------------
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The writer lock, interrupted writes finished or cleared, and this handle's view
+        brought up to date if another handle or process committed since (never write over
+        newer rows)."""
+        with self._lock, writer_lock(self.path, self.lock_timeout):
+            self._check_open()
+            recover(self.path)
+            if last_commit(self.path) != self._seen_commit:
+                self._reload()
+            self._in_write = True
+            try:
+                yield
+            finally:
+                self._in_write = False
+
+    def _commit(self, txn: Transaction) -> None:
+        try:
+            txn.commit()
+        except BaseException:
+            self._seen_commit = None  # this view may be half updated: reload on next write
+            raise
+        finally:
+            txn.abort()  # removes what an uncommitted transaction staged; never raises
+        self._seen_commit = txn.id
+
+    def write(self, ids, vectors) -> None:
+        """Overwrite rows ``ids`` (any shape) with ``vectors``; rows other writers appended
+        since this handle loaded the table count as rows (it catches up first)."""
+        try:
+            super().write(ids, vectors)
+        except InvalidIdError:
+            if not self.writable or last_commit(self.path) == self._seen_commit:
+                raise
+            with self._lock:
+                self._reload()
+            super().write(ids, vectors)
+
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         self._check_open()
         uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
         vals = vectors[::-1][last]
-        with self._lock:
-            self._source.write(uniq, vals)
+        with self._writing():
+            txn = Transaction(self.path)
+            try:
+                self._source.write(uniq, vals, txn)
+            except BaseException:
+                txn.abort()
+                raise
+            self._commit(txn)
             self._cache.invalidate(uniq)
 
-    def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> None:
+    def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int:
+        """Returns the id of the first new row (rows other writers appended come first)."""
         self._check_open()
-        with self._lock:
+        with self._writing():
             n0, n = self.vocab_size, vectors.shape[0]
             if n == 0:
-                return
-            self._source.append(vectors)
-            if keys is not None:
-                vocab = self._vocab()
-                assert vocab is not None
-                vocab.append(keys)
-            self._source.publish_rows(n0 + n)  # last: readers see the new rows only now
+                return n0
+            vocab = self._vocab() if keys is not None else None
+            if vocab is not None and not hasattr(vocab, "stage_append"):
+                raise ReadOnlyError(f"{self.path}: appending keys needs embstore's key index "
+                                    "(this table's keys were written by another tool)")
+            if vocab is not None:  # again, under the lock: another writer may have added them
+                assert keys is not None and isinstance(vocab, DiskVocab)
+                found = vocab.find(np.array(keys, dtype=object))
+                if (found >= 0).any():
+                    i = int(np.argmax(found >= 0))
+                    raise ShapeMismatchError(
+                        f"append: key {keys[i]!r} already exists at row {int(found[i])}")
+            txn = Transaction(self.path)
+            try:
+                self._source.append(vectors, txn)
+                if vocab is not None:
+                    assert keys is not None and isinstance(vocab, DiskVocab)
+                    disk = vocab
+                    tree = txn.tree("keys")
+                    for name, live in disk.stage_append(keys, tree):
+                        txn.adopt(tree / name, live)
+                    txn.after(lambda: disk.committed(n0 + n))
+                self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
+            except BaseException:
+                txn.abort()
+                raise
+            self._commit(txn)
             self._cache.resize_for(n0 + n)
+            return n0
+
+    def _reload(self) -> None:
+        self._source.close()
+        if self._vocab_obj is not None:
+            self._vocab_obj.close()
+        self._load_meta()
+        self._cache.resize_for(self.vocab_size)
+        self._cache.clear(keep_stats=True)
 
     def refresh(self) -> None:
         """See changes made by other processes since opening (row count, shards, keys)."""
         with self._lock:
             self._check_open()
-            self._source.close()
-            self._load_meta()
-            self._cache.resize_for(self.vocab_size)
-            self._cache.clear(keep_stats=True)
+            self._reload()
 
     # -- housekeeping -----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:  # statistics stay readable after close()
@@ -215,6 +333,11 @@ class ZarrTable(Table):
             if self._vocab_obj is not None:
                 self._vocab_obj.close(final=True)
 
+    def __reduce__(self):
+        """Pickled as its path (rows never travel): the copy opens the table again,
+        read-only, with the same cache budget (for worker processes, which read)."""
+        return (open, (str(self.path), "r", self.cache_info().capacity_bytes))
+
     def __repr__(self) -> str:
         stored = "" if self.storage_dtype == self.dtype.name else \
             f", storage_dtype={self.storage_dtype}"
@@ -223,86 +346,19 @@ class ZarrTable(Table):
 
 
 # -- module functions ---------------------------------------------------------------------
-def open(path, mode: str = "r", cache_bytes="256MiB") -> ZarrTable:  # noqa: A001
+def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
+         cache_bytes: Bytes = "256MiB", lock_timeout: float | None = None,
+         **remote: Any) -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
-    ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it)."""
-    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes)
+    ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it).
 
+    Writes take the table's writer lock, one writer at a time across processes and
+    handles; a write waits up to ``lock_timeout`` seconds (default 300) for another one,
+    then raises :class:`~embstore.errors.LockTimeoutError`.  Readers never wait for it.
 
-def create(path, shape, dtype="float32", keys=None, chunk_rows=None, shard_rows=None,
-           compression: str = "none", overwrite: bool = False,
-           cache_bytes="256MiB") -> ZarrTable:
-    """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
-    try:
-        rows, dim = (int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise ShapeMismatchError(f"shape must be (vocab_size, dim), got {shape!r}") from None
-    if rows < 0:
-        raise ShapeMismatchError(f"vocab_size must be >= 0, got {rows}")
-    key_list = None
-    if keys is not None:
-        key_list = [str(k) for k in as_key_array(list(keys)).reshape(-1)]
-        if len(key_list) != rows:
-            raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
-    w = TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
-                    chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                    overwrite=overwrite, expected_rows=rows)
-    try:
-        if key_list is not None:
-            _check_unique(w._keys.add(key_list), key_list)
-        w._declare_zero_rows(rows)
-    except BaseException:
-        w.abort()
-        raise
-    w.commit()
-    return ZarrTable(path, mode="r+", cache_bytes=cache_bytes)
-
-
-def _check_unique(mask, keys, base: int = 0) -> None:
-    mask = np.asarray(mask, dtype=bool)
-    if not mask.all():
-        i = int(np.argmin(mask))
-        raise ShapeMismatchError(f"key {keys[i]!r} at row {base + i} repeats an earlier key "
-                                 "(keys must be distinct)")
-
-
-def save(path, array_or_table, keys=None, *, chunk_rows=None, shard_rows=None,
-         compression: str = "none", overwrite: bool = False, dtype=None,
-         cache_bytes="256MiB") -> ZarrTable:
-    """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
-
-    ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
-    ``float64``, ``bfloat16`` (rounded to nearest even) or ``int8`` (quantised row-wise).
-
-    Streamed in blocks: the source is never held in memory whole.  Returns the new table,
-    opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
-    """
-    src = array_or_table
-    if isinstance(src, Table):
-        rows, dim = src.shape
-        src_dtype = getattr(src, "storage_dtype", src.dtype)
-        if keys is None and src.keys is not None:
-            keys = src.keys
-        blocks = lambda n: src.iter_blocks(n)  # noqa: E731
-    else:
-        arr = np.asarray(src)
-        if not (arr.dtype.name == "bfloat16" and arr.ndim == 2):  # ml_dtypes: stored as is
-            arr = check_table_array(src)
-        rows, dim = arr.shape
-        src_dtype = arr.dtype.name
-        blocks = lambda n: ((s, arr[s: s + n]) for s in range(0, rows, n))  # noqa: E731
-    if keys is not None and len(keys) != rows:
-        raise ShapeMismatchError(f"got {len(keys)} keys for a table of {rows} rows")
-    dt = check_storage(dtype if dtype is not None else src_dtype)
-    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
-    with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
-                     chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                     overwrite=overwrite, expected_rows=rows) as w:
-        w._strict_keys = True
-        for start, part in blocks(block):
-            if keys is None:
-                w.add(part)
-                continue
-            kb = [str(k) for k in as_key_array(list(keys[start: start + part.shape[0]]))]
-            w.add(part, kb)
-    return ZarrTable(path, mode="r", cache_bytes=cache_bytes)
+    ``path`` may be a URL (``s3://bucket/t.emb``, ``gs://``, ``az://``, ``http(s)://``), read
+    only, with ``storage_options`` (endpoint, region, credentials; default: the standard
+    AWS environment variables), ``cache_dir`` (an on-disk chunk cache shared by processes)
+    and ``cache_dir_bytes`` (its budget, default ``"4GiB"``)."""
+    return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, lock_timeout=lock_timeout,
+                     **remote)

@@ -1,77 +1,70 @@
-"""Writing format-v1 tables: the default layout, the streaming :class:`TableWriter`, and the
-copy-on-write shard rewrite used by ``write``/``append`` (see docs/FORMAT.md)."""
+"""Writing new format-v1 tables: the default layout and the streaming :class:`TableWriter`
+(see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shardwrite`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
-import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import DTypeLike
 
+from .. import atomic
+from .._types import PathLike
 from .._version import __version__
-from ..errors import DestinationExistsError, ShapeMismatchError
+from ..dtypes import check_dtype, check_storage
+from ..errors import ShapeMismatchError
+from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
-from .codecs import COMPRESSIONS, Layout, make_codec
-from .quant import (SCALE_ARRAY, STORAGE_DTYPES, bf16_decode, bf16_encode, bf16_finite,
-                    code_dtype, int8_quantise, logical_dtype, storage_name)
-from .shardwrite import RowStream, rewrite_shard
+from .codecs import COMPRESSIONS, Compression, Layout, make_codec
+from .quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
+                    int8_quantise, logical_dtype)
+from .shardwrite import BackgroundSync, RowStream, write_json
 
-__all__ = ["TableWriter", "choose_layout", "rewrite_shard", "set_rows", "check_dtype",
-           "check_storage"]
+__all__ = ["TableWriter", "choose_layout", "set_rows", "check_dtype", "check_storage"]
 
-CHUNK_TARGET = 16 << 10  # bytes per inner chunk (uncompressed)
-CHUNK_TARGET_COMPRESSED = 4 << 10  # compressed chunks are decoded whole: keep them small
+#: bytes per inner chunk (uncompressed).  A cold random row costs the pages of its chunk (its
+#: crc32c is checked on first touch): a 1 KiB chunk + 4-byte checksum spans 1.25 pages on
+#: average, a 4 KiB one always 2 (docs/FORMAT.md section 3 has the measurements)
+CHUNK_TARGET = 1 << 10
+#: compressed chunks are decoded whole on every read and read whole when cold: 1 KiB as well
+#: (16,384 uniform ids on 1M x 256 float32 decode 16 MiB instead of 64; the price is size:
+#: random normal floats store at 96% of raw instead of 90% with 4 KiB chunks)
+CHUNK_TARGET_COMPRESSED = 1 << 10
 SHARD_TARGET = 128 << 20  # bytes per shard
-FLOAT_DTYPES = ("float16", "float32", "float64")
 SCALE_CHUNK_ROWS = 512  # row_scale rows per chunk: 4 KiB, one page per cold touch
-
-
-def check_storage(dtype) -> str:
-    """The storage dtype name of ``dtype``: float16/32/64, bfloat16 or int8."""
-    name = storage_name(dtype)
-    if name is None:
-        raise ShapeMismatchError(f"dtype must be one of {STORAGE_DTYPES}, got {dtype}")
-    return name
-
-
-def check_dtype(dtype) -> np.dtype:
-    """A float dtype rows can be held in (the storage dtypes that NumPy has)."""
-    dt = np.dtype(dtype)
-    if dt.name not in FLOAT_DTYPES:
-        raise ShapeMismatchError(f"dtype must be one of {FLOAT_DTYPES}, got {dt}")
-    return dt
 
 
 def _pow2_below(x: float) -> int:
     return 1 << max(0, int(math.floor(math.log2(max(1.0, x)))))
 
 
-def choose_layout(dim: int, dtype, rows: int | None = None, *, chunk_rows: int | None = None,
-                  shard_rows: int | None = None,
+def choose_layout(dim: int, dtype: DTypeLike, rows: int | None = None, *,
+                  chunk_rows: int | None = None, shard_rows: int | None = None,
                   compression: str = "none") -> tuple[int, int]:
     """``(chunk_rows, shard_rows)``: the given values, or the defaults of docs/FORMAT.md.
 
-    Rows per chunk are sized by the logical (looked-up) row, so a bfloat16 or int8 table has
-    as many rows per chunk as its float32 original and a cold chunk read moves 2x or 4x
-    fewer bytes; shards are sized by the stored bytes.
+    Rows per chunk and per shard are sized by the stored row (codes for bfloat16 and int8):
+    about 1 KiB chunks, so a cold chunk read is about a page whatever the dtype, and the
+    20 bytes each chunk adds (its crc32c and index entry) stay 2% of what is stored.  (With
+    16 KiB chunks, sizing by the logical row made compact tables' cold reads 2-4x smaller;
+    at 1 KiB it would only make their chunks 256-512 bytes and the overhead 4-8%.)
     """
     name = check_storage(dtype)
     rb = dim * code_dtype(name).itemsize
-    lrb = dim * logical_dtype(name).itemsize
-    for name, v in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
-                              or v < 1):
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    for what, v in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)):
+        if v is not None:
+            positive_int(v, what)
     cr = chunk_rows
     if cr is None:
         cr = _pow2_below((CHUNK_TARGET if compression == "none" else CHUNK_TARGET_COMPRESSED)
-                         / lrb)
+                         / rb)
         if shard_rows is not None:
             cr = math.gcd(cr, int(shard_rows))
         elif rows is not None:
@@ -103,30 +96,56 @@ def _replace_json(path: str, update) -> None:
     os.replace(tmp, path)
 
 
-def set_rows(root: str, rows: int, name: str = "vectors") -> None:
-    """Set the row count of the array ``name`` at ``root`` (its zarr.json, atomically)."""
+def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
+    """Set the row count of the array ``name`` at ``root``: write its zarr.json with ``rows``
+    rows to ``dest`` (a transaction's staged file, fsynced), or without ``dest`` replace it
+    in place (temporary file + rename: a table being built, which nobody reads yet)."""
     def upd(doc):
         doc["shape"][0] = int(rows)
-    _replace_json(os.path.join(root, name, "zarr.json"), upd)
+    live = os.path.join(root, name, "zarr.json")
+    if dest is None:
+        _replace_json(live, upd)
+        return
+    with open(live, encoding="utf-8") as f:
+        doc = json.load(f)
+    upd(doc)
+    write_json(dest, doc)
 
 
 class TableWriter:
     """Stream rows into a new table at ``path``; ``commit()`` renames it into place.
 
-    Rows go to ``<path>.tmp-<random>`` beside ``path``.  At most one shard of rows is held in
-    memory.  With ``has_keys``, ``add`` takes one key per row and drops rows whose key repeats
-    an earlier one (the first occurrence wins; ``duplicates`` counts them).  Used as a context
-    manager, it commits on success and aborts on an exception.
+    Rows go to a temporary directory beside ``path`` (see :mod:`embstore.atomic`); at most
+    one shard of rows is held in memory.  Used as a context manager, it commits on success
+    and aborts on an exception::
+
+        with TableWriter(path, dim=300, has_keys=True) as w:
+            for vectors, keys in blocks:
+                w.add(vectors, keys)        # rows kept; w.rows, w.duplicates so far
+
+    - ``dim``, ``dtype`` (a storage dtype, :mod:`embstore.dtypes`), ``chunk_rows``,
+      ``shard_rows``, ``compression``: the table's layout (defaults: docs/FORMAT.md);
+      ``expected_rows`` (when known) fits the default layout to a small table.
+    - ``has_keys``: ``add`` takes one key per row.  ``duplicate_keys="drop"`` (the default)
+      drops a row whose key repeats an earlier one (the first occurrence wins;
+      ``duplicates`` counts them); ``"error"`` raises :class:`ShapeMismatchError` naming it.
+    - ``add_zeros(n, keys)``: on an empty writer, a table of ``n`` rows of zeros without
+      writing them (absent chunks read as zeros); nothing can be added after it.
+    - ``overwrite``: replace an existing ``path`` (else :class:`DestinationExistsError`);
+      ``attrs``: more fields for the group's ``embstore`` attributes.
+    - ``commit()`` renames the table into place (open it with :func:`embstore.open`);
+      ``abort()`` removes the temporary directory.
     """
 
-    def __init__(self, path, *, dim: int, dtype="float32", has_keys: bool = False,
-                 chunk_rows=None, shard_rows=None, compression="none", overwrite=False,
-                 expected_rows: int | None = None, attrs: dict | None = None):
+    def __init__(self, path: PathLike, *, dim: int, dtype: DTypeLike = "float32",
+                 has_keys: bool = False, chunk_rows: int | None = None,
+                 shard_rows: int | None = None, compression: Compression = "none",
+                 overwrite: bool = False, expected_rows: int | None = None,
+                 attrs: dict | None = None,
+                 duplicate_keys: Literal["drop", "error"] = "drop"):
         import zarr
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ShapeMismatchError(f"dim must be a positive integer, got {dim!r}")
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        positive_int(dim, "dim", error=ShapeMismatchError)
+        one_of(compression, "compression", COMPRESSIONS)
         self.path = Path(os.fspath(path)).absolute()
         self.dim, self.storage = int(dim), check_storage(dtype)
         self.dtype = logical_dtype(self.storage)  # rows are checked as this, stored as codes
@@ -134,9 +153,9 @@ class TableWriter:
         self._layout_args = (chunk_rows, shard_rows)
         choose_layout(self.dim, self.storage, expected_rows, chunk_rows=chunk_rows,
                       shard_rows=shard_rows, compression=compression)  # check arguments now
-        self._check_dest()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = tempfile.mkdtemp(prefix=f"{self.path.name}.tmp-", dir=self.path.parent)
+        atomic.check_dest(self.path, self.overwrite)
+        self._tmp = atomic.temp_dir(self.path)  # (killed writers' leftovers swept first)
+        self._sync = BackgroundSync()  # shard files are fsynced while the next is encoded
         self.rows = 0
         self._seen = 0
         self._pending: list[tuple[np.ndarray, np.ndarray | None]] = []  # (codes, row_scale)
@@ -145,7 +164,8 @@ class TableWriter:
         self._layout: Layout | None = None
         self._attrs = dict(attrs or {})
         self._done = False
-        self._strict_keys = False  # save/create: duplicate keys are an error, not dropped
+        self._strict_keys = one_of(duplicate_keys, "duplicate_keys", ("drop", "error")) == "error"
+        self._zeros = False  # add_zeros() was called: the table is complete
         try:
             self._group = zarr.open_group(self._tmp, mode="w")
             self._keys = None
@@ -157,11 +177,6 @@ class TableWriter:
             self.abort()
             raise
 
-    def _check_dest(self) -> None:
-        if os.path.lexists(self.path) and not self.overwrite:
-            raise DestinationExistsError(
-                f"{self.path} already exists (pass overwrite=True to replace it)")
-
     @property
     def duplicates(self) -> int:
         return 0 if self._keys is None else int(self._keys.duplicates)
@@ -171,13 +186,15 @@ class TableWriter:
         cr, sr = choose_layout(self.dim, self.storage, rows, chunk_rows=self._layout_args[0],
                                shard_rows=self._layout_args[1], compression=self.compression)
         codes = code_dtype(self.storage)
-        comp = {"none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
-                "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
-                                     typesize=codes.itemsize)]}[self.compression]
+        by_name: dict[str, list[Any]] = {
+            "none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
+            "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
+                                 typesize=codes.itemsize)]}
+        comp = by_name[self.compression]
         arr = self._group.create_array(
             "vectors", shape=(0, self.dim), dtype=codes, chunks=(cr, self.dim),
             shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
-            compressors=comp + [Crc32cCodec()], fill_value=0)
+            compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
         meta = arr.metadata.to_dict()
         if self.storage == "bfloat16":  # zarr-python 3.1 has no bfloat16: written as uint16
             meta["data_type"] = "bfloat16"
@@ -187,25 +204,27 @@ class TableWriter:
         assert layout is not None and layout.has_crc
         self._layout = layout
         self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
-                                   make_codec(self.compression, codes.itemsize))]
+                                   make_codec(self.compression, codes.itemsize), self._sync)]
         if self.storage == "int8":
             scr = min(SCALE_CHUNK_ROWS, cr * _pow2_below(SCALE_CHUNK_ROWS / cr))
             ssr = max(scr, sr // scr * scr)
             sarr = self._group.create_array(
                 SCALE_ARRAY, shape=(0, 2), dtype="float32", chunks=(scr, 2), shards=(ssr, 2),
                 serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
-                fill_value=0)
+                fill_value=0, dimension_names=("scale_row", "scale_field"))
             slayout = Layout.from_metadata(sarr.metadata.to_dict())
             assert slayout is not None
-            self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None))
+            self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None,
+                                           self._sync))
 
     def add(self, vectors: np.ndarray, keys: list[str] | None = None) -> int:
         """Append a block of rows ``(n, dim)`` (with ``has_keys``, one key per row).
 
         Returns the rows kept (rows with a duplicate key are dropped).
         """
-        if self._done:
-            raise ValueError("this TableWriter is already committed or aborted")
+        self._check_open()
+        if self._zeros:
+            raise ValueError("add_zeros() made this table complete; nothing can be added")
         vec = np.asarray(vectors)
         if vec.dtype.name == "bfloat16" and vec.dtype.itemsize == 2:  # ml_dtypes: widen (exact)
             vec = bf16_decode(vec.view(np.uint16).reshape(vec.shape),
@@ -231,11 +250,7 @@ class TableWriter:
             if keys is None or len(keys) != vec.shape[0]:
                 raise ShapeMismatchError(f"expected {vec.shape[0]} keys for {vec.shape[0]} "
                                          f"rows, got {'none' if keys is None else len(keys)}")
-            mask = np.asarray(self._keys.add(keys), dtype=bool)
-            if self._strict_keys and not mask.all():
-                i = int(np.argmin(mask))
-                raise ShapeMismatchError(f"key {keys[i]!r} at row {self._seen + i} repeats an "
-                                         "earlier key (keys must be distinct)")
+            mask = self._add_keys(keys)
             if not mask.all():
                 codes = codes[mask]
                 scales = None if scales is None else scales[mask]
@@ -279,20 +294,44 @@ class TableWriter:
             for stream in self._streams:
                 stream.add(np.empty((0, stream.layout.dim), stream.layout.dtype), final=True)
 
-    def _declare_zero_rows(self, n: int) -> None:
-        """``create``: a table of ``n`` rows of zeros (no shard files: absent reads as zeros)."""
-        if self.rows or self._layout is not None and self._streams[0].shards_done:
-            raise ValueError("zero rows can only be declared on an empty writer")
+    def _check_open(self) -> None:
+        if self._done:
+            raise ValueError("this TableWriter is already committed or aborted")
+
+    def _add_keys(self, keys: Sequence[str]) -> np.ndarray:
+        """Record keys of the next rows; the mask of rows kept (see ``duplicate_keys``)."""
+        assert self._keys is not None
+        mask = np.asarray(self._keys.add(keys), dtype=bool)
+        if self._strict_keys and not mask.all():
+            i = int(np.argmin(mask))
+            raise ShapeMismatchError(f"key {keys[i]!r} at row {self._seen + i} repeats an "
+                                     "earlier key (keys must be distinct)")
+        return mask
+
+    def add_zeros(self, n: int, keys: Sequence[str] | None = None) -> None:
+        """Make this (empty) writer a table of ``n`` rows of zeros, one key per row with
+        ``has_keys``.  No shard files are written: absent chunks read as zeros."""
+        self._check_open()
+        n = non_negative_int(n, "n")
+        if self._seen or self._zeros:
+            raise ValueError("add_zeros() needs an empty writer")
+        if self._keys is not None:
+            if keys is None or len(keys) != n:
+                raise ShapeMismatchError(f"expected {n} keys for {n} rows, got "
+                                         f"{'none' if keys is None else len(keys)}")
+            self._add_keys(keys)
+        elif keys is not None:
+            raise ShapeMismatchError("this writer has no keys (has_keys=False), got keys")
         if self._layout is None:
             self._decide(n)
-        self.rows = n
+        self.rows = self._seen = n
         for stream in self._streams:
             stream.skip_to(n)
+        self._zeros = True
 
     def commit(self) -> None:
         """Finish and rename the new table into place (open it with :func:`embstore.open`)."""
-        if self._done:
-            raise ValueError("this TableWriter is already committed or aborted")
+        self._check_open()
         try:
             self._flush(final=True)
             if self._layout is None:
@@ -300,6 +339,7 @@ class TableWriter:
             if self._keys is not None:
                 self._keys.finish()
             L = self._layout
+            assert L is not None
             meta = {"format": 1, "dim": self.dim, "dtype": self.storage,
                     "chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
                     "compression": self.compression, "has_keys": self._keys is not None,
@@ -308,7 +348,7 @@ class TableWriter:
             if self.storage == "int8":
                 set_rows(self._tmp, self.rows, SCALE_ARRAY)
             set_rows(self._tmp, self.rows)
-            self._check_dest()
+            atomic.check_dest(self.path, self.overwrite)
             self._swap_in()
         except BaseException:
             self.abort()
@@ -316,31 +356,31 @@ class TableWriter:
         self._done = True
 
     def _swap_in(self) -> None:
-        aside = None
-        if os.path.lexists(self.path):
-            aside = f"{self.path}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(self.path, aside)
+        self._sync.wait()
+        _fsync_tree(self._tmp)  # the new table is on disk before it takes the name
+        atomic.replace(self._tmp, self.path)  # one atomic exchange where the system has one
         try:
-            os.rename(self._tmp, self.path)
-        except BaseException:
-            if aside is not None:
-                os.rename(aside, self.path)
-            raise
-        if aside is not None:
-            if os.path.isdir(aside) and not os.path.islink(aside):
-                shutil.rmtree(aside, ignore_errors=True)
-            else:
-                os.remove(aside)
+            _fsync_dir(self.path.parent)
+        except OSError:
+            pass
 
     def abort(self) -> None:
-        """Remove the temporary directory; ``path`` is left as it was."""
+        """Remove the temporary directory; ``path`` is left as it was.  Never raises: on a
+        full disk, closing the open shard file fails too, and the files must go anyway."""
         self._done = True
         for stream in getattr(self, "_streams", ()):
             stream.abort()
+        sync = getattr(self, "_sync", None)
+        if sync is not None:
+            sync.close()
         keys = getattr(self, "_keys", None)
         if keys is not None and hasattr(keys, "close"):
-            keys.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+            try:
+                keys.close()
+            except OSError:
+                pass
+        if getattr(self, "_tmp", None) is not None:
+            atomic.remove(self._tmp)  # never raises: a full disk must not hide the error
 
     def __enter__(self) -> TableWriter:
         return self
@@ -352,6 +392,27 @@ class TableWriter:
             self.commit()
         else:
             self.abort()
+
+
+def _fsync_dir(path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    """fsync every file and directory under ``root`` (shard files are fsynced as they
+    close, so this is mostly metadata)."""
+    for d, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(d)
 
 
 def _created_by() -> str:

@@ -1,0 +1,169 @@
+"""ooc: out of core. Batches of ids with the table's pages evicted before each batch.
+
+Before every cold batch the pages of the store files (and of the peers' files) are taken
+out of memory (``benchmarks.common.evict``: this process's mappings unmapped, then
+``posix_fadvise(DONTNEED)``), as a table larger than the page cache would be; the bytes
+really read come from ``read_bytes`` in ``/proc/self/io``.  Methods: embstore (default
+layout, no row cache), ``np.load(mmap_mode="r")[ids]``, tensorstore and zarr-python (first
+table only: it takes up to a minute a call) on the same store; each cold and warm; tables
+of growing size show the cold cost per batch stays flat.  Then Zipf(1.1) traffic with and without a row cache,
+pages evicted between batches (steady state, after the cache has filled).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from .. import data
+from ..common import Measurement, Skip, absolute, compare, evict, fmt, log, read_bytes
+from . import peers
+
+NAME = "ooc"
+TITLE = "Out of core: cold batches (pages evicted), bytes read"
+
+EMB = "embstore on-disk, no row cache"
+EMB_CACHE = "embstore on-disk, row cache"
+MMAP = "np.load(mmap_mode='r')[ids]"
+TS = "tensorstore"
+ZARR = "zarr-python oindex"
+
+
+def run(ctx, res) -> None:
+    cfg = ctx.cfg["ooc"]
+    if read_bytes() is None:
+        res.notes.append("/proc/self/io is not readable here: bytes read are not reported")
+    res.params = {k: v for k, v in cfg.items()}
+    es = data.embstore_api()
+    for n, (rows, dim) in enumerate(cfg["tables"]):
+        npy = data.table_npy(ctx.data_dir, rows, dim)
+        store = data.store(ctx.data_dir, npy)
+        _table(ctx, res, cfg, es, npy, store, rows, dim, first=n == 0)
+
+
+def _cold(fn, batches, files):
+    """(ms per batch, MiB read per batch) with the files evicted before every batch."""
+    ms, mib = [], []
+    for ids in batches:
+        evict(files)
+        b0 = read_bytes()
+        t0 = time.perf_counter()
+        fn(ids)
+        ms.append((time.perf_counter() - t0) * 1e3)
+        b1 = read_bytes()
+        mib.append((b1 - b0) / 2**20 if b0 is not None and b1 is not None else float("nan"))
+    return ms, mib
+
+
+def _warm(fn, ids, reps):
+    fn(ids)
+    fn(ids)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(ids)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _add(res, case, method, kind, unit, values, **extra):
+    m = Measurement(case, method, kind, unit, values, extra)
+    res.measurements.append(m)
+    log(f"  {case}: {method}: {fmt(m.median, unit)} (n={len(values)})")
+    return m
+
+
+def _table(ctx, res, cfg, es, npy, store, rows, dim, *, first: bool) -> None:
+    n, nb = cfg["ids"], cfg["batches"]
+    rb = dim * 4
+    tag = f"{rows:,} x {dim}"
+    files = [store, npy]
+    E = np.load(npy, mmap_mode="r")
+    t = es.open(store, cache_bytes=0)
+    try:
+        methods = {EMB: ("embstore", t.lookup), MMAP: ("peer", peers.memmap(npy))}
+        for name, make in ((TS, peers.tensorstore), (ZARR, peers.zarr_python)):
+            if name == ZARR and not (first and cfg.get("zarr", True)):
+                continue  # seconds to a minute a call: the first table only, not in --quick
+            try:
+                methods[name] = ("peer", make(store))
+            except Skip as exc:
+                res.notes.append(f"{tag}: {name}: skipped: {exc}")
+        batches = [data.ids(rows, (n,), "uniform", seed=100 + s) for s in range(nb)]
+        b0 = batches[0]
+        for name, (kind, fn) in methods.items():  # check, and read each shard index once
+            if not np.array_equal(np.asarray(fn(b0[:64])), E[b0[:64]]):
+                raise AssertionError(f"{name}: rows differ from the .npy")
+        cold, warm = {}, {}
+        for name, (kind, fn) in methods.items():
+            k = 1 if name == ZARR else nb
+            ms, mib = _cold(fn, batches[:k], files)
+            cold[name] = _add(res, f"cold uniform, {tag}", name, kind, "ms", ms,
+                              mib_read=mib, mib_read_median=statistics.median(mib))
+            _add(res, f"cold uniform, {tag}, MiB read", name, kind, "MiB", mib)
+            warm[name] = _add(res, f"warm uniform, {tag}", name, kind, "ms",
+                              _warm(fn, b0, 1 if name == ZARR else cfg["warm_reps"]))
+        label = f"{tag}, {n:,} uniform ids"
+        budget = 1.5 * n * max(rb, 4096) / 2**20
+        absolute(res, f"{label}, cold: MiB read <= 1.5 x ids x max(row, 4 KiB)",
+                 res.find(f"cold uniform, {tag}, MiB read", EMB), at_most=budget)
+        compare(res, f"{label}, cold: embstore vs tensorstore", cold[EMB], cold.get(TS),
+                target=("faster", 3))
+        compare(res, f"{label}, cold: embstore vs np.memmap", cold[EMB], cold[MMAP],
+                target=("faster", 10))
+        compare(res, f"{label}, cold: embstore vs zarr-python", cold[EMB], cold.get(ZARR),
+                target=("faster", None))
+        compare(res, f"{label}, warm: embstore vs np.memmap", warm[EMB], warm[MMAP])
+        compare(res, f"{label}, warm: embstore vs tensorstore", warm[EMB], warm.get(TS),
+                target=("faster", None))
+        if cfg.get("zipf") and first:
+            _zipf(res, cfg, es, store, files, rows, dim, tag, t)
+    finally:
+        t.close()
+
+
+def _zipf(res, cfg, es, store, files, rows, dim, tag, plain) -> None:
+    """Zipf(1.1) batches, pages evicted before each: row cache vs none, steady state."""
+    n = cfg["ids"]
+    cache = es.open(store, cache_bytes=cfg["cache_bytes"])
+    try:
+        warmup = [data.ids(rows, (n,), "zipf1.1", seed=200 + s) for s in range(cfg["zipf_warmup"])]
+        for ids in warmup:  # the cache fills (its admission takes rows on their second miss)
+            cache.lookup(ids)
+        batches = [data.ids(rows, (n,), "zipf1.1", seed=300 + s) for s in range(cfg["batches"])]
+        h0 = cache.cache_info()
+        with_ms, with_mib, without_ms, without_mib = [], [], [], []
+        for i, ids in enumerate(batches):  # interleaved, alternating which goes first
+            runs = [(cache.lookup, with_ms, with_mib), (plain.lookup, without_ms, without_mib)]
+            for fn, ms, mib in (runs if i % 2 == 0 else runs[::-1]):
+                a, b = _cold(fn, [ids], files)
+                ms += a
+                mib += b
+        h1 = cache.cache_info()
+        hits, misses = h1.hits - h0.hits, h1.misses - h0.misses
+        # what no cache can serve: distinct ids of a batch never asked for before
+        before = np.unique(np.concatenate(warmup))
+        new = []
+        for ids in batches:
+            u = np.unique(ids)
+            new.append(float(np.count_nonzero(~np.isin(u, before))) / u.size)
+            before = np.union1d(before, u)
+        res.notes.append(
+            f"{tag}, zipf(1.1): {statistics.median(new):.0%} of a batch's distinct ids were "
+            f"never asked for before (the tail): the row cache cannot serve them, and each "
+            f"costs its page either way; row cache hit rate {hits / max(1, hits + misses):.0%}")
+        a = _add(res, f"zipf(1.1), pages evicted, {tag}", EMB_CACHE, "embstore", "ms", with_ms,
+                 mib_read=with_mib, cache_bytes=cfg["cache_bytes"],
+                 hit_rate=round(hits / max(1, hits + misses), 4))
+        b = _add(res, f"zipf(1.1), pages evicted, {tag}", EMB, "embstore", "ms", without_ms,
+                 mib_read=without_mib)
+        _add(res, f"zipf(1.1), pages evicted, {tag}, MiB read", EMB_CACHE, "embstore", "MiB",
+             with_mib)
+        _add(res, f"zipf(1.1), pages evicted, {tag}, MiB read", EMB, "embstore", "MiB",
+             without_mib)
+        compare(res, f"{tag}, zipf(1.1), pages evicted: row cache vs none", a, b,
+                target=("faster", 5))
+    finally:
+        cache.close()

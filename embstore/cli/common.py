@@ -1,0 +1,85 @@
+"""What every command shares: the --json/-q options, messages, path types, standard input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+
+import click
+
+from ..atomic import remove, temp_path
+from ..formats import SPECS
+from ..progress import display as progress
+from ..store.objstore import is_url
+from ..store.transfer import staged
+
+TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext")  # progress in bytes
+
+
+def options(func):
+    """``--json`` and ``-q/--quiet``, the options every command takes."""
+    func = click.option("--quiet", "-q", is_flag=True,
+                        help="No progress display or messages on stderr.")(func)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print a JSON summary on stdout.")(func)
+
+
+def say(message: str, quiet: bool) -> None:
+    if not quiet:
+        click.echo(message, err=True)
+
+
+def print_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+FILE = click.Path(exists=True, dir_okay=False, allow_dash=True)
+
+
+class PathOrUrl(click.ParamType):
+    """A local path (checked as ``path_type`` checks it) or an object-store URL (as is)."""
+
+    name = "path"
+
+    def __init__(self, path_type: click.Path):
+        self.path_type = path_type
+
+    def convert(self, value, param, ctx):
+        return value if is_url(value) else self.path_type.convert(value, param, ctx)
+
+
+# a file gets the library's 'not a table' message; URLs (s3://...) are tables on object storage
+TABLE = PathOrUrl(click.Path(exists=True))
+DEST = PathOrUrl(click.Path())
+TENSOR_FORMATS = tuple(f.name for f in SPECS if f.takes_tensor)
+
+
+@contextlib.contextmanager
+def local_for(dest: str, overwrite: bool, quiet: bool) -> Iterator[str]:
+    """``dest`` itself, or for a URL a local folder uploaded to it when the block ends."""
+    if not is_url(dest):
+        yield dest
+        return
+    with progress(f"uploading to {dest}", quiet=quiet, unit="bytes") as on_progress, \
+            staged(dest, overwrite=overwrite, on_progress=on_progress) as local:
+        yield str(local)
+
+
+@contextlib.contextmanager
+def stdin_file(src: str, dest: str) -> Iterator[str]:
+    """``src``, or for ``-`` standard input copied (1 MiB at a time) to a temporary file
+    beside ``dest`` (formats are detected from their first bytes, so the input must be
+    seekable); the copy is removed afterwards."""
+    if src != "-":
+        yield src
+        return
+    tmp = temp_path(dest)
+    try:
+        with open(tmp, "xb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        yield tmp
+    finally:
+        remove(tmp)

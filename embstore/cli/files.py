@@ -1,0 +1,215 @@
+"""The commands that turn files into files: import, export, lookup."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..batch import lookup_file, output_kind
+from ..batch.parquet import is_parquet
+from ..convert import export_table, import_file
+from ..dtypes import STORAGE_DTYPES
+from ..formats import (READ_FORMATS, WRITE_FORMATS, detect, export_extensions,
+                       export_format_for)
+from ..progress import display as progress
+from ..store.codecs import COMPRESSIONS
+from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, TEXT_FORMATS, PathOrUrl, local_for,
+                     options, print_json, say, stdin_file)
+
+@click.command("import", short_help="Import a vectors file as a table.")
+@click.argument("src", type=FILE)
+@click.argument("dest", type=DEST)
+@click.option("--format", "fmt", type=click.Choice(("auto",) + READ_FORMATS), default="auto",
+              show_default=True, help="Source format; auto decides from extension and first bytes.")
+@click.option("--tensor", default=None, help=f"{'/'.join(TENSOR_FORMATS)}: the tensor to "
+              "import (default: the only 2-D float tensor).")
+@click.option("--vocab", type=FILE, default=None,
+              help="Text file with one key per line, for formats without keys.")
+@click.option("--dtype", type=click.Choice(STORAGE_DTYPES), default=None,
+              help="Stored dtype (default: the source's, bfloat16 kept; text formats: "
+              "float32). bfloat16 and int8 (row-wise quantised) are looked up as float32.")
+@click.option("--compression", type=click.Choice(COMPRESSIONS), default="none",
+              show_default=True, help="Compression of the stored chunks.")
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
+              help="Rows per inner chunk (default: about 1 KiB of rows).")
+@click.option("--shard-rows", type=click.IntRange(min=1), default=None,
+              help="Rows per shard file, a multiple of --chunk-rows.")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="Import only the first N rows.")
+@click.option("--unicode-errors", type=click.Choice(("strict", "replace")), default="strict",
+              show_default=True, help="Keys that are not valid UTF-8: an error, or U+FFFD.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
+@options
+def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, shard_rows, limit,
+               unicode_errors, overwrite, as_json, quiet):
+    """Import SRC (word2vec, fastText .vec, GloVe, npy, safetensors, PyTorch) as a table
+    at DEST.  SRC '-' reads standard input.
+
+    \b
+    Examples:
+      embstore import GoogleNews-vectors-negative300.bin news.emb
+      embstore import model.safetensors bert.emb --tensor embeddings.word_embeddings.weight --vocab vocab.txt
+      gunzip -c glove.txt.gz | embstore import - glove.emb --format glove
+    """
+    if tensor is not None and fmt not in ("auto",) + TENSOR_FORMATS:
+        raise click.UsageError(f"--tensor applies to --format {' or '.join(TENSOR_FORMATS)} only")
+    with local_for(dest, overwrite, quiet or as_json) as local, stdin_file(src, local) as path:
+        unit = "bytes" if (fmt if fmt != "auto" else detect(path)) in TEXT_FORMATS else "rows"
+        with progress(f"importing {os.path.basename(src)}", quiet=quiet or as_json,
+                      unit=unit) as on_progress:
+            res = import_file(path, local, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
+                              limit=limit, unicode_errors=unicode_errors,
+                              compression=compression, chunk_rows=chunk_rows,
+                              shard_rows=shard_rows, overwrite=overwrite,
+                              on_progress=on_progress)
+    if as_json:
+        print_json({"source": src, "path": dest, "format": res.format, "rows": res.rows,
+                     "dim": res.dim, "dtype": res.dtype, "duplicates": res.duplicates,
+                     "tensor": res.tensor})
+    what = f" tensor {res.tensor}" if res.tensor else ""
+    say(f"imported {res.rows} x {res.dim} {res.dtype} from {src} ({res.format}{what}) "
+         f"into {dest}", quiet or as_json)
+    if res.duplicates and not quiet:
+        click.echo(f"{res.duplicates} duplicate key(s) dropped (the first occurrence wins)",
+                   err=True)
+
+
+@click.command("export", short_help="Export a table to a vectors file.")
+@click.argument("src", type=TABLE)
+@click.argument("dest", type=click.Path(allow_dash=True))
+@click.option("--format", "fmt", type=click.Choice(WRITE_FORMATS), default=None,
+              help="Output format (default: from DEST's extension: "
+                   f"{' '.join(export_extensions())}).")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="Export only the first N rows.")
+@click.option("--vocab-out", type=click.Path(dir_okay=False), default=None,
+              help="Where the keys go for formats without keys (npy, safetensors); default: "
+                   "DEST with the extension .vocab.txt.")
+@click.option("--no-vocab-out", is_flag=True,
+              help="Write no keys file for formats without keys (the keys are lost).")
+@click.option("--tensor", default=None, help="safetensors: the tensor's name (default: weight).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
+@options
+def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, as_json, quiet):
+    """Export the table SRC to the file DEST ('-': standard output, with --format).
+
+    \b
+    Examples:
+      embstore export news.emb news.txt --format word2vec
+      embstore export bert.emb bert.safetensors --tensor embed_tokens.weight
+      embstore export news.emb - --format glove | gzip > news.glove.gz
+    """
+    if vocab_out is not None and no_vocab_out:
+        raise click.UsageError("--vocab-out and --no-vocab-out exclude each other")
+    if dest == "-":
+        if fmt is None:
+            raise click.UsageError("export to standard output ('-') needs --format")
+        if as_json:
+            raise click.UsageError("--json and DEST '-' both write to standard output")
+    fmt = fmt or export_format_for(dest)
+    with progress(f"exporting {os.path.basename(dest)}", quiet=quiet or as_json) as on_progress:
+        res = export_table(src, sys.stdout.buffer if dest == "-" else dest,
+                           format=fmt, limit=limit, overwrite=overwrite,
+                           vocab_out=False if no_vocab_out else vocab_out, tensor=tensor,
+                           on_progress=on_progress)
+    if as_json:
+        print_json({"table": src, "path": dest, "format": fmt, "rows": res.rows,
+                     "vocab_path": res.vocab_path, "keys_dropped": res.keys_dropped})
+    keys = f"; keys in {res.vocab_path}" if res.vocab_path else ""
+    say(f"exported {res.rows} rows of {src} to {dest} ({fmt}){keys}", quiet or as_json)
+    if res.keys_dropped and not quiet:
+        click.echo(f"Warning: {src} has keys and {fmt} cannot hold them: they were not "
+                   "written (use --vocab-out FILE to keep them)", err=True)
+
+
+@click.command("lookup", short_help="Batch job: vectors of every id in a file.")
+@click.argument("table", type=TABLE)
+@click.argument("input", type=PathOrUrl(click.Path(exists=True, dir_okay=False)))
+@click.argument("output", type=DEST)
+@click.option("--keys", is_flag=True,
+              help="INPUT is a text file of keys: one whitespace-separated sequence a line.")
+@click.option("--oov", type=click.Choice(["error", "zero", "unk"]), default="error",
+              show_default=True,
+              help="Unknown keys and out-of-range ids: fail, zero rows, or row --unk-id.")
+@click.option("--unk-id", type=int, default=None, help="The row used by --oov unk.")
+@click.option("--lengths", type=click.Path(dir_okay=False), default=None,
+              help="With --keys: write each line's length to this .npy file.")
+@click.option("--batch-rows", type=click.IntRange(min=1), default=None,
+              help="Leading rows of INPUT per block (default: about 16 MiB of output).")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Run on Dask: 'local' starts a cluster here, or tcp://HOST:PORT.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Worker processes of --scheduler local.")
+@click.option("--cache-bytes", default="auto", show_default=True,
+              help="Row cache of the table in each process, e.g. 256MiB; 'auto': none for "
+                   "an uncompressed store, 64MiB for a compressed one.")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT (and --lengths) if they exist.")
+@click.option("--resume", is_flag=True,
+              help="Continue a killed job from the blocks already written (Zarr OUTPUT).")
+@click.option("--column", default=None, metavar="NAME",
+              help="Parquet INPUT: the column of ids or keys (or lists of them).")
+@click.option("--keep", multiple=True, metavar="NAME",
+              help="Parquet INPUT: an input column to copy to OUTPUT (repeatable).")
+@options
+def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, scheduler, workers,
+           cache_bytes, overwrite, resume, column, keep, as_json, quiet):
+    """Write the vectors of every id in INPUT to OUTPUT.
+
+    INPUT is a .npy of integer ids of any shape (or, with --keys, a text file
+    of keys: lines are padded to the longest with zero rows).  OUTPUT is a
+    .npy file or a .zarr directory of shape ids.shape + (dim,), written
+    beside OUTPUT and renamed into place when complete.  TABLE is a store
+    or a 2-D .npy file.  A .parquet INPUT gives a .parquet OUTPUT: --column
+    names the ids or keys (or lists of them), --keep the columns copied beside
+    the vectors (a fixed-size list of floats per id).
+
+    \b
+    Examples:
+      embstore lookup news.emb ids.npy vectors.npy
+      embstore lookup news.emb sentences.txt vectors.zarr --keys --oov zero
+      embstore lookup news.emb ids.npy vectors.zarr --scheduler local --workers 2
+      embstore lookup news.emb docs.parquet vecs.parquet --column tokens --keep doc_id
+      embstore lookup s3://b/news.emb s3://b/ids.npy s3://b/out.zarr --scheduler tcp://h:8786
+    """
+    if is_parquet(input):
+        if column is None:
+            raise click.UsageError("a .parquet INPUT needs --column")
+        for flag, value in (("--keys", keys), ("--lengths", lengths),
+                            ("--scheduler", scheduler), ("--resume", resume)):
+            if value:
+                raise click.UsageError(f"{flag} does not apply to a .parquet INPUT")
+        with progress("lookup", quiet=quiet or as_json) as on_progress:
+            summary = lookup_file(table, input, output, column=column, keep=keep, oov=oov,
+                                  unk_id=unk_id, batch_rows=batch_rows, overwrite=overwrite,
+                                  cache_bytes=cache_bytes, on_progress=on_progress)
+        if as_json:
+            print_json(summary)
+        else:
+            say(f"wrote {summary['output']}: {summary['rows']} rows ({summary['ids']} ids "
+                f"in {summary['batches']} batches, {summary['seconds']:.2f} s)", quiet)
+        return
+    if column is not None or keep:
+        raise click.UsageError("--column and --keep need a .parquet INPUT")
+    if oov == "unk" and unk_id is None:
+        raise click.UsageError("--oov unk needs --unk-id")
+    if unk_id is not None and oov != "unk":
+        raise click.UsageError("--unk-id is used only with --oov unk")
+    if lengths is not None and not keys:
+        raise click.UsageError("--lengths needs --keys")
+    if resume and output_kind(output) != "zarr":
+        raise click.UsageError("--resume needs a .zarr OUTPUT (a .npy job starts over)")
+    with progress("lookup", quiet=quiet or as_json) as on_progress:
+        summary = lookup_file(table, input, output, keys=keys, oov=oov, unk_id=unk_id,
+                              batch_rows=batch_rows, scheduler=scheduler, overwrite=overwrite,
+                              resume=resume, lengths=lengths, cache_bytes=cache_bytes,
+                              n_workers=workers, on_progress=on_progress)
+    if as_json:
+        print_json(summary)
+    elif not quiet:
+        resumed = summary["resumed_blocks"]
+        click.echo(f"wrote {summary['output']}: shape {summary['shape']}, {summary['dtype']} "
+                   f"({summary['ids']} ids in {summary['blocks']} blocks"
+                   f"{f', {resumed} resumed' if resumed else ''}, {summary['seconds']:.2f} s)",
+                   err=True)

@@ -1,0 +1,236 @@
+"""The commands about one table: info, verify, reindex, similar; and the demo."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+import click
+
+from .. import demo as demo_steps
+from ..keys.foreign import build_key_index
+from ..layer import Embedding
+from ..store import open as open_table
+from ..store import repair as repair_table
+from ..store import verify as verify_table
+from ..store.objstore import is_url
+from ..store.transfer import copy_table
+from ..store.verify import checksum_status
+from ..progress import display as progress
+from .common import DEST, TABLE, options, print_json, say
+
+@click.command("info", short_help="Describe a table: size, dtype, layout, keys.")
+@click.argument("path", type=TABLE)
+@options
+def info_cmd(path, as_json, quiet):
+    """Describe the table at PATH: size, dtype, layout, keys, bytes.
+
+    \b
+    Example:
+      embstore info news.emb --json
+    """
+    with open_table(path) as t:
+        info = t.info()
+    # arrays written without crc32c cannot be verified (a remote table: its rows' layout says)
+    sums = {"vectors": info.pop("checksummed")} if is_url(path) else checksum_status(path)
+    info["checksummed"] = sums.get("vectors", False)  # the rows: what verify vouches for
+    info["unchecksummed_arrays"] = [name for name, ok in sums.items() if not ok]
+    if as_json:
+        print_json(info)
+        return
+    for k in ("path", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys", "chunk_rows",
+              "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
+        click.echo(f"{k + ':':15}{info.get(k)}")
+    bare = info["unchecksummed_arrays"]
+    click.echo(f"{'checksummed:':15}" + ("yes" if info["checksummed"] else "no (vectors "
+                                         "written without crc32c: rows cannot be verified)")
+               + (f"; not checksummed: {', '.join(bare)}" if bare and bare != ["vectors"]
+                  else ""))
+    src = info.get("attributes", {}).get("source")
+    if src:
+        click.echo(f"{'source:':15}{json.dumps(src)}")
+
+
+@click.command("verify", short_help="Check every stored chunk's checksum.")
+@click.argument("path", type=click.Path(exists=True))
+@options
+def verify_cmd(path, as_json, quiet):
+    """Check every stored chunk of the table at PATH (checksums); exit 1 on damage, or when
+    chunks of vectors carry no checksum (written without crc32c: they cannot be verified).
+
+    \b
+    Example:
+      embstore verify news.emb
+    """
+    report = verify_table(path)
+    if as_json:
+        print_json({"path": report.path, "ok": report.ok, "vocab_size": report.vocab_size,
+                     "shards": report.shards, "chunks": report.chunks, "arrays": report.arrays,
+                     "checksummed": report.checksummed, "unchecked": report.unchecked,
+                     "unchecked_arrays": report.unchecked_arrays,
+                     "damaged": [{"file": d.file, "chunk": d.chunk, "message": d.message}
+                                 for d in report.damaged]})
+    elif not report.damaged and not report.checksummed:
+        raise click.ClickException(f"{report.path} cannot be verified: "
+                                   f"{report.unchecked_line()}")
+    elif not report.ok:
+        click.echo(str(report), err=True)
+    elif not quiet:
+        click.echo(str(report))
+    if not report.ok:
+        sys.exit(1)
+
+
+@click.command("reindex", short_help="Build a table's key index from its keys array.")
+@click.argument("path", type=TABLE)
+@options
+def reindex_cmd(path, as_json, quiet):
+    """Build (or rebuild) the key index of the table at PATH from its `keys` array.
+
+    For a table whose keys were written by another Zarr tool, or whose key index
+    `verify` reports damaged.
+
+    \b
+    Example:
+      embstore reindex vectors.zarr
+    """
+    with open_table(path, mode="r+") as t:
+        if not t.info()["has_keys"]:
+            raise click.ClickException(f"{path} has no keys array: nothing to index")
+        build_key_index(t.path, t.vocab_size)
+    with open_table(path) as t:
+        n = len(t.keys)
+    if as_json:
+        print_json({"path": path, "keys": n})
+    else:
+        say(f"indexed {n} keys of {path}", quiet)
+
+
+@click.command("repair", short_help="Finish or clear interrupted writes, then verify.")
+@click.argument("path", type=TABLE)
+@options
+def repair_cmd(path, as_json, quiet):
+    """Finish or clear interrupted writes to the table at PATH, then verify it (exit 1 on
+    damage).  Removes the staged files of killed writers, and temporary tables beside PATH
+    that killed imports and saves left; the next writer does the same for its table.
+
+    \b
+    Example:
+      embstore repair news.emb
+    """
+    removed = repair_table(path)
+    report = verify_table(path)
+    if as_json:
+        print_json({"path": report.path, "removed": removed, "ok": report.ok,
+                    "damaged": [d.message for d in report.damaged]})
+    else:
+        if not quiet:
+            click.echo(f"removed {len(removed)} leftover(s) of interrupted writes"
+                       + "".join(f"\n  {name}" for name in removed))
+        if not report.ok:
+            click.echo(str(report), err=True)
+        elif not quiet:
+            click.echo(str(report))
+    if not report.ok:
+        sys.exit(1)
+
+
+@click.command("similar", short_help="Nearest rows by cosine similarity.")
+@click.argument("table", type=TABLE)
+@click.argument("query", nargs=-1, required=True)
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True,
+              help="How many neighbours.")
+@click.option("--ids", "by_id", is_flag=True,
+              help="QUERY are row ids (the default when TABLE has no keys).")
+@options
+def similar_cmd(table, query, k, by_id, as_json, quiet):
+    """The K rows most cosine-similar to each QUERY: a key, or a row id with --ids (or when
+    TABLE has no keys).
+
+    \b
+    Examples:
+      embstore similar news.emb king queen -k 5
+      embstore similar news.emb --ids 0 17 --json
+    """
+    with open_table(table) as t:
+        keyed = t.keys is not None
+        queries: list
+        if keyed and not by_id:
+            queries = list(query)
+        else:
+            try:
+                queries = [int(q) for q in query]
+            except ValueError:
+                why = "with --ids" if keyed else f"{table} has no keys, so"
+                raise click.UsageError(f"{why} QUERY must be row ids, got {query!r}") from None
+        ids, scores = Embedding(t).most_similar(queries, k=k)
+        result = []
+        for q, row_ids, row_scores in zip(queries, ids.tolist(), scores.tolist()):
+            pairs = [(i, s) for i, s in zip(row_ids, row_scores) if i >= 0]
+            names = t.keys[[i for i, _ in pairs]] if keyed and pairs else [None] * len(pairs)
+            result.append({"query": q, "neighbours": [
+                {"id": i, "key": names[j],
+                 "score": None if s != s else s}  # NaN (zero-norm row): null in JSON
+                for j, (i, s) in enumerate(pairs)]})
+    if as_json:
+        print_json(result if len(result) > 1 else result[0])
+        return
+    for entry in result:
+        click.echo(f"{entry['query']}:")
+        for n in entry["neighbours"]:
+            label = n["key"] if n["key"] is not None else n["id"]
+            score = "undefined (zero norm)" if n["score"] is None else f"{n['score']:.6f}"
+            click.echo(f"  {score}  {label}")
+
+
+@click.command("demo", short_help="Run the main job end to end (a tour).")
+@click.argument("directory", required=False, type=click.Path(file_okay=False))
+@click.option("--no-dask", is_flag=True, help="Skip the Dask part of the batch job.")
+@options
+def demo_cmd(directory: str | None, no_dask: bool, as_json: bool, quiet: bool) -> None:
+    """Run the main job end to end in DIRECTORY (default: a temporary folder): import a
+    real word2vec file, look rows up, run the layer, a batch job, export and verify.
+
+    \b
+    Example:
+      embstore demo --no-dask
+    """
+    sink = open(os.devnull, "w") if quiet else sys.stderr  # noqa: SIM115 - closed below
+    try:
+        # with --json or -q the tour's prose goes to stderr (or nowhere), the summary to stdout
+        with contextlib.redirect_stdout(sink) if (as_json or quiet) else contextlib.nullcontext():
+            group = click.get_current_context().find_root().command  # the embstore group
+            summary = demo_steps.run(directory, no_dask=no_dask,
+                                     run_cli=lambda args: group.main(list(args),
+                                                                   prog_name="embstore",
+                                                                   standalone_mode=False))
+    finally:
+        if sink is not sys.stderr:
+            sink.close()
+    if as_json:
+        print_json(summary)
+
+
+@click.command("copy", short_help="Copy a table to or from object storage.")
+@click.argument("src", type=TABLE)
+@click.argument("dest", type=DEST)
+@click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
+@options
+def copy_cmd(src, dest, overwrite, as_json, quiet):
+    """Copy the table SRC to DEST between a local folder and object storage (s3://...); an
+    upload becomes visible only when complete (its zarr.json is written last).
+
+    \b
+    Example:
+      embstore copy news.emb s3://bucket/news.emb
+    """
+    if not (is_url(src) or is_url(dest)):
+        raise click.UsageError("copy moves tables to or from object storage: SRC or DEST "
+                               "must be a URL such as s3://bucket/table.emb")
+    with progress(f"copying {src}", quiet=quiet or as_json, unit="bytes") as on_progress:
+        copy_table(src, dest, overwrite=overwrite, on_progress=on_progress)
+    if as_json:
+        print_json({"source": src, "path": dest})
+    say(f"copied {src} to {dest}", quiet or as_json)

@@ -1,0 +1,57 @@
+"""Out-of-vocabulary ids and keys: the one mapping ``Table.lookup_keys``, ``Embedding``
+and batch jobs share.
+
+``oov`` says what an unknown key or an out-of-range id becomes:
+
+- ``"error"``: the caller raises, naming the first one and its position;
+- ``"zero"``: a zero row (here: the placeholder ``zero_id``, which the caller turns
+  into zeros after the lookup);
+- ``"unk"``: row ``unk_id``;
+- ``"clip"`` (``Embedding`` only): clamped into ``0..vocab_size-1``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from .errors import InvalidIdError
+from .ids import one_of
+
+__all__ = ["OOV_MODES", "EMBEDDING_OOV_MODES", "OOV", "check_oov", "map_oov"]
+
+OOV = Literal["error", "zero", "unk"]
+OOV_MODES: tuple[str, ...] = ("error", "zero", "unk")  # lookup_keys, batch jobs
+EMBEDDING_OOV_MODES: tuple[str, ...] = ("error", "unk", "clip", "zero")
+
+
+def check_oov(oov: object, unk_id: object, modes: tuple[str, ...] = OOV_MODES) -> str:
+    """``oov`` if it is one of ``modes`` (and ``"unk"`` comes with an ``unk_id``)."""
+    one_of(oov, "oov", modes)
+    if oov == "unk" and unk_id is None:
+        raise ValueError("oov='unk' needs unk_id")
+    return str(oov)
+
+
+def map_oov(ids: np.ndarray, bad: np.ndarray, oov: str, *, unk_id: int | None = None,
+            zero_id: int = -1, low: np.ndarray | None = None,
+            vocab_size: int = 0) -> np.ndarray:
+    """int64 ``ids`` with the positions ``bad`` replaced as ``oov`` says.
+
+    ``"unk"``: ``unk_id``; ``"zero"``: ``zero_id``; ``"clip"``: 0 where ``low`` (ids below
+    the range) and ``vocab_size - 1`` elsewhere.  ``ids`` itself is not modified.
+    """
+    if oov == "unk":
+        if unk_id is None:
+            raise ValueError("oov='unk' needs unk_id")
+        return np.where(bad, np.int64(unk_id), ids)
+    if oov == "zero":
+        return np.where(bad, np.int64(zero_id), ids)
+    if oov == "clip":
+        if vocab_size == 0:
+            raise InvalidIdError("oov='clip' cannot clamp ids into a table of 0 rows",
+                                 id=None, position=None, vocab_size=0)
+        below = bad if low is None else low
+        return np.where(below, np.int64(0), np.where(bad, np.int64(vocab_size - 1), ids))
+    raise ValueError(f"oov={oov!r} maps no ids (expected 'zero', 'unk' or 'clip')")

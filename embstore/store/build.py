@@ -1,0 +1,100 @@
+"""Writing whole tables: :func:`create` (zeros, opened writable) and :func:`save` (an array
+or any table, streamed in blocks), locally or to object storage."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
+
+from .._types import Bytes, KeysLike, PathLike
+from ..dtypes import check_storage
+from ..errors import ReadOnlyError, ShapeMismatchError
+from ..memory import check_table_array
+from ..table import Table, as_key_array
+from .codecs import Compression
+from .objstore import is_url
+from .quant import logical_dtype
+from .table import ZarrTable
+from .transfer import staged
+from .writer import TableWriter
+
+__all__ = ["create", "save"]
+
+_SAVE_BLOCK_BYTES = 64 << 20
+
+
+def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
+           keys: KeysLike | None = None, chunk_rows: int | None = None,
+           shard_rows: int | None = None, compression: Compression = "none",
+           overwrite: bool = False, cache_bytes: Bytes = "256MiB",
+           lock_timeout: float | None = None) -> ZarrTable:
+    """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
+    if is_url(path):
+        raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
+                            "copy), not created empty and written in place")
+    try:
+        rows, dim = (int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ShapeMismatchError(f"shape must be (vocab_size, dim), got {shape!r}") from None
+    if rows < 0:
+        raise ShapeMismatchError(f"vocab_size must be >= 0, got {rows}")
+    key_list = None
+    if keys is not None:
+        key_list = [str(k) for k in as_key_array(list(keys)).reshape(-1)]
+        if len(key_list) != rows:
+            raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
+    with TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
+                     chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
+        w.add_zeros(rows, key_list)
+    return ZarrTable(path, mode="r+", cache_bytes=cache_bytes, lock_timeout=lock_timeout)
+
+
+def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | None = None, *,
+         chunk_rows: int | None = None, shard_rows: int | None = None,
+         compression: Compression = "none", overwrite: bool = False,
+         dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB",
+         storage_options: dict | None = None) -> ZarrTable:
+    """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
+
+    ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
+    ``float64``, ``bfloat16`` (rounded to nearest even) or ``int8`` (quantised row-wise).
+
+    Streamed in blocks: the source is never held in memory whole.  Returns the new table,
+    opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
+    """
+    if is_url(path):  # written locally, then uploaded (group zarr.json last)
+        with staged(os.fspath(path), overwrite=overwrite, storage_options=storage_options) as local:
+            save(local, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
+                 compression=compression, dtype=dtype, cache_bytes=0).close()
+        return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
+    src = array_or_table
+    if isinstance(src, Table):
+        rows, dim = src.shape
+        src_dtype = getattr(src, "storage_dtype", src.dtype)
+        if keys is None and src.keys is not None:
+            keys = src.keys
+        blocks = lambda n: src.iter_blocks(n)  # noqa: E731
+    else:
+        arr = np.asarray(src)
+        if not (arr.dtype.name == "bfloat16" and arr.ndim == 2):  # ml_dtypes: stored as is
+            arr = check_table_array(src)
+        rows, dim = arr.shape
+        src_dtype = arr.dtype.name
+        blocks = lambda n: ((s, arr[s: s + n]) for s in range(0, rows, n))  # noqa: E731
+    if keys is not None and len(keys) != rows:
+        raise ShapeMismatchError(f"got {len(keys)} keys for a table of {rows} rows")
+    dt = check_storage(dtype if dtype is not None else src_dtype)
+    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
+    with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
+                     chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
+        for start, part in blocks(block):
+            if keys is None:
+                w.add(part)
+                continue
+            kb = [str(k) for k in as_key_array(list(keys[start: start + part.shape[0]]))]
+            w.add(part, kb)
+    return ZarrTable(path, mode="r", cache_bytes=cache_bytes)

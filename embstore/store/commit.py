@@ -1,0 +1,288 @@
+"""The commit protocol of ``write`` and ``append``: all or nothing, one commit point.
+
+A Zarr v3 reader finds shard ``k`` at ``vectors/c/<k>/0`` and the row count in
+``vectors/zarr.json``, so changed files cannot take new names; they are replaced.  A
+:class:`Transaction` (under the writer lock, :mod:`embstore.store.lock`):
+
+1. writes every new file (shards, key-index chunks, ``keys`` chunks, the ``zarr.json`` of
+   each changed array), fsynced, as ``vectors/.embstore/txn-<id>.<n>`` (arrays that
+   zarr-python writes go to the scratch directory ``txn-<id>/`` first, then each file
+   is moved there); nothing live is touched;
+2. writes the journal (the list of staged file -> live file moves) to
+   ``vectors/.embstore/journal.tmp-<id>``, fsyncs it and renames it to
+   ``vectors/.embstore/journal``: **the commit point**;
+3. rolls forward: renames each staged file over its live file, in the journal's order
+   (shards, key index, ``keys``, ``vectors/zarr.json`` last), fsyncs their directories,
+   then renames the journal to ``vectors/.embstore/last`` (the id of the last commit,
+   which tells a stale handle that the table changed) and removes the staging directory.
+
+Staged names in the journal are ``txn-<id>.<n>`` (in ``vectors/.embstore/``); live
+names are relative to the table.
+
+A journal that exists is committed: whoever finds it first with the writer lock (the next
+writer, a reader that opens, ``verify``, ``repair``) finishes it; a move whose staged file
+is gone was done already, so rolling forward twice is harmless.  Staged files
+without a journal are an operation that never committed: removed under the lock.  The
+private area lives inside the ``vectors`` array's directory, where Zarr readers (which
+list a group's members, not an array's files) never look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import CorruptStoreError, LockTimeoutError
+from ..beside import remove_quietly, sweep_beside
+from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
+
+__all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]
+
+AREA = (".embstore",)  # under vectors/
+JOURNAL, LAST = "journal", "last"
+_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def area_of(root: Path) -> Path:
+    return Path(root) / "vectors" / AREA[0]
+
+
+def _fsync(path, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Transaction:
+    """One ``write`` or ``append``: stage files, then :meth:`commit` (see the module doc)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.id = uuid.uuid4().hex[:16]
+        self.area = area_of(self.root)
+        self.stage = self.area / f"txn-{self.id}"
+        self.moves: list[tuple[str, str]] = []  # (staged name in the area, live path)
+        self.committed = False
+        self._after: list[Callable[[], None]] = []
+        self.area.mkdir(exist_ok=True)
+
+    def file(self, live: str) -> Path:
+        """A path to write the new version of the live file ``live`` (relative to the
+        table) to, and fsync; it replaces the live file at commit, in the order of these
+        calls.  Staged files lie in the private directory itself, so the fsync of that
+        directory that commits the journal also makes their names durable."""
+        staged = f"txn-{self.id}.{len(self.moves)}"
+        self.moves.append((staged, live))
+        return self.area / staged
+
+    def tree(self, name: str) -> Path:
+        """A scratch directory for arrays a library writes (zarr-python): hand their files
+        over with :meth:`adopt`."""
+        d = self.stage / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def adopt(self, path: Path, live: str) -> None:
+        """Stage the file ``path`` (written in a :meth:`tree`) as the new ``live`` file:
+        fsynced and moved beside the other staged files (no directory fsyncs in trees)."""
+        _fsync(path)
+        os.rename(path, self.file(live))
+
+    def after(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the commit is applied (update in-memory views)."""
+        self._after.append(fn)
+
+    def commit(self) -> None:
+        """Make the staged files live, all or nothing."""
+        if self.stage.exists():
+            remove_quietly(self.stage)  # scratch only: every staged file was adopted
+        doc = {"embstore_journal": 1, "txn": self.id, "pid": os.getpid(),
+               "moves": [list(m) for m in self.moves]}
+        tmp = self.area / f"{JOURNAL}.tmp-{self.id}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.area / JOURNAL)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        self.committed = True  # from here on the operation happened, crash or not
+        _fsync(self.area, directory=True)
+        _apply(self.root, doc)
+        for fn in self._after:
+            fn()
+
+    def abort(self) -> None:
+        """Remove the staged files of an operation that did not commit (no-op after a
+        commit: the journal, if still there, is rolled forward by the next opener)."""
+        if not self.committed:
+            if self.stage.exists():
+                remove_quietly(self.stage)
+            for staged, _ in self.moves:
+                remove_quietly(self.area / staged)
+
+
+def _check_rel(rel, where) -> str:
+    parts = rel.split("/") if isinstance(rel, str) else None
+    if not parts or not all(_PART.match(p) and p not in (".", "..") for p in parts) or \
+            parts[:2] == ["vectors", AREA[0]]:
+        raise CorruptStoreError(f"{where}: a journal entry must be a relative path inside "
+                                f"the table, got {rel!r}", path=str(where))
+    return rel
+
+
+def _read_journal(root: Path) -> dict | None:
+    path = area_of(root) / JOURNAL
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CorruptStoreError(f"{path}: unreadable commit journal ({exc})",
+                                path=str(path)) from None
+    moves = doc.get("moves") if isinstance(doc, dict) else None
+    txn = doc.get("txn") if isinstance(doc, dict) else None
+    if not (isinstance(txn, str) and _PART.match(txn) and isinstance(moves, list)
+            and all(isinstance(m, list) and len(m) == 2 for m in moves)):
+        raise CorruptStoreError(f"{path}: expected a commit journal with 'txn' and 'moves', "
+                                f"got {str(doc)[:200]}", path=str(path))
+    for staged, live in moves:
+        _check_rel(staged, path)
+        _check_rel(live, path)
+        if not staged.startswith(f"txn-{txn}.") or "/" in staged:
+            raise CorruptStoreError(f"{path}: a staged file must be named txn-{txn}.<n>, "
+                                    f"got {staged!r}", path=str(path))
+    return doc
+
+
+def _apply(root: Path, doc: dict) -> None:
+    """Roll a committed journal forward (idempotent: see the module doc)."""
+    area = area_of(root)
+    stage = area / f"txn-{doc['txn']}"
+    dirs: dict[str, None] = {}
+    for staged, live in doc["moves"]:  # a loop per changed file
+        src, dst = area / staged, root / live
+        if not os.path.lexists(src):
+            continue  # moved by an earlier roll-forward
+        if not dst.parent.is_dir():
+            dst.parent.mkdir(parents=True, exist_ok=True)  # a shard never written before
+            dirs[str(dst.parent.parent)] = None
+        os.replace(src, dst)
+        dirs[str(dst.parent)] = None
+    for d in dirs:
+        _fsync(d, directory=True)
+    os.replace(area / JOURNAL, area / LAST)
+    if stage.exists():
+        remove_quietly(stage)
+
+
+def recover(root: Path, *, deep: bool = False) -> list[str]:
+    """Finish a committed operation and remove what interrupted ones left (call it with
+    the writer lock held).  ``deep`` also removes the temporary files of older embstore
+    versions.  Returns the paths removed (relative to the table)."""
+    root = Path(root)
+    doc = _read_journal(root)
+    if doc is not None:
+        _apply(root, doc)
+    removed = []
+    area = area_of(root)
+    try:
+        entries = list(os.scandir(area))
+    except (FileNotFoundError, NotADirectoryError):
+        entries = []
+    for e in entries:
+        if e.name.startswith("txn-") or e.name.startswith(f"{JOURNAL}.tmp-"):
+            remove_quietly(Path(e.path))
+            removed.append(f"vectors/{AREA[0]}/{e.name}")
+    if deep and (root / "zarr.json").is_file() and (root / "vectors" / "zarr.json").is_file():
+        removed += _sweep_old_temps(root)  # only in what looks like a table
+    return removed
+
+
+def _sweep_old_temps(root: Path) -> list[str]:
+    """Temporary files of embstore versions before the journal: ``<shard>.tmp-*`` beside
+    shards, ``<array>.__tmp__``/``__old__`` arrays, ``zarr.json.tmp-*``."""
+    removed = []
+    candidates = [root, root / "vectors"]
+    grid = root / "vectors" / "c"
+    try:
+        candidates += [Path(e.path) for e in os.scandir(grid) if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    for d in candidates:  # a loop per directory
+        try:
+            names = os.listdir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            if ".tmp-" in name or name.endswith((".__tmp__", ".__old__")):
+                remove_quietly(d / name)
+                removed.append(os.path.relpath(d / name, root))
+    return removed
+
+
+def repair(path, *, lock_timeout: float | None = None) -> list[str]:
+    """Finish an interrupted commit of the table at ``path`` and remove every leftover of
+    interrupted writes: staging directories, older embstore versions' temporary files, and
+    beside ``path`` the temporary tables of ``save``/import runs whose process is gone.
+    Returns what was removed (paths relative to the table, or names beside it)."""
+    root = Path(os.fspath(path)).absolute()
+    removed = [f"../{name}" for name in sweep_beside(root)]
+    if root.is_dir():
+        with writer_lock(root, lock_timeout):
+            removed += recover(root, deep=True)
+    return removed
+
+
+def last_commit(root: Path) -> str | None:
+    """The id of the last commit applied (None before the first one): a handle that saw
+    another id has stale metadata, shard indexes or key index."""
+    try:
+        with open(area_of(root) / LAST, "rb") as f:
+            doc = json.loads(f.read(1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc.get("txn") if isinstance(doc, dict) else None
+
+
+def settle(root: Path, timeout: float | None = None) -> None:
+    """Wait until no commit is half applied: a reader's way in.
+
+    A live writer holds the lock while it rolls forward (milliseconds): wait for it.  A
+    journal whose writer died is rolled forward here, if the lock is free right now.
+    """
+    root = Path(root)
+    journal = area_of(root) / JOURNAL
+    if not os.path.lexists(journal):
+        return
+    timeout = LOCK_TIMEOUT if timeout is None else float(timeout)
+    deadline = time.monotonic() + timeout
+    while os.path.lexists(journal):
+        with try_writer_lock(root) as mine:
+            if mine:
+                try:
+                    doc = _read_journal(root)
+                    if doc is not None:
+                        _apply(root, doc)
+                except CorruptStoreError:
+                    raise
+                except OSError as exc:  # a read-only file system, another user's table
+                    raise CorruptStoreError(
+                        f"{root}: a write was committed but not finished, and this process "
+                        f"cannot finish it ({exc.strerror or exc}); open the table for "
+                        "writing, or repair it, where that is allowed", path=str(root)) from None
+                return
+        if time.monotonic() >= deadline:
+            raise LockTimeoutError(f"{root}: a writer has been committing for more than "
+                                   f"{timeout:g} s", path=str(root), timeout=timeout)
+        time.sleep(0.002)

@@ -1,0 +1,250 @@
+"""PyTorch modules over embstore tables (``pip install embstore[torch]``).
+
+:class:`Embedding` and :class:`EmbeddingBag` are frozen ``torch.nn.Module``s that read
+rows from any :class:`embstore.Table`: a :class:`~embstore.MemoryTable`, or an on-disk
+table that stays on disk (out of core: each forward reads only the rows it needs).
+``forward`` takes integer id tensors and returns tensors with the semantics of
+``torch.nn.Embedding`` / ``torch.nn.EmbeddingBag`` (``padding_idx``, ``max_norm``,
+per-sample weights, the three bag modes); the math is :class:`embstore.Embedding`'s,
+and the looked-up rows become the result without a copy (``torch.from_numpy``).
+
+The modules hold no parameters (nothing to train, nothing in ``state_dict``).  They are
+safe in ``DataLoader`` workers: pickled (``spawn``) a module over an on-disk table
+carries its path and options, never rows, and the worker opens the table again; after a
+``fork`` the first forward in the child opens its own handle.  A module over a
+:class:`~embstore.MemoryTable` pickles the array (it is in memory anyway).
+
+:func:`to_nn_embedding` hands an ordinary, trainable-if-you-like ``torch.nn.Embedding``
+the whole table.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import EmbstoreError
+from .layer import Embedding as _Layer
+from .optional import require
+from .store.table import ZarrTable
+from .store.table import open as open_table
+from .table import Table
+
+__all__ = ["Embedding", "EmbeddingBag", "to_nn_embedding"]
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = require("torch", extra="torch", feature="embstore.torch")  # PyTorch, not this module
+
+_BAG_MODES = ("sum", "mean", "max")
+
+
+def _as_table(path_or_table, cache_bytes) -> tuple[Table, bool]:
+    """``(table, opened_here)``: a :class:`Table` as given, or the on-disk table at a path."""
+    if isinstance(path_or_table, Table):
+        return path_or_table, False
+    if isinstance(path_or_table, (str, os.PathLike)):
+        return open_table(path_or_table, mode="r", cache_bytes=cache_bytes), True
+    raise TypeError(f"expected an embstore Table or the path of a table, got "
+                    f"{type(path_or_table).__name__}")
+
+
+def _numpy(value, what: str) -> np.ndarray:
+    """A tensor (or array-like) as a NumPy array, without a copy for CPU tensors."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    if value is None:
+        raise TypeError(f"{what} must be a tensor, got None")
+    return np.asarray(value)
+
+
+def _tensor(rows: np.ndarray, like) -> torch.Tensor:
+    """Rows as a tensor sharing their memory, on the device of ``like`` (a tensor or None)."""
+    if not rows.flags.writeable or not rows.flags.c_contiguous:  # from_numpy wants owned rows
+        rows = np.array(rows, order="C")
+    out = torch.from_numpy(rows)
+    if isinstance(like, torch.Tensor) and like.device.type != "cpu":
+        out = out.to(like.device)
+    return out
+
+
+class _TableModule(torch.nn.Module):
+    """What both modules share: the table, its options, pickling by path, fork safety."""
+
+    def __init__(self, table, *, padding_idx: int | None = None, max_norm: float | None = None,
+                 norm_type: float = 2.0, cache_bytes="256MiB"):
+        super().__init__()
+        self._table, self._owns_table = _as_table(table, cache_bytes)
+        self._options: dict[str, Any] = {"padding_idx": padding_idx, "max_norm": max_norm,
+                         "norm_type": norm_type}
+        self._build()
+
+    def _build(self) -> None:
+        self._layer = _Layer(self._table, **self._options)  # checks the options
+        self._pid = os.getpid()
+
+    # -- what torch.nn.Embedding calls its attributes ------------------------------------
+    @property
+    def table(self) -> Table:
+        return self._table
+
+    @property
+    def num_embeddings(self) -> int:
+        return self._table.vocab_size
+
+    @property
+    def embedding_dim(self) -> int:
+        return self._table.dim
+
+    @property
+    def padding_idx(self) -> int | None:
+        return self._layer.padding_idx  # normalised: a negative index counts from the end
+
+    @property
+    def max_norm(self) -> float | None:
+        return self._layer.max_norm
+
+    @property
+    def norm_type(self) -> float:
+        return self._layer.norm_type
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        for name in ("padding_idx", "max_norm"):
+            if getattr(self, name) is not None:
+                s += f", {name}={getattr(self, name)}"
+        if self.max_norm is not None and self.norm_type != 2.0:
+            s += f", norm_type={self.norm_type}"
+        path = getattr(self._table, "path", None)
+        return s + (f", path={str(path)!r}" if path is not None else "")
+
+    # -- the layer, reopened in a forked child ---------------------------------------------
+    def _live(self) -> _Layer:
+        if self._pid != os.getpid() and isinstance(self._table, ZarrTable):
+            # a forked child: the parent's handle (locks, pools, cache) is not ours to use
+            self._table = open_table(self._table.path, mode="r",
+                                     cache_bytes=self._table.cache_info().capacity_bytes)
+            self._owns_table = True
+            self._build()
+        return self._layer
+
+    # -- pickling: the path and the options, never rows read from a store ----------------
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        table = state.pop("_table")
+        del state["_layer"], state["_pid"]
+        if isinstance(table, ZarrTable):
+            state["_table_source"] = ("path", str(table.path),
+                                      table.cache_info().capacity_bytes)
+        else:  # an in-memory table: its array travels with the module
+            state["_table_source"] = ("table", table)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        kind, *rest = state.pop("_table_source")
+        super().__setstate__(state)
+        if kind == "path":
+            path, cache_bytes = rest
+            self._table = open_table(path, mode="r", cache_bytes=cache_bytes)
+            self._owns_table = True
+        elif kind == "table" and isinstance(rest[0], Table):
+            self._table = rest[0]
+        else:
+            raise EmbstoreError(f"cannot restore an embstore.torch module from a table "
+                                f"source of kind {kind!r}")
+        self._build()
+
+    def close(self) -> None:
+        """Close the table if this module opened it (from a path, or again in a worker)."""
+        if self._owns_table:
+            self._table.close()
+
+
+class Embedding(_TableModule):
+    """A frozen ``torch.nn.Embedding`` whose rows live in an embstore table.
+
+    ``table``: an :class:`embstore.Table` or the path of an on-disk table (opened
+    read-only with a row cache of ``cache_bytes``).  ``padding_idx``: as PyTorch, the
+    stored row comes back (it only matters for gradients, and there are none here).
+    ``max_norm``/``norm_type``: returned rows whose norm exceeds ``max_norm`` are
+    renormalised as ``torch.nn.functional.embedding`` does, without changing the table.
+
+    ``forward(input)``: integer ids of any shape -> ``input.shape + (dim,)`` tensor of the
+    table's dtype, on ``input``'s device.  Ids out of range raise
+    :class:`embstore.InvalidIdError` (an ``IndexError``, as PyTorch raises).
+    """
+
+    @classmethod
+    def from_table(cls, path_or_table, *, padding_idx: int | None = None,
+                   max_norm: float | None = None, norm_type: float = 2.0,
+                   cache_bytes="256MiB") -> Embedding:
+        """As ``torch.nn.Embedding.from_pretrained`` (always frozen), from a table or path."""
+        return cls(path_or_table, padding_idx=padding_idx, max_norm=max_norm,
+                   norm_type=norm_type, cache_bytes=cache_bytes)
+
+    def forward(self, input) -> torch.Tensor:  # noqa: A002 (torch's name)
+        return _tensor(self._live()(_numpy(input, "input")), input)
+
+
+class EmbeddingBag(_TableModule):
+    """A frozen ``torch.nn.EmbeddingBag`` whose rows live in an embstore table.
+
+    ``mode``: ``"sum"``, ``"mean"`` (default) or ``"max"``; ``include_last_offset`` as
+    PyTorch.  ``forward(input, offsets=None, per_sample_weights=None)``: 2-D ``input``
+    is fixed-length bags, 1-D ``input`` with ``offsets`` variable-length bags; the
+    result is ``(bags, dim)``.  ``padding_idx`` entries are left out of their bag (and
+    of a mean's count); empty bags give zeros.  ``per_sample_weights`` work with
+    ``"sum"`` as in PyTorch, and also with ``"mean"`` (``sum(w*x) / sum(w)``, which
+    PyTorch refuses).
+    """
+
+    def __init__(self, table, *, mode: str = "mean", include_last_offset: bool = False,
+                 padding_idx: int | None = None, max_norm: float | None = None,
+                 norm_type: float = 2.0, cache_bytes="256MiB"):
+        if mode not in _BAG_MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, _BAG_MODES))}, "
+                             f"got {mode!r}")
+        super().__init__(table, padding_idx=padding_idx, max_norm=max_norm,
+                         norm_type=norm_type, cache_bytes=cache_bytes)
+        self.mode = mode
+        self.include_last_offset = bool(include_last_offset)
+
+    @classmethod
+    def from_table(cls, path_or_table, *, mode: str = "mean", include_last_offset: bool = False,
+                   padding_idx: int | None = None, max_norm: float | None = None,
+                   norm_type: float = 2.0, cache_bytes="256MiB") -> EmbeddingBag:
+        """As ``torch.nn.EmbeddingBag.from_pretrained`` (always frozen), from a table or path."""
+        return cls(path_or_table, mode=mode, include_last_offset=include_last_offset,
+                   padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
+                   cache_bytes=cache_bytes)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mode={self.mode!r}" + (
+            ", include_last_offset=True" if self.include_last_offset else "")
+
+    def forward(self, input, offsets=None, per_sample_weights=None) -> torch.Tensor:  # noqa: A002
+        ids = _numpy(input, "input")
+        off = None if offsets is None else _numpy(offsets, "offsets")
+        w = None if per_sample_weights is None else _numpy(per_sample_weights,
+                                                           "per_sample_weights")
+        rows = self._live().bag(ids, off, w, mode=self.mode,  # type: ignore[arg-type]
+                                include_last_offset=self.include_last_offset)
+        return _tensor(rows, input)
+
+
+def to_nn_embedding(path_or_table, *, freeze: bool = True, padding_idx: int | None = None,
+                    max_norm: float | None = None, norm_type: float = 2.0) -> torch.nn.Embedding:
+    """An ordinary ``torch.nn.Embedding`` holding a copy of the whole table (it must fit in
+    RAM), via ``from_pretrained``; ``freeze=False`` makes its weights trainable."""
+    table, opened = _as_table(path_or_table, 0)
+    try:
+        weights = torch.from_numpy(table.to_numpy())
+    finally:
+        if opened:
+            table.close()
+    return torch.nn.Embedding.from_pretrained(weights, freeze=freeze, padding_idx=padding_idx,
+                                              max_norm=max_norm, norm_type=norm_type)

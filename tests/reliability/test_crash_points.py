@@ -1,0 +1,161 @@
+"""``append`` (with keys) and multi-shard ``write`` killed at every step of the commit.
+
+A child process opens the table ``r+`` and makes one change; a wrapper around the file
+system calls that make a change durable or visible (``os.replace``, ``os.rename``,
+``os.fsync``, ``os.mkdir``) sends it SIGKILL at the N-th call, for every N the change
+makes, and at random moments (``slow``).  After each kill: the table opens (mode ``r``),
+holds exactly the old or exactly the new rows and keys, ``verify`` passes, and once a
+writer opens it no temporary file is left.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from relhelpers import KILL_POINTS, REPO, TRIED
+
+import embstore
+
+ROWS, DIM, SHARD = 1000, 8, 128
+
+CHILD = r"""
+import os, signal, sys
+import numpy as np
+path, op, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+calls = [0]
+def wrap(fn):
+    def inner(*a, **k):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(*a, **k)
+    return inner
+import embstore
+with embstore.open(path, mode="r+") as t:
+    for name in ("replace", "rename", "fsync", "mkdir"):
+        setattr(os, name, wrap(getattr(os, name)))
+    if op == "append":
+        n = 300  # grows the last shard and adds three
+        t.append(np.full((n, %(dim)d), 5000, np.float32) + np.arange(n)[:, None],
+                 keys=[f"new{i}" for i in range(n)])
+    else:
+        ids = np.arange(5, %(rows)d, 97)  # every shard
+        t.write(ids, -np.repeat(ids[:, None].astype(np.float32), %(dim)d, 1))
+print(calls[0])
+""" % {"dim": DIM, "rows": ROWS}
+
+
+def _old() -> np.ndarray:
+    return np.repeat(np.arange(ROWS, dtype=np.float32)[:, None], DIM, 1)
+
+
+def _contents(path: Path) -> tuple[np.ndarray, list[str]]:
+    with embstore.open(path) as t:
+        return t.to_numpy(), list(t.keys)
+
+
+@pytest.fixture(scope="module", params=["float32", "int8"])
+def base(tmp_path_factory, request) -> Path:
+    """A keyed table (int8: two arrays, codes and row scales, committed together)."""
+    path = tmp_path_factory.mktemp("crash") / "base"
+    old = _old()
+    old[:, 1] = -old[:, 0] / 3  # int8 rows need a spread to quantise
+    embstore.save(path, old, keys=[f"k{i}" for i in range(ROWS)], chunk_rows=16,
+                  shard_rows=SHARD, dtype=request.param).close()
+    return path
+
+
+def _run(path: Path, op: str, kill_at: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", CHILD, str(path), op, str(kill_at)],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def _temp_files(path: Path) -> list[str]:
+    out = []
+    for d, dirs, files in os.walk(path):
+        for name in dirs + files:
+            rel = os.path.relpath(os.path.join(d, name), path)
+            if ".tmp-" in name or "__tmp__" in name or "__old__" in name or \
+                    name.startswith("txn-") or name == "journal":
+                out.append(rel)
+    return out
+
+
+def _check(path: Path, old: tuple, new: tuple) -> str:
+    """'old' or 'new' (asserting it is exactly one of them, rows and keys), then the
+    writer's cleanup."""
+    with embstore.open(path) as t:
+        got, keys = t.to_numpy(), list(t.keys)
+        probe = keys[-3:] + keys[:2]
+        np.testing.assert_array_equal(t.ids_of(probe), [keys.index(k) for k in probe])
+    if got.shape == new[0].shape and np.array_equal(got, new[0]) and keys == new[1]:
+        state = "new"
+    else:
+        np.testing.assert_array_equal(got, old[0], err_msg="neither the old nor the new table")
+        assert keys == old[1]
+        state = "old"
+    report = embstore.verify(path)
+    assert report.ok, str(report)
+    embstore.open(path, mode="r+").close()  # the next writer clears every leftover
+    assert _temp_files(path) == []
+    np.testing.assert_array_equal(_contents(path)[0], (new if state == "new" else old)[0])
+    return state
+
+
+@pytest.mark.parametrize("every", [pytest.param(False, id="sample"),
+                                   pytest.param(True, id="all", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("op", ["append", "write"])
+def test_killed_at_steps(tmp_path, base, op, every):
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe)
+    done = _run(probe, op, 0)
+    assert done.returncode == 0, done.stderr
+    old, new = _contents(base), _contents(probe)
+    steps = int(done.stdout.split()[-1])
+    assert steps > 5
+    seen = {"old": 0, "new": 0}
+    points = range(1, steps + 1) if every else sorted(
+        {1, steps, *np.linspace(1, steps, 9).astype(int).tolist()})
+    for n in points:
+        path = tmp_path / f"k{n}"
+        shutil.copytree(base, path)
+        res = _run(path, op, n)
+        assert res.returncode == -signal.SIGKILL, (n, res.stderr)
+        seen[_check(path, old, new)] += 1
+        TRIED[f"kill: {op} at step"] += 1
+        shutil.rmtree(path)
+    assert seen["old"] and seen["new"], seen  # the commit point lies between the steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["append", "write"])
+def test_killed_at_random_moments(tmp_path, base, op):
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe)
+    t0 = time.monotonic()
+    assert _run(probe, op, 0).returncode == 0
+    horizon = time.monotonic() - t0
+    old, new = _contents(base), _contents(probe)
+    rng = random.Random(op)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for i in range(KILL_POINTS * 5):
+        path = tmp_path / f"r{i}"
+        shutil.copytree(base, path)
+        p = subprocess.Popen([sys.executable, "-c", CHILD, str(path), op, "0"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3 * horizon, 1.0 * horizon))
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=60)
+        _check(path, old, new)
+        TRIED[f"kill: {op} at random"] += 1
+        shutil.rmtree(path)

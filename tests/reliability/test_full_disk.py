@@ -1,0 +1,172 @@
+"""A file system that runs full at every point of ``append``, ``write``, ``save``, import,
+export and batch output (a 16 MiB tmpfs, filled to leave a little less room each time).
+
+Each run fails with ENOSPC somewhere (or fits): the CLI prints one ``Error:`` line and
+exits 1, the original table is intact and verifies, and nothing is left behind (an
+append may also have committed whole: then the table is exactly the new one).  Needs
+root to mount the tmpfs; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from relhelpers import TRIED, assert_clean_error, invoke
+
+import embstore
+
+ROWS, DIM = 3000, 32
+SIZE = 16 << 20
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    try:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mnt)],
+                             capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs: {exc}")
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _vals(n, start=0) -> np.ndarray:
+    return np.repeat(np.arange(start, start + n, dtype=np.float32)[:, None], DIM, 1)
+
+
+def _fill(mnt: Path, leave: int) -> Path:
+    """Take all the free space of ``mnt`` but ``leave`` bytes."""
+    st = os.statvfs(mnt)
+    filler = mnt / "filler"
+    size = st.f_bavail * st.f_frsize - leave
+    if size > 0:
+        with open(filler, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size)
+    return filler
+
+
+def _tree(path: Path) -> dict:
+    out = {}
+    for d, _, files in os.walk(path):
+        for name in files:
+            p = os.path.join(d, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, path)] = f.read()
+    return out
+
+
+def _leaves(n: int = 10) -> list[int]:
+    return [int(x) for x in np.linspace(0, 900_000, n)]
+
+
+@pytest.mark.parametrize("op", ["append", "write"])
+def test_append_and_write_on_a_full_disk(small_fs, op):
+    table = small_fs / "t"
+    failures = 0
+    for leave in _leaves():
+        if table.exists():
+            shutil.rmtree(table)
+        embstore.save(table, _vals(ROWS), keys=[f"k{i}" for i in range(ROWS)], chunk_rows=16,
+                      shard_rows=1024).close()
+        before = _tree(table)
+        filler = _fill(small_fs, leave)
+        try:
+            with embstore.open(table, mode="r+") as t:
+                if op == "append":
+                    t.append(_vals(2000, 10_000), keys=[f"n{i}" for i in range(2000)])
+                else:
+                    t.write(np.arange(0, ROWS, 7), -_vals(len(range(0, ROWS, 7))))
+            ok = True
+        except OSError as exc:
+            assert "No space left" in str(exc) or getattr(exc, "errno", None) == 28, exc
+            ok = False
+        failures += not ok
+        report = embstore.verify(table)  # still full: reading needs no space
+        assert report.ok, str(report)
+        with embstore.open(table) as t:
+            got, keys = t.to_numpy(), list(t.keys)
+        if len(got) == ROWS and got[7, 0] == 7:  # the old table, byte for byte
+            np.testing.assert_array_equal(got, _vals(ROWS))
+            assert _tree(table) == before, "files left or changed by the failed operation"
+        else:
+            assert ok or op == "append"  # failed after its commit point: new and whole
+            want = _vals(ROWS) if op == "write" else np.concatenate(
+                [_vals(ROWS), _vals(2000, 10_000)])
+            if op == "write":
+                want[::7] = -_vals(len(range(0, ROWS, 7)))
+            np.testing.assert_array_equal(got, want)
+            assert len(keys) == len(want)
+        filler.unlink()
+        TRIED[f"full disk: {op}"] += 1
+    assert failures >= 3
+
+
+def test_save_and_import_on_a_full_disk(small_fs, tmp_path):
+    src = tmp_path / "src.npy"
+    np.save(src, _vals(20_000))
+    for leave in _leaves():
+        filler = _fill(small_fs, leave)
+        try:
+            embstore.save(small_fs / "saved", np.load(src)).close()
+            shutil.rmtree(small_fs / "saved")
+        except OSError as exc:
+            assert getattr(exc, "errno", None) == 28, exc
+        assert sorted(os.listdir(small_fs)) == ["filler"]
+        res = invoke(["import", src, small_fs / "imported", "-q"])
+        if res.exit_code == 0:
+            shutil.rmtree(small_fs / "imported")
+        else:
+            assert "space" in assert_clean_error(res, context=f"import, {leave} bytes free")
+        assert sorted(os.listdir(small_fs)) == ["filler"]
+        filler.unlink()
+        TRIED["full disk: save and import"] += 1
+
+
+@pytest.mark.parametrize("what", ["export-npy", "export-w2v", "lookup-npy", "lookup-zarr"])
+def test_outputs_on_a_full_disk(small_fs, tmp_path, what):
+    table = tmp_path / "t"
+    embstore.save(table, _vals(20_000), keys=[f"k{i}" for i in range(20_000)]).close()
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.arange(20_000).reshape(100, 200) % 20_000)
+    before = _tree(table)
+    for leave in _leaves(6):
+        filler = _fill(small_fs, leave)
+        if what.startswith("export"):
+            out = small_fs / ("out.npy" if what == "export-npy" else "out.txt")
+            res = invoke(["export", table, out] + (["--format", "word2vec"]
+                                                    if what == "export-w2v" else []))
+        else:
+            out = small_fs / ("out.npy" if what == "lookup-npy" else "out.zarr")
+            res = invoke(["lookup", table, ids, out, "-q"])
+        partial = small_fs / ".out.zarr.partial"
+        if res.exit_code != 0:
+            assert "space" in assert_clean_error(res, context=f"{what}, {leave} bytes free")
+        if what == "lookup-zarr" and partial.exists():  # kept for --resume (an I/O failure)
+            assert sorted(os.listdir(small_fs)) == [".out.zarr.partial", "filler"]
+            filler.unlink()
+            res = invoke(["lookup", table, ids, out, "-q", "--resume"])
+            assert res.exit_code == 0, res.output
+            np.testing.assert_array_equal(zarr.open_array(str(out), mode="r")[...],
+                                          _vals(20_000)[np.load(ids)])
+        if res.exit_code == 0:
+            (shutil.rmtree if out.is_dir() else os.remove)(out)
+        expected = ["filler"] if filler.exists() else []
+        assert sorted(os.listdir(small_fs)) == expected
+        if filler.exists():
+            filler.unlink()
+        TRIED[f"full disk: {what}"] += 1
+    assert _tree(table) == before
+    assert embstore.verify(table).ok

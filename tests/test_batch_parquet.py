@@ -1,0 +1,191 @@
+"""Batch lookups over Parquet columns (ids, keys, lists of them) against NumPy lookups."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import embstore  # noqa: E402
+from embstore.errors import MissingDependencyError  # noqa: E402
+from embstore.batch import parquet as bparquet  # noqa: E402
+
+V, D = 60, 5
+KEYS = [f"w{i}" for i in range(V)]
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return np.random.default_rng(3).standard_normal((V, D)).astype(np.float32)
+
+
+@pytest.fixture(params=["memory", "zarr"])
+def table(request, weights, tmp_path):
+    if request.param == "memory":
+        yield embstore.MemoryTable(weights.copy(), keys=KEYS)
+        return
+    t = embstore.save(tmp_path / "t", weights, keys=KEYS, chunk_rows=4, shard_rows=16)
+    yield t
+    t.close()
+
+
+def _write(tmp_path, columns, row_group_size=3):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+    return path
+
+
+def _vectors(path, name="vector"):
+    return pq.read_table(path).column(name).to_pylist()
+
+
+def _rows(weights, ids):
+    return [None if i is None else weights[i].tolist() for i in ids]
+
+
+@pytest.mark.parametrize("batch_rows", [None, 2], ids=["auto", "2-rows"])
+def test_id_column(table, weights, tmp_path, batch_rows):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, V, 10).tolist()
+    ids[4] = None
+    src = _write(tmp_path, {"id": pa.array(ids, pa.int32()), "doc": [f"d{i}" for i in range(10)],
+                            "other": list(range(10))})
+    out = tmp_path / "out.parquet"
+    res = embstore.lookup_file(table, src, out, column="id", keep=["doc"], batch_rows=batch_rows)
+    assert res["rows"] == 10 and res["batches"] == (1 if batch_rows is None else 5)
+    got = pq.read_table(out)
+    assert got.column_names == ["vector", "doc"]
+    assert got.schema.field("vector").type == pa.list_(pa.float32(), D)
+    assert got.column("doc").to_pylist() == [f"d{i}" for i in range(10)]
+    assert _vectors(out) == _rows(weights, ids)
+    assert pq.ParquetFile(out).metadata.num_row_groups == res["batches"]
+
+
+def test_list_of_ids_column(table, weights, tmp_path):
+    lists = [[1, 2, 3], [], None, [59], [0, None, 7], [4] * 9]
+    src = _write(tmp_path, {"ids": lists}, row_group_size=2)
+    out = tmp_path / "out.parquet"
+    res = embstore.lookup_file(table, src, out, column="ids", batch_rows=4)
+    assert res["rows"] == 6 and res["batches"] == 2  # 4 + 2 rows, across row groups
+    assert pq.read_table(out).schema.field("vector").type == pa.list_(pa.list_(pa.float32(), D))
+    assert _vectors(out) == [None if x is None else _rows(weights, x) for x in lists]
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["scalar", "lists"])
+def test_key_columns_and_oov(table, weights, tmp_path, listed):
+    keys = ["w3", "nope", None, "w59"]
+    col = [[k] for k in keys] if listed else keys
+    src = _write(tmp_path, {"k": col})
+    out = tmp_path / "out.parquet"
+    where = "row 1, position 0" if listed else "row 1"
+    with pytest.raises(embstore.KeyNotFoundError, match=f"in.parquet, {where}: key 'nope' is "
+                       "not in the table"):
+        embstore.lookup_file(table, src, out, column="k")
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if "partial" in p]
+    zero = np.zeros(D, np.float32).tolist()
+    want = [weights[3].tolist(), zero, None, weights[59].tolist()]
+    embstore.lookup_file(table, src, out, column="k", oov="zero")
+    got = _vectors(out)
+    assert got == ([[w] for w in want] if listed else want)
+    embstore.lookup_file(table, src, out, column="k", oov="unk", unk_id=7, overwrite=True)
+    want[1] = weights[7].tolist()
+    got = _vectors(out)
+    assert got == ([[w] for w in want] if listed else want)
+
+
+def test_out_of_range_ids(table, weights, tmp_path):
+    src = _write(tmp_path, {"ids": [[1], [2, V]], "id": [0, -1]})
+    out = tmp_path / "out.parquet"
+    with pytest.raises(embstore.InvalidIdError,
+                       match=rf"row 1, position 1: id {V} is out of range for a table of {V}"):
+        embstore.lookup_file(table, src, out, column="ids")
+    with pytest.raises(embstore.InvalidIdError, match="row 1: id -1 is out of range"):
+        embstore.lookup_file(table, src, out, column="id")
+    embstore.lookup_file(table, src, out, column="ids", oov="zero")
+    assert _vectors(out)[1] == [weights[2].tolist(), [0.0] * D]
+
+
+def test_refusals(table, tmp_path):
+    src = _write(tmp_path, {"id": [1, 2], "x": [0.5, 1.5]})
+    out = tmp_path / "out.parquet"
+    with pytest.raises(embstore.FormatError, match="a Parquet input needs a Parquet output"):
+        embstore.lookup_file(table, src, tmp_path / "out.npy", column="id")
+    with pytest.raises(embstore.FormatError, match=r"no column 'nope' \(columns: id, x\)"):
+        embstore.lookup_file(table, src, out, column="nope")
+    with pytest.raises(embstore.FormatError, match="column 'x' must hold integer ids or string"):
+        embstore.lookup_file(table, src, out, column="x")
+    with pytest.raises(ValueError, match="a Parquet input needs column="):
+        embstore.lookup_file(table, src, out)
+    with pytest.raises(ValueError, match="scheduler= is not supported for Parquet"):
+        embstore.lookup_file(table, src, out, column="id", scheduler="local")
+    embstore.lookup_file(table, src, out, column="id")
+    with pytest.raises(embstore.DestinationExistsError):
+        embstore.lookup_file(table, src, out, column="id")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(embstore.FormatError, match="not a readable Parquet file"):
+        embstore.lookup_file(table, tmp_path / "bad.parquet", tmp_path / "o2.parquet",
+                             column="id")
+
+
+def test_the_looked_up_column_can_be_kept(table, weights, tmp_path):
+    src = _write(tmp_path, {"id": [4, 5]})
+    out = tmp_path / "out.parquet"
+    embstore.lookup_file(table, src, out, column="id", keep=["id", "id"])
+    got = pq.read_table(out)
+    assert got.column_names == ["vector", "id"] and got.column("id").to_pylist() == [4, 5]
+    assert _vectors(out) == _rows(weights, [4, 5])
+
+
+def test_empty_input_gives_an_empty_output_with_the_schema(table, tmp_path):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"ids": pa.array([], pa.list_(pa.int64())), "doc": pa.array(
+        [], pa.string())}), src)
+    out = tmp_path / "out.parquet"
+    res = embstore.lookup_file(table, src, out, column="ids", keep="doc")
+    got = pq.read_table(out)
+    assert res["rows"] == 0 and got.num_rows == 0
+    assert got.schema.field("vector").type == pa.list_(pa.list_(pa.float32(), D))
+    assert got.column_names == ["vector", "doc"]
+
+
+def test_batches_follow_the_output_budget(table, tmp_path, monkeypatch):
+    src = _write(tmp_path, {"ids": [[1, 2, 3, 4]] * 20}, row_group_size=20)
+    monkeypatch.setattr(bparquet, "DEFAULT_BLOCK_BYTES", 4 * D * 4 * 5)  # 5 rows of 4 ids
+    res = embstore.lookup_file(table, src, tmp_path / "out.parquet", column="ids")
+    assert res["batches"] == 4 and res["ids"] == 80
+
+
+def test_cli_lookup_parquet(weights, tmp_path):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    embstore.save(tmp_path / "t", weights, keys=KEYS).close()
+    src = _write(tmp_path, {"toks": [["w1", "w2"], ["zz"]], "doc": ["a", "b"]})
+    out = tmp_path / "out.parquet"
+    run = CliRunner().invoke
+    res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(out), "--column", "toks",
+                    "--keep", "doc", "--oov", "zero", "--quiet"])
+    assert res.exit_code == 0, res.output
+    got = pq.read_table(out)
+    assert got.column("doc").to_pylist() == ["a", "b"]
+    assert got.column("vector").to_pylist() == [_rows(weights, [1, 2]), [[0.0] * D]]
+    res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(out), "--column", "toks",
+                    "--overwrite"])
+    assert res.exit_code == 1 and "Error: " in res.output and "row 1, position 0: key 'zz'" \
+        in res.output
+    res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(tmp_path / "o.parquet")])
+    assert res.exit_code == 2 and "a .parquet INPUT needs --column" in res.output
+
+
+def test_without_pyarrow_the_error_names_the_extra(table, tmp_path, monkeypatch):
+    src = _write(tmp_path, {"id": [1]})
+    import sys
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now fails
+    with pytest.raises(MissingDependencyError,
+                       match=r"a Parquet batch job needs pyarrow.*pip install 'embstore\[parquet\]'"):
+        embstore.lookup_file(table, src, tmp_path / "out.parquet", column="id")

@@ -1,0 +1,77 @@
+"""The golden format-v1 stores in tests/data/ (written by ``tools/make_fixtures.py --golden``).
+
+They freeze the on-disk format: each must read back exactly (through embstore and through
+zarr-python, as any Zarr v3 reader), and ``embstore.save`` of the same data with the same
+layout must write the same bytes: every shard and key-index file byte for byte, every
+``zarr.json`` as the same JSON apart from ``created_by`` (the writer's version).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import embstore
+
+DATA = Path(__file__).parent / "data"
+LAYOUT = {"chunk_rows": 16, "shard_rows": 64}
+
+
+def golden_data() -> tuple[np.ndarray, list[str]]:
+    """The same formula as tools/make_fixtures.py: multiples of 1/8, exact in float32."""
+    values = np.empty((100, 8), dtype=np.float32)
+    for r in range(100):  # an independent (loop) spelling of the tool's vectorised formula
+        for c in range(8):
+            i = r * 8 + c
+            values[r, c] = ((i * 37) % 101 - 50) / 8
+    keys = [f"w{r}" for r in range(100)]
+    keys[3], keys[7] = "été", "naïve"
+    return values, keys
+
+
+def _files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _json_without_created_by(path: Path) -> dict:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc.get("attributes", {}).get("embstore", {}).pop("created_by", None)
+    return doc
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_golden_store_reads_back_exactly(compression):
+    values, keys = golden_data()
+    path = DATA / f"golden-v1-{compression}"
+    with embstore.open(path) as t:
+        assert t.shape == (100, 8) and t.dtype == np.float32
+        np.testing.assert_array_equal(t.to_numpy(), values)
+        np.testing.assert_array_equal(t[[99, 0, 63, 64]], values[[99, 0, 63, 64]])
+        assert list(t.keys) == keys
+        np.testing.assert_array_equal(t.ids_of(["naïve", "été", "w99"]), [7, 3, 99])
+        info = t.info()
+        assert (info["chunk_rows"], info["shard_rows"], info["compression"]) == (
+            16, 64, compression)
+    np.testing.assert_array_equal(zarr.open_array(path / "vectors", mode="r")[:], values)
+    assert embstore.verify(path).ok
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_save_writes_the_golden_bytes(tmp_path, compression):
+    values, keys = golden_data()
+    golden = DATA / f"golden-v1-{compression}"
+    fresh = tmp_path / "t"
+    embstore.save(fresh, values, keys=keys, compression=compression, **LAYOUT).close()
+    want, got = _files(golden), _files(fresh)
+    assert sorted(got) == sorted(want)
+    assert any(name.startswith("vectors/c/") for name in want)  # shard files are compared
+    assert any(name.startswith("key") and "/c/" in name for name in want)  # and the key index
+    for name, path in want.items():
+        if path.name == "zarr.json":
+            assert _json_without_created_by(got[name]) == _json_without_created_by(path), name
+        else:
+            assert got[name].read_bytes() == path.read_bytes(), name
