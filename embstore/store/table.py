@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from .._types import Bytes, OpenMode, PathLike
-from ..cache import CacheInfo, make_cache, parse_bytes
+from ..cache import CacheInfo, parse_bytes
+from ..rowcaches import make_cache
 from ..errors import (CorruptStoreError, InvalidIdError,
                       ReadOnlyError, ShapeMismatchError)
 from ..beside import sweep_beside
@@ -45,7 +46,7 @@ class ZarrTable(Table):
 
     Rows come from a :class:`~embstore.store.source.RowSource` (the shard fast path, or
     zarr-python for layouts it does not know) through a row cache (a
-    :class:`~embstore.cache.NullCache` when ``cache_bytes=0``).
+    :class:`~embstore.rowcaches.NullCache` when ``cache_bytes=0``).
     """
 
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
