@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+import embstore
+
 from .. import data
 from ..common import Measurement, Skip, absolute, compare, evict, fmt, log, read_bytes
 from . import peers
@@ -36,7 +38,7 @@ def run(ctx, res) -> None:
     if read_bytes() is None:
         res.notes.append("/proc/self/io is not readable here: bytes read are not reported")
     res.params = {k: v for k, v in cfg.items()}
-    es = data.embstore_api()
+    es = embstore
     for n, (rows, dim) in enumerate(cfg["tables"]):
         npy = data.table_npy(ctx.data_dir, rows, dim)
         store = data.store(ctx.data_dir, npy)

@@ -20,6 +20,8 @@ import os
 
 import numpy as np
 
+import embstore
+
 from .. import data
 from ..common import Measurement, Method, Skip, compare, interleave, log
 
@@ -68,7 +70,7 @@ def run(ctx, res) -> None:
         import moto  # noqa: F401
     except ImportError as exc:
         raise Skip(f"{exc.name} not installed (pip install 'embstore[s3]' 'moto[server]')")
-    es = data.embstore_api()
+    es = embstore
     npy = data.table_npy(ctx.data_dir, rows, dim)
     E = data.load_in_ram(npy)
     store = data.store(ctx.data_dir, npy)
