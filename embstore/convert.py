@@ -10,7 +10,6 @@ renames into place on success (an error leaves no DEST behind).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,10 +25,10 @@ from .formats._textparse import decode_keys
 from .store.codecs import Compression
 from .store.table import open as open_table
 from .dtypes import QUANTISED, check_storage
+from .progress import Progress, Tally
 from .store.writer import TableWriter
 from .table import Table
 
-Progress = Callable[[int, "int | None"], None]  # on_progress(done, total)
 
 __all__ = ["import_file", "export_table", "ImportResult", "ExportResult", "vocab_path_for",
            "export_format_for", "VocabReader"]
@@ -238,14 +237,7 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
     vocab_tmp = None if vocab is None else temp_path(vocab)
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
-    done = 0
-
-    def advance(k: int) -> None:
-        nonlocal done
-        done += k
-        if on_progress is not None:
-            on_progress(done, n)
-
+    advance = Tally(n, on_progress).update  # rows written so far, to on_progress
     try:
         if vocab_tmp is not None:
             _write_vocab(vocab_tmp, table, n, block_rows)
@@ -282,14 +274,7 @@ def _export_to_stream(src, stream, *, format, limit, block_rows, vocab_out, tens
         vocab = os.fspath(vocab_out) if keyless and vocab_out not in (None, True, False) else None
         if vocab is not None:
             _write_vocab(vocab, table, n, block_rows)
-        done = 0
-
-        def advance(k: int) -> None:
-            nonlocal done
-            done += k
-            if on_progress is not None:
-                on_progress(done, n)
-
+        advance = Tally(n, on_progress).update
         extra = {} if tensor is None else {"tensor": tensor}
         rows = get(format).write(stream, table, limit=limit, block_rows=block_rows,
                                  progress=advance, **extra)
