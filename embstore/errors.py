@@ -151,6 +151,11 @@ class ResourceLimitError(EmbstoreError, OSError):
         self.errno = errno
         self.filename = path
         self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class LockTimeoutError(EmbstoreError, TimeoutError):
     """Another writer held a table's writer lock for longer than the timeout.
 

@@ -202,7 +202,7 @@ def test_enospc_is_a_one_line_error(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "o.npy"))
 
     monkeypatch.setattr(convert, "export_table", full)
-    monkeypatch.setattr("embstore.cli.export_table", full)
+    monkeypatch.setattr("embstore.cli.files.export_table", full)
     res = CliRunner().invoke(cli, ["export", str(path), str(tmp_path / "o.npy")])
     assert res.exit_code == 1 and res.output == f"Error: {tmp_path / 'o.npy'}: No space left on device\n"
 
