@@ -12,9 +12,10 @@ from ._version import __version__
 from .batch import lookup_file
 from .cache import CacheInfo
 from .convert import ExportResult, ImportResult, export_table, import_file
-from .errors import (CorruptStoreError, DestinationExistsError, EmbstoreError, FormatError,
-                     InvalidIdError, KeyNotFoundError, LockTimeoutError, NotATableError,
-                     ReadOnlyError, ShapeMismatchError)
+from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError, EmbstoreError,
+                     FormatError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
+                     LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
+                     ResourceLimitError, ResultTooLargeError, ShapeMismatchError)
 from .gensim import from_gensim, to_gensim
 from .layer import Embedding
 from .memory import MemoryTable
@@ -31,7 +32,8 @@ __all__ = [
     "from_gensim", "to_gensim",
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
-    "LockTimeoutError",
+    "LockTimeoutError", "MissingDependencyError", "ClosedTableError", "InvalidOptionError",
+    "ResultTooLargeError", "ResourceLimitError",
 ]
 
 
