@@ -112,8 +112,8 @@ class _Gunzip:
             self._started = True
             out = self._d.decompress(data, len(view))
             self._pending = self._d.unconsumed_tail
-            if self._d.eof:
-                self._pending = self._d.unused_data + self._pending
+            if self._d.eof:  # all input left is unused_data (zlib repeats it in the tail)
+                self._pending = self._d.unused_data
                 self._d = self._z.decompressobj(31)
                 self._started = False
             if out:

@@ -147,6 +147,7 @@ class TextReader(Reader):
                     continue
                 carry, body = data[cut + 1:], data[:cut + 1]
             # body: whole lines, each ending in \n (at the end of the file the last may not)
+            self.progress_done = self._src.consumed(len(carry))  # bytes read, up to body's end
             text = body.rstrip()
             if text:
                 if blanks:
@@ -160,7 +161,6 @@ class TextReader(Reader):
                 blanks = body.count(b"\n", len(text)) - 1  # after the last line's own \n
             else:
                 blanks += body.count(b"\n")
-            self.progress_done = self._src.consumed(len(carry))
             if eof:
                 return
 
