@@ -277,3 +277,14 @@ def test_stdin_errors_are_one_line(tmp_path):
     r = cli_run(["import", "-", tmp_path / "e.emb"], stdin=b"")
     assert r.returncode == 1 and "Error: <stdin>: the file is empty" in r.stderr.decode()
     assert not (tmp_path / "z.emb").exists() and not (tmp_path / "e.emb").exists()
+
+
+@pytest.mark.parametrize("header,fmt", [(b"1 999999999999\nx 1\n", "word2vec"),
+                                        (b"1 999999999999\nx \x00\x00\x80?\n", "word2vec-binary")])
+def test_hostile_dimension_in_compressed_data(tmp_path, header, fmt):
+    src = tmp_path / "h.gz"
+    src.write_bytes(gzip.compress(header))
+    with pytest.raises(FormatError, match=r"h.gz, line 1: the header's dimension 999999999999 "
+                                          r"cannot fit: expected at most \d+ \(a (line|row) holds"):
+        embstore.import_file(src, tmp_path / "t.emb", format=fmt)
+    assert not (tmp_path / "t.emb").exists()

@@ -101,10 +101,12 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
 @options
 def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, as_json, quiet):
     """Export the table SRC to the file DEST ('-': standard output, with --format).
+    A DEST ending in .gz, .bz2, .xz or .zst is compressed.
 
     \b
     Examples:
       embstore export news.emb news.txt --format word2vec
+      embstore export news.emb news.vec.gz
       embstore export bert.emb bert.safetensors --tensor embed_tokens.weight
       embstore export news.emb - --format glove | gzip > news.glove.gz
     """

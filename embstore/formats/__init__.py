@@ -27,7 +27,10 @@ implement ``blocks()``; :class:`~embstore.formats._array.ArrayReader` does it al
 array-like sources) and, if it can be written, ``write``.  Then add one
 :class:`FormatSpec` to ``SPECS`` below: with ``magic`` bytes (or a ``sniff``
 function) :func:`detect` recognises it, its ``extensions`` name it on export, and
-``embstore import``/``export`` offer it.  Nothing outside this folder changes.  A
+``embstore import``/``export`` offer it; ``streams=True`` says ``read`` also takes a
+:class:`~.source.Source` (compressed data or a pipe, read once in order: see
+:mod:`.source`), otherwise such input is first copied to a file.  Nothing outside this
+folder changes.  A
 format module imports only from this folder and the ground (errors, ids, dtypes):
 never the store, the batch jobs or click.
 """
