@@ -24,7 +24,8 @@ import zlib
 from collections.abc import Callable
 from typing import IO, Any
 
-from ..errors import FormatError
+from ..errors import FormatError, MissingDependencyError
+from ..optional import require
 
 __all__ = ["Source", "open_source", "sniff_compression", "compression_for", "open_compressed_output",
            "inner_name", "stream_row_bound", "COMPRESSIONS", "EXTENSIONS"]
@@ -59,11 +60,11 @@ def inner_name(name: str) -> str:
 
 
 def _gzip_module():
+    """python-isal's zlib when installed (an accelerator: never required), else zlib."""
     try:
-        from isal import isal_zlib  # optional accelerator (pip install isal)
-    except ImportError:
+        return require("isal.isal_zlib", extra="fast-gzip", feature="fast gzip decoding")
+    except MissingDependencyError:
         return zlib
-    return isal_zlib
 
 
 class _Raw(io.RawIOBase):
