@@ -238,3 +238,25 @@ def test_real_minilm_folder_imports_with_no_options(tmp_path):
         assert list(t.keys) == words
         enc = tok.encode("Embedding tables larger than RAM")
         np.testing.assert_array_equal(t.lookup_keys(enc.tokens), ref[enc.ids])
+
+
+def test_sharded_pytorch_bin_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    tok = train("bpe")
+    os.makedirs(tmp_path / "model")
+    rows = padded(tok.get_vocab_size())
+    w = torch.randn(rows, DIM, generator=torch.Generator().manual_seed(3))
+    torch.save({"model.layers.0.mlp.weight": torch.randn(DIM, DIM)},
+               tmp_path / "model" / "pytorch_model-00001-of-00002.bin")
+    torch.save({"model.embed_tokens.weight": w, "lm_head.weight": torch.randn(rows, DIM)},
+               tmp_path / "model" / "pytorch_model-00002-of-00002.bin")
+    (tmp_path / "model" / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
+        "model.layers.0.mlp.weight": "pytorch_model-00001-of-00002.bin",
+        "model.embed_tokens.weight": "pytorch_model-00002-of-00002.bin",
+        "lm_head.weight": "pytorch_model-00002-of-00002.bin"}}))
+    (tmp_path / "model" / "pytorch_model-00001-of-00002.bin").write_bytes(b"not read")
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "llama"}')
+    tok.save(str(tmp_path / "model" / "tokenizer.json"))
+    res = embstore.import_file(tmp_path / "model", tmp_path / "t.emb")
+    assert res.tensor == "model.embed_tokens.weight"
+    check_table(tmp_path / "t.emb", w.numpy(), tok)
