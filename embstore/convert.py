@@ -158,7 +158,8 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
         fmt = format if source is None or format != "auto" else detect_source(source)
         module = get(fmt)
         if tensor is not None and not spec(fmt).takes_tensor:
-            named = " and ".join(f.name for f in SPECS if f.takes_tensor)
+            names = [f.name for f in SPECS if f.takes_tensor]
+            named = ", ".join(names[:-1]) + " and " + names[-1]
             raise FormatError(f"tensor= applies to {named} files, got format {fmt}")
         storage = None if dtype is None else check_storage(dtype)
         where: object = src
