@@ -160,8 +160,10 @@ class Source:
         return FormatError(f"cannot read {what}: {exc or type(exc).__name__}", path=self.path)
 
     def describe(self) -> str:
-        """``gzip-compressed`` or ``plain`` (for messages)."""
-        return f"{self.compression}-compressed" if self.compression else "plain"
+        """``gzip-compressed``, ``piped`` or ``plain`` (for messages)."""
+        if self.compression:
+            return f"{self.compression}-compressed"
+        return "piped" if self.size is None else "plain"
 
     def close(self) -> None:
         for c in (self.stream, *self._closers):
