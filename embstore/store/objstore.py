@@ -106,6 +106,7 @@ class ObjectClient:
                  "backoff": {"init_backoff": timedelta(milliseconds=50),
                              "max_backoff": timedelta(seconds=2), "base": 2}}
         base = f"{self.scheme}://{self.bucket}"
+        self._config = (from_url, {"client_options": client, "retry_config": retry, **opts})
         try:
             self.store = from_url(base, client_options=client, retry_config=retry, **opts)
         except Exception as exc:  # noqa: BLE001 - obstore's config errors vary
@@ -113,9 +114,15 @@ class ObjectClient:
                               f"({_first_line(exc)})", url=url) from None
         self.concurrency = max(1, int(concurrency))
         self.requests = 0
+        self.received = 0  # bytes of object data received (ranged reads, whole objects)
         self._count_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = os.getpid()
+
+    def prefixed_store(self):
+        """An obstore store rooted at the table (for zarr-python's ``ObjectStore``)."""
+        from_url, kwargs = self._config
+        return from_url(self.url, **kwargs)
 
     # -- names --------------------------------------------------------------------------------
     def key(self, rel: str) -> str:
@@ -162,7 +169,15 @@ class ObjectClient:
     def get(self, rel: str) -> bytes | None:
         """The whole object (None if there is none)."""
         res = self._call(rel, self._ob.get, missing_ok=True)
-        return None if res is None else bytes(res.bytes())
+        if res is None:
+            return None
+        data = bytes(res.bytes())
+        self._got(len(data))
+        return data
+
+    def _got(self, n: int) -> None:
+        with self._count_lock:
+            self.received += n
 
     def get_tail(self, rel: str, n: int):
         """``(last n bytes, object size, etag)`` in one request, or None if there is no object."""
@@ -170,11 +185,15 @@ class ObjectClient:
         if res is None:
             return None
         meta = res.meta
-        return res.bytes(), int(meta["size"]), str(meta.get("e_tag") or "")
+        data = res.bytes()
+        self._got(len(data))
+        return data, int(meta["size"]), str(meta.get("e_tag") or "")
 
     def get_range(self, rel: str, start: int, end: int):
         """Bytes ``start..end-1`` of an object (a buffer)."""
-        return self._call(rel, self._ob.get_range, start=start, end=end)
+        data = self._call(rel, self._ob.get_range, start=start, end=end)
+        self._got(len(data))
+        return data
 
     def head(self, rel: str) -> dict | None:
         return self._call(rel, self._ob.head, missing_ok=True)

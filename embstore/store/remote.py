@@ -19,9 +19,7 @@ for local tables.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,11 +27,11 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c
 
-from ..errors import CorruptStoreError, FormatError, ReadOnlyError
+from ..errors import CorruptStoreError, ReadOnlyError
 from .chunkcache import ChunkCache
 from .codecs import ABSENT, Layout, check_chunk, make_codec
 from .objstore import ObjectClient
-from .quant import SCALE_ARRAY
+from .remote_keys import download_key_arrays, open_remote_vocab
 from .source import RowSource
 
 __all__ = ["RemoteShardSource", "parse_index"]
@@ -309,46 +307,20 @@ class RemoteShardSource(RowSource):
         self._refuse()
 
     # -- keys -------------------------------------------------------------------------------
-    def key_index_dir(self) -> Path:
-        """A local folder holding the table's group ``zarr.json`` and its key arrays (every
-        object but ``vectors/``), downloaded once: into the chunk cache when there is one
-        (shared by processes: downloaded beside and renamed into place), else into a
-        temporary folder removed on close.  Key lookups then run on it as on a local table."""
+    def vocab(self, rows: int):
+        """The table's key index, read by ranges (:mod:`embstore.store.remote_keys`); None
+        when the table has no keys."""
+        return open_remote_vocab(self.client, self.cache, rows, self._key_index_dir)
+
+    def _key_index_dir(self) -> Path:
+        """A local folder holding the key arrays of a table uploaded without block sidecars
+        (downloaded once; a temporary folder is removed on close)."""
         with self._keys_lock:
-            if self._keys_dir is not None:
-                return self._keys_dir
-            final = None if self.cache is None else Path(self.cache.dir) / "key-index"
-            if final is not None and (final / "zarr.json").is_file():
-                self._keys_dir = final
-                return final
-            parent = Path(self.cache.dir) if self.cache is not None else None
-            tmp = Path(tempfile.mkdtemp(prefix=".keys-", dir=parent))
-            try:
-                rels = [r for r, _ in self.client.list() if not r.startswith(
-                    ("vectors/", f"{SCALE_ARRAY}/"))]
-
-                def get(rel: str) -> None:
-                    data = self.client.get(rel)
-                    if data is None:
-                        raise FormatError(f"{rel} vanished while being read (is the table "
-                                          "being replaced?)", path=self.client.url)
-                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp / rel).write_bytes(data)
-
-                self.client.map(get, rels)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            if final is None:
-                self._keys_tmp = tmp
-                self._keys_dir = tmp
-                return tmp
-            try:
-                os.rename(tmp, final)
-            except OSError:  # another process was first: its copy is the same
-                shutil.rmtree(tmp, ignore_errors=True)
-            self._keys_dir = final
-            return final
+            if self._keys_dir is None:
+                self._keys_dir = download_key_arrays(self.client, self.cache)
+                if self.cache is None:
+                    self._keys_tmp = self._keys_dir
+            return self._keys_dir
 
     def refresh(self) -> None:
         self._index.clear()
