@@ -30,6 +30,14 @@ from ..optional import require
 __all__ = ["is_url", "ObjectClient", "RemoteError", "connect", "CONCURRENCY"]
 
 CONCURRENCY = 32  # requests in flight per table (S3 serves thousands per prefix)
+# A request (8 MiB at most; uploads go by multipart parts) that has not finished in
+# REQUEST_TIMEOUT fails; failed requests are retried while RETRY_TIMEOUT has not passed
+# since the first attempt, so one call gives up after at most about REQUEST_TIMEOUT +
+# RETRY_TIMEOUT (an endpoint that accepts connections and never answers: an error, not a
+# hang).  storage_options ``timeout``, ``connect_timeout`` override them per table.
+CONNECT_TIMEOUT = timedelta(seconds=5)
+REQUEST_TIMEOUT = timedelta(seconds=20)
+RETRY_TIMEOUT = timedelta(seconds=10)
 _URL = re.compile(r"^(s3|s3a|gs|gcs|az|azure|abfs|abfss|http|https)://([^/]+)/?(.*)$")
 _ALIASES = {"endpoint_url": "endpoint", "key": "access_key_id", "secret": "secret_access_key",
             "token": "session_token", "region_name": "region", "anon": "skip_signature"}
@@ -90,8 +98,8 @@ class ObjectClient:
         endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", "")
         if endpoint.startswith("http://") or self.scheme == "http":
             client.setdefault("allow_http", True)
-        client.setdefault("connect_timeout", timedelta(seconds=5))
-        client.setdefault("timeout", timedelta(seconds=60))  # per request (8 MiB at most)
+        client.setdefault("connect_timeout", CONNECT_TIMEOUT)
+        client.setdefault("timeout", REQUEST_TIMEOUT)
         instance = bool(opts.pop("instance_credentials", False))
         if self.scheme in ("s3", "s3a") and not instance and not opts.get(
                 "access_key_id") and not opts.get("skip_signature") and not any(
@@ -102,7 +110,7 @@ class ObjectClient:
                               "AWS_SECRET_ACCESS_KEY, pass access_key_id/secret_access_key "
                               "in storage_options, anon=True for a public bucket, or "
                               "instance_credentials=True on EC2)", url=url)
-        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": timedelta(seconds=20),
+        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": RETRY_TIMEOUT,
                  "backoff": {"init_backoff": timedelta(milliseconds=50),
                              "max_backoff": timedelta(seconds=2), "base": 2}}
         base = f"{self.scheme}://{self.bucket}"
@@ -156,6 +164,9 @@ class ObjectClient:
         text = str(exc)
         name = type(exc).__name__
         where = self.where(rel)
+        if "NoSuchBucket" in text:  # (a listing reports it as a generic error)
+            return RemoteError(f"{self.url}: bucket {self.bucket!r} does not exist",
+                               url=self.url)
         if name in ("PermissionDeniedError", "UnauthenticatedError") or re.search(
                 r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|403 Forbidden", text):
             return RemoteError(f"{where}: access denied, check the credentials "
@@ -245,18 +256,25 @@ class ObjectClient:
         return self._pool
 
     def map(self, fn, items) -> builtins.list[Any]:  # (list: the method above)
-        """``[fn(item) for item in items]`` with up to ``concurrency`` in flight; the first
-        exception is raised once all have finished."""
+        """``[fn(item) for item in items]`` with up to ``concurrency`` in flight; after the
+        first exception the calls not started yet are cancelled (an endpoint that times out
+        costs one round of timeouts, not one per item), and it is raised once the running
+        ones have finished."""
         items = list(items)
         if len(items) <= 1:
             return [fn(it) for it in items]
         futures = [self.pool().submit(fn, it) for it in items]
         results, error = [], None
         for f in futures:
+            if error is not None:
+                f.cancel()
             try:
                 results.append(f.result())
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                error = error or exc
+            except BaseException as exc:  # noqa: BLE001 - re-raised below (or cancelled)
+                if error is None:
+                    error = exc
+                    for g in futures:
+                        g.cancel()
                 results.append(None)
         if error is not None:
             raise error
