@@ -6,7 +6,7 @@ instead of memory maps: a lookup fetches only the blocks of ``key_hash``, ``key_
 
 A chunk file of the four arrays is one crc32c over up to 64 MiB, which a ranged read
 cannot check.  So a table on object storage carries, for each chunk file ``<array>/c/<i>``,
-a *block sidecar* object ``key_blocks/<array>/<i>`` (docs/FORMAT.md section 6): the
+a *block sidecar* object ``<array>/blocks/<i>`` (docs/FORMAT.md section 6): the
 crc32c of every ``BLOCK``-byte block of the chunk file, and for ``key_hash`` the first
 hash of every block (the fences that place a query in one block, so a search costs one
 block, not a binary search by requests).  Every block is checked against its crc32c as
@@ -38,10 +38,9 @@ from .mapped import parse_array_meta
 from .writer import INDEX_ARRAYS
 
 __all__ = ["BLOCK", "RangeReader", "RangedArray", "RangedVocab", "block_sidecar",
-           "sidecar_name", "SIDECAR_DIR"]
+           "sidecar_name", "is_sidecar"]
 
 BLOCK = 1024  # bytes per checked block: a lookup of one key reads a few KiB
-SIDECAR_DIR = "key_blocks"
 GAP_BYTES = 4 * BLOCK  # blocks closer than this share a request
 MAX_REQUEST = 8 << 20
 MEMORY_BYTES = 32 << 20  # fetched blocks kept per array (least recently used dropped)
@@ -54,7 +53,13 @@ def _mv(a: np.ndarray) -> memoryview:
 
 
 def sidecar_name(array: str, chunk: int) -> str:
-    return f"{SIDECAR_DIR}/{array}/{chunk}"
+    return f"{array}/blocks/{chunk}"  # inside the array's folder: not a Zarr node
+
+
+def is_sidecar(rel: str) -> bool:
+    """Whether the relative object name ``rel`` is a block sidecar."""
+    parts = rel.split("/")
+    return len(parts) == 3 and parts[0] in INDEX_ARRAYS and parts[1] == "blocks"
 
 
 def block_sidecar(data, *, fences: bool, block: int = BLOCK) -> bytes:

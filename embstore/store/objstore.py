@@ -38,6 +38,8 @@ CONCURRENCY = 32  # requests in flight per table (S3 serves thousands per prefix
 CONNECT_TIMEOUT = timedelta(seconds=5)
 REQUEST_TIMEOUT = timedelta(seconds=20)
 RETRY_TIMEOUT = timedelta(seconds=10)
+# uploads: a part of a multipart upload shares the link with many others (longer)
+WRITE_TIMEOUT = timedelta(seconds=120)
 _URL = re.compile(r"^(s3|s3a|gs|gcs|az|azure|abfs|abfss|http|https)://([^/]+)/?(.*)$")
 _ALIASES = {"endpoint_url": "endpoint", "key": "access_key_id", "secret": "secret_access_key",
             "token": "session_token", "region_name": "region", "anon": "skip_signature"}
@@ -99,6 +101,7 @@ class ObjectClient:
         if endpoint.startswith("http://") or self.scheme == "http":
             client.setdefault("allow_http", True)
         client.setdefault("connect_timeout", CONNECT_TIMEOUT)
+        self._timeout_given = "timeout" in client
         client.setdefault("timeout", REQUEST_TIMEOUT)
         instance = bool(opts.pop("instance_credentials", False))
         if self.scheme in ("s3", "s3a") and not instance and not opts.get(
@@ -115,6 +118,8 @@ class ObjectClient:
                              "max_backoff": timedelta(seconds=2), "base": 2}}
         base = f"{self.scheme}://{self.bucket}"
         self._config = (from_url, {"client_options": client, "retry_config": retry, **opts})
+        self._writer: Any = None
+        self._base = base
         try:
             self.store = from_url(base, client_options=client, retry_config=retry, **opts)
         except Exception as exc:  # noqa: BLE001 - obstore's config errors vary
@@ -143,15 +148,30 @@ class ObjectClient:
         return f"{self.url}/{rel}" if rel else self.url
 
     # -- calls --------------------------------------------------------------------------------
-    def _call(self, rel: str, fn, *args, missing_ok: bool = False, **kwargs):
+    def _write_store(self):
+        """The store uploads go through: as :attr:`store`, with ``WRITE_TIMEOUT`` per
+        request unless the options set a timeout."""
+        if self._writer is None:
+            from_url, kwargs = self._config
+            client = dict(kwargs["client_options"])
+            if not self._timeout_given:
+                client["timeout"] = WRITE_TIMEOUT
+            self._writer = from_url(self._base, **{**kwargs, "client_options": client})
+        return self._writer
+
+    def _call(self, rel: str, fn, *args, missing_ok: bool = False, write: bool = False,
+              **kwargs):
         with self._count_lock:
             self.requests += 1
         try:
-            return fn(self.store, self.key(rel), *args, **kwargs)
+            store = self._write_store() if write else self.store
+            return fn(store, self.key(rel), *args, **kwargs)
         except FileNotFoundError as exc:
             if "NoSuchBucket" in str(exc):
                 raise RemoteError(f"{self.url}: bucket {self.bucket!r} does not exist",
                                   url=self.url) from None
+            if write:  # (an upload whose multipart upload the server dropped)
+                raise self._translate(exc, rel) from None
             if missing_ok:
                 return None
             raise RemoteError(f"{self.where(rel)}: no such object", url=self.url) from None
@@ -211,7 +231,7 @@ class ObjectClient:
 
     def put(self, rel: str, data) -> None:
         """Store ``data`` (bytes or a local file path) at ``rel`` (multipart when large)."""
-        self._call(rel, self._ob.put, data, max_concurrency=8)
+        self._call(rel, self._ob.put, data, max_concurrency=4, write=True)
 
     def delete(self, rels: list[str]) -> None:
         for part in range(0, len(rels), 1000):

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._types import PathLike
 from ..errors import CorruptStoreError, FormatError, NotATableError
-from ..keys.ranged import SIDECAR_DIR, block_sidecar, sidecar_name
+from ..keys.ranged import block_sidecar, sidecar_name
 from ..keys.writer import INDEX_ARRAYS
 from .codecs import Layout, check_chunk
 from .objstore import ObjectClient, is_url
@@ -166,7 +166,7 @@ def _check_rest(client: ObjectClient, attrs: dict, report: VerifyReport) -> None
     try:
         start = len(report.damaged)
         names = sorted(p.name for p in root.iterdir() if (p / "zarr.json").is_file()
-                       and p.name not in ("vectors", SCALE_ARRAY, SIDECAR_DIR))
+                       and p.name not in ("vectors", SCALE_ARRAY))
         deep = "keys" in names and all(n in names for n in INDEX_ARRAYS)
         if attrs.get("has_keys") and "keys" not in names:
             report.add(client.where("keys"), None, f"{client.where('keys')}: missing (the "
@@ -199,8 +199,8 @@ def _check_rest(client: ObjectClient, attrs: dict, report: VerifyReport) -> None
 
 def _check_sidecars(client: ObjectClient, root: Path, report: VerifyReport) -> None:
     """Each block sidecar equals the one made from its chunk file (none: an older upload)."""
-    if not (root / SIDECAR_DIR).is_dir():
-        return
+    if not any((root / name / "blocks").is_dir() for name in INDEX_ARRAYS):
+        return  # (an upload from before the sidecars)
     for name in INDEX_ARRAYS:
         for f in sorted((root / name / "c").iterdir()) if (root / name / "c").is_dir() else []:
             rel = sidecar_name(name, int(f.name))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DestinationExistsError, FormatError
-from ..keys.ranged import SIDECAR_DIR, block_sidecar, sidecar_name
+from ..keys.ranged import block_sidecar, is_sidecar, sidecar_name
 from ..keys.writer import INDEX_ARRAYS
 from .objstore import ObjectClient, is_url
 
@@ -90,8 +90,8 @@ def upload_table(src, url: str, *, overwrite: bool = False, storage_options: dic
     client = ObjectClient(url, storage_options)
     try:
         _clear(client, _check_dest(client, overwrite))
-        rest = [f for f in files if f[0] != "zarr.json" and not f[0].startswith(
-            f"{SIDECAR_DIR}/")]  # (sidecars of an earlier download: made afresh below)
+        rest = [f for f in files if f[0] != "zarr.json" and not is_sidecar(
+            f[0])]  # (sidecars of an earlier download: made afresh below)
         progress = _Counter(sum(f[2] for f in files), on_progress)
 
         def put(item):
@@ -135,8 +135,8 @@ def download_table(url: str, dest, *, overwrite: bool = False,
                 p.write_bytes(data)
                 progress.add(len(data))
 
-            client.map(get, [r for r in objects if r != "zarr.json" and not r.startswith(
-                f"{SIDECAR_DIR}/")])  # block sidecars: for remote reads only
+            client.map(get, [r for r in objects if r != "zarr.json" and not is_sidecar(
+                r)])  # block sidecars: for remote reads only
             get("zarr.json")
             _swap_in(tmp, dest)
         except BaseException:

@@ -148,6 +148,7 @@ def broken_endpoint(request, s3, monkeypatch):
     monkeypatch.setattr(objstore, "REQUEST_TIMEOUT", timedelta(seconds=1))
     monkeypatch.setattr(objstore, "RETRY_TIMEOUT", timedelta(milliseconds=500))
     monkeypatch.setattr(objstore, "CONNECT_TIMEOUT", timedelta(seconds=1))
+    monkeypatch.setattr(objstore, "WRITE_TIMEOUT", timedelta(seconds=1))
     fake = _FakeEndpoint(request.param)
     monkeypatch.setenv("AWS_ENDPOINT_URL", fake.url)
     yield fake

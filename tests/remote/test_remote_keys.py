@@ -114,17 +114,18 @@ def test_a_damaged_sidecar_is_detected(s3):
     embstore.save(url, np.zeros((30, 2), np.float32), keys=[f"k{i}" for i in range(30)]).close()
     _flip(s3, f"d.emb/{sidecar_name('key_hash', 0)}", 40)
     with embstore.open(url) as t:
-        with pytest.raises(CorruptStoreError, match="key_blocks/key_hash/0: block sidecar"):
+        with pytest.raises(CorruptStoreError, match="key_hash/blocks/0: block sidecar"):
             t.ids_of(["k1"])
 
 
 def test_tables_without_sidecars_still_look_keys_up(s3):
-    """A table uploaded by embstore 0.2.0 (no key_blocks/): the key arrays are downloaded."""
+    """A table uploaded by embstore 0.2.0 (no <array>/blocks/): the key arrays are downloaded."""
     url = f"s3://{s3.bucket}/old.emb"
     embstore.save(url, np.eye(3, dtype=np.float32), keys=["a", "b", "c"]).close()
     c = s3.client()
-    for o in c.list_objects_v2(Bucket=s3.bucket, Prefix="old.emb/key_blocks/")["Contents"]:
-        c.delete_object(Bucket=s3.bucket, Key=o["Key"])
+    for o in c.list_objects_v2(Bucket=s3.bucket, Prefix="old.emb/")["Contents"]:
+        if "/blocks/" in o["Key"]:
+            c.delete_object(Bucket=s3.bucket, Key=o["Key"])
     with embstore.open(url) as t:
         assert t.ids_of(["c", "a"]).tolist() == [2, 0]
 
@@ -136,3 +137,21 @@ def test_sidecar_layout():
     assert side[:8] == b"EMBKBLK1" and len(side) == 32 + nblocks * 12 + 4
     fences = np.frombuffer(side, "<u8", nblocks, 32 + 4 * nblocks)
     np.testing.assert_array_equal(fences, [0, 128, 256])
+
+
+def test_zarr_python_reads_the_remote_table_and_sees_no_sidecar(s3):
+    """The sidecars live inside the arrays' folders: a Zarr reader lists no stray member
+    (filterwarnings=error turns zarr's 'not recognized' warning into a failure)."""
+    zarr = pytest.importorskip("zarr")
+    from obstore.store import S3Store
+
+    keys = [f"k{i}" for i in range(50)]
+    E = np.arange(100, dtype=np.float32).reshape(50, 2)
+    embstore.save(f"s3://{s3.bucket}/z.emb", E, keys=keys).close()
+    store = S3Store(s3.bucket, prefix="z.emb", endpoint=s3.endpoint, region="us-east-1",
+                    client_options={"allow_http": True})
+    g = zarr.open_group(zarr.storage.ObjectStore(store, read_only=True), mode="r")
+    assert sorted(n for n, _ in g.members()) == ["key_hash", "key_offsets", "key_order",
+                                                 "key_utf8", "keys", "vectors"]
+    np.testing.assert_array_equal(g["vectors"][:], E)
+    assert list(g["keys"][:]) == keys
