@@ -1,6 +1,7 @@
 """The remote read path: format-v1 shards on object storage, read by ranges.
 
-:class:`RemoteShardSource` is the third :class:`~embstore.store.source.RowSource`.  For a
+:class:`RemoteShardSource` is the third :class:`~embstore.store.source.RowSource` (a
+:class:`~embstore.store.source.LayoutSource`, as the local shard source).  For a
 batch of ids it
 
 1. fetches the index of each touched shard it has not seen yet: one suffix-range GET of
@@ -32,7 +33,7 @@ from .chunkcache import ChunkCache
 from .codecs import ABSENT, Layout, check_chunk, make_codec
 from .objstore import ObjectClient
 from .remote_keys import download_key_arrays, open_remote_vocab
-from .source import RowSource
+from .source import LayoutSource
 
 __all__ = ["RemoteShardSource", "parse_index"]
 
@@ -101,7 +102,7 @@ class _Batch:
         self.off = self.nb = None
 
 
-class RemoteShardSource(RowSource):
+class RemoteShardSource(LayoutSource):
     """Rows of a format-v1 ``vectors`` array on object storage (read-only)."""
 
     def __init__(self, client: ObjectClient, layout: Layout, *, cache: ChunkCache | None = None,
@@ -109,7 +110,7 @@ class RemoteShardSource(RowSource):
                  name: str = "vectors"):
         self.client = client
         self.name = name
-        self._layout = layout
+        self._layout_v = layout
         self.cache = cache
         self.gap = int(coalesce_bytes)
         self.cap = max(int(max_request_bytes), layout.chunk_bytes + 4)
@@ -119,20 +120,15 @@ class RemoteShardSource(RowSource):
         self._keys_dir: Path | None = None
         self._keys_tmp: Path | None = None
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._layout.rows, self._layout.dim)
+    fast_path = False  # not the local mapped path
 
     @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self._layout.dtype.name)
+    def _layout(self) -> Layout:
+        return self._layout_v
 
     @property
     def layout(self) -> dict:
-        L = self._layout
-        return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
-                "compression": L.compression, "fast_path": False,  # not the local mapped path
-                "checksummed": L.has_crc}
+        return {**super().layout, "checksummed": self._layout.has_crc}
 
     def shard_object(self, k: int) -> str:
         return f"{self.name}/{self._layout.shard_key(k)}"
