@@ -127,11 +127,23 @@ class RangedArray:
         self.itemsize = self.dtype.itemsize
         self.file_bytes = self.chunk * self.itemsize + 4
         self._fenced = name == "key_hash"
+        self._ahead = name == "key_offsets"  # a key's end is the next key's start
         self._side: dict[int, tuple] = {}
         self._block = 0
         self._lru: OrderedDict[int, np.ndarray] = OrderedDict()
         self._held = 0
         self._lock = threading.Lock()
+        #: an array of the same grid whose blocks a search fetches too (key_order for key_hash)
+        self.companion: RangedArray | None = None
+
+    def prefetch(self, keys: np.ndarray) -> None:
+        """Fetch blocks ``keys`` into memory, quietly (a later read raises what fails)."""
+        try:
+            self._sidecars(np.unique(keys // self._per_chunk).tolist() if self._block
+                           else range(self.nchunks))
+            self._blocks(keys)
+        except Exception:  # noqa: BLE001 - the read that needs the blocks reports it
+            pass
 
     def __len__(self) -> int:
         return self.n
@@ -261,17 +273,19 @@ class RangedArray:
 
     # -- the MappedArray interface --------------------------------------------------------------
     def take(self, idx: np.ndarray) -> np.ndarray:
-        """Elements at ``idx`` (int64, within ``0..n-1``); the block of ``idx + 1`` comes
-        along (key ends, runs of equal hashes: no second round of requests)."""
+        """Elements at ``idx`` (int64, within ``0..n-1``); for ``key_offsets`` the block of
+        ``idx + 1`` comes along (a key's end: no second round of requests)."""
         idx = np.asarray(idx, dtype=np.int64)
         flat = idx.reshape(-1)
         if flat.size == 0:
             return np.empty(idx.shape, dtype=self.dtype)
         self._sidecars(np.unique(flat // self.chunk).tolist())
         want = self._keys_of(flat)
-        ahead = np.minimum(flat + 1, self.n - 1)
-        self._sidecars(np.unique(ahead // self.chunk).tolist())
-        keys = np.unique(np.concatenate([want, self._keys_of(ahead)]))
+        keys = np.unique(want)
+        if self._ahead:
+            ahead = np.minimum(flat + 1, self.n - 1)
+            self._sidecars(np.unique(ahead // self.chunk).tolist())
+            keys = np.unique(np.concatenate([want, self._keys_of(ahead)]))
         values, base, first = self._elements(keys)
         pos = np.searchsorted(keys, want)
         return values[base[pos] + flat - first[pos]].reshape(idx.shape)
@@ -302,9 +316,25 @@ class RangedArray:
             fkeys.append(c * per + np.arange(nb, dtype=np.int64))
             fences.append(self._side[c][2][:nb])
         all_keys, all_fences = np.concatenate(fkeys), np.concatenate(fences)
-        g = np.maximum(np.searchsorted(all_fences, values, side="left") - 1, 0)
-        keys, inv = np.unique(all_keys[g], return_inverse=True)
-        vals, base, first = self._elements(keys)
+        # block g: the last whose fence is <= the value (a value found in the table lies in
+        # it); when the fence equals the value, equal hashes may start in the block before,
+        # fetched too and searched from
+        g = np.maximum(np.searchsorted(all_fences, values, side="right") - 1, 0)
+        back = (g > 0) & (all_fences[g] == values)
+        anchor = g - back
+        keys, inv = np.unique(np.concatenate([all_keys[anchor], all_keys[g]]),
+                              return_inverse=True)
+        inv = inv[: values.size]
+        helper = None
+        if self.companion is not None:  # key_order's blocks at the same places, meanwhile
+            helper = threading.Thread(target=self.companion.prefetch, args=(keys,),
+                                      daemon=True)
+            helper.start()
+        try:
+            vals, base, first = self._elements(keys)
+        finally:
+            if helper is not None:
+                helper.join()
         pos = np.searchsorted(vals, values, side="left")
         return first[inv] + pos - base[inv]
 
@@ -345,7 +375,14 @@ class RangedVocab(DiskVocab):
         self._map_once()
 
     def _array(self, name: str) -> RangedArray:  # type: ignore[override]
-        return RangedArray(self._reader, name, self._metas[name])
+        arr = RangedArray(self._reader, name, self._metas[name])
+        if name == "key_order":  # opened after key_hash (DiskVocab._map_once)
+            hashes = getattr(self, "_pending_hash", None)
+            if hashes is not None and (hashes.n, hashes.chunk) == (arr.n, arr.chunk):
+                hashes.companion = arr
+        elif name == "key_hash":
+            self._pending_hash = arr
+        return arr
 
     def _word_reader(self, utf8) -> Callable:
         return words_from_bytes(utf8.take, len(utf8))

@@ -100,16 +100,18 @@ def open_remote_vocab(client: ObjectClient, cache: ChunkCache | None, rows: int,
     """The key index of the remote table: read by ranges when it has block sidecars, else
     (an older upload) through ``fallback()``, a local folder holding the key arrays."""
     reader = ObjectRanges(client, cache)
-    # one round: the five array documents and the first sidecar (does the table have them?)
+    # one round: the five array documents and the first sidecar of each index array (does
+    # the table have them? a lookup needs all four)
     names = ["keys", *INDEX_ARRAYS]
-    probe = sidecar_name("key_hash", 0)
-    got = reader.get_objects([f"{n}/zarr.json" for n in names] + [probe])
+    sides = [sidecar_name(name, 0) for name in INDEX_ARRAYS]
+    got = reader.get_objects([f"{n}/zarr.json" for n in names] + sides)
     if got[0] is None:
         return None
-    if got[-1] is None:
+    if all(raw is None for raw in got[len(names):]):
         return DiskVocab.open(None, fallback(), rows=rows, writable=False)
-    metas = reader.metas(names, got[:-1])
-    reader.ahead(probe, got[-1])
+    metas = reader.metas(names, got[:len(names)])
+    for rel, raw in zip(sides, got[len(names):]):
+        reader.ahead(rel, raw)
     n = min(_rows_of(metas["keys"], client.where("keys/zarr.json")), int(rows))
     return RangedVocab(reader, metas, n, group=_LazyGroup(client))
 

@@ -155,3 +155,68 @@ def test_zarr_python_reads_the_remote_table_and_sees_no_sidecar(s3):
                                                  "key_utf8", "keys", "vectors"]
     np.testing.assert_array_equal(g["vectors"][:], E)
     assert list(g["keys"][:]) == keys
+
+
+class _MemoryReader:
+    """A RangeReader over in-memory objects (no server): counts ranged requests."""
+
+    def __init__(self, objects: dict[str, bytes]):
+        self.objects, self.requests = objects, 0
+
+    def where(self, rel):
+        return f"mem://{rel}"
+
+    def get_objects(self, rels):
+        return [self.objects.get(r) for r in rels]
+
+    def get_ranges(self, reqs):
+        self.requests += len(reqs)
+        return [self.objects[r][a:b] for r, a, b in reqs]
+
+    def cached(self, rel, name):
+        return None
+
+    def keep(self, rel, name, data):
+        pass
+
+
+def _ranged(values: np.ndarray, chunk: int):
+    from crc32c import crc32c
+
+    from embstore.keys.ranged import RangedArray
+
+    objects = {}
+    for c, a in enumerate(range(0, values.size, chunk)):
+        part = np.zeros(chunk, "<u8")
+        part[: min(chunk, values.size - a)] = values[a: a + chunk]
+        body = part.tobytes()
+        objects[f"key_hash/c/{c}"] = body + crc32c(body).to_bytes(4, "little")
+        objects[sidecar_name("key_hash", c)] = block_sidecar(objects[f"key_hash/c/{c}"],
+                                                             fences=True)
+    meta = {"shape": [int(values.size)], "data_type": "uint64",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                       {"name": "crc32c"}]}
+    reader = _MemoryReader(objects)
+    return RangedArray(reader, "key_hash", meta), reader
+
+
+@pytest.mark.parametrize("chunk", [1000, 300, 128], ids=["one-chunk", "chunks", "block-chunks"])
+def test_ranged_searchsorted_equals_numpy_with_runs_across_blocks(chunk):
+    rng = np.random.default_rng(3)
+    # runs of equal values that straddle 128-element blocks and chunk boundaries
+    values = np.sort(np.repeat(rng.integers(0, 2**63, 90, dtype=np.uint64),
+                               rng.integers(1, 40, 90)))[:1000]
+    arr, reader = _ranged(values, chunk)
+    fences = values[::128]
+    queries = np.concatenate([values[::7], fences, fences - np.uint64(1), fences + np.uint64(1),
+                              np.array([0, 2**64 - 1], dtype=np.uint64)])
+    np.testing.assert_array_equal(arr.searchsorted(queries),
+                                  np.searchsorted(values, queries, side="left"))
+    for f in fences:  # one fence alone: no other query fetches the block before it
+        fresh, _ = _ranged(values, chunk)
+        assert fresh.searchsorted(np.array([f])).tolist() == [np.searchsorted(values, f)]
+    idx = rng.integers(0, values.size, 300)
+    np.testing.assert_array_equal(arr.take(idx), values[idx])
+    np.testing.assert_array_equal(arr.read(123, 901), values[123:901])
