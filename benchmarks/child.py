@@ -40,16 +40,16 @@ def cli(*args):
     """The ``embstore`` command line with ``args`` (timing covers ``main()`` only)."""
     from embstore.cli import main
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     code = 0
     try:
         main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     if code != 0:
         raise SystemExit(f"embstore {' '.join(args)} exited with {code}")
-    return {"seconds": seconds}
+    return {"seconds": seconds, "cpu_seconds": cpu}
 
 
 def gensim_w2v(path, *keys):

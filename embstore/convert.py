@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import IO, Literal
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -19,8 +19,10 @@ from numpy.typing import DTypeLike
 from ._types import PathLike
 from .atomic import check_dest, remove, replace, temp_path
 from .errors import DestinationExistsError, FormatError
-from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect, export_format_for, get,
-                      spec)
+from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
+                      get, open_source, spec)
+from .formats.source import compression_for, inner_name, open_compressed_output
+from .formats.tokens import TokenKeys, load_tokens
 from .formats._textparse import decode_keys
 from .store.codecs import Compression
 from .store.table import open as open_table
@@ -29,6 +31,8 @@ from .progress import Progress, Tally
 from .store.writer import TableWriter
 from .table import Table
 
+
+SPOOL_BYTES = 8 << 20
 
 __all__ = ["import_file", "export_table", "ImportResult", "ExportResult", "vocab_path_for",
            "export_format_for", "VocabReader"]
@@ -45,6 +49,8 @@ class ImportResult:
     dtype: str
     duplicates: int
     tensor: str | None = None
+    compression: str | None = None   # of the source: gzip, bz2, xz, zstd, zip (None: plain)
+    notes: tuple[str, ...] = ()      # what the import decided (padding rows, a copied source)
 
 
 class VocabReader:
@@ -117,7 +123,7 @@ class VocabReader:
         self._f.close()
 
 
-def import_file(src: PathLike, dest: PathLike, *, format: str = "auto",
+def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "auto",
                 tensor: str | None = None, vocab: PathLike | None = None,
                 dtype: DTypeLike | None = None, limit: int | None = None,
                 unicode_errors: Literal["strict", "replace"] = "strict",
@@ -127,32 +133,99 @@ def import_file(src: PathLike, dest: PathLike, *, format: str = "auto",
                 on_progress: Progress | None = None) -> ImportResult:
     """Import ``src`` (a file of ``format``) into a new table at ``dest``.
 
-    ``on_progress(done, total)`` is called as the source is read (in the reader's units:
-    bytes of text files, rows of array files; ``total`` may be None).
+    ``src`` may be compressed (gzip, bz2, xz, zstd, a one-member zip: told by its magic
+    bytes), an open binary stream (standard input: the text formats, word2vec-binary and
+    npy stream; others are first copied beside ``dest``), or a Hugging Face model folder
+    (format ``hf``: see :mod:`embstore.formats.hf`).  ``vocab`` gives keys to formats
+    without them: a text file of one key per line (one per row, exactly), or a
+    ``tokenizer.json``/``vocab.json`` (keys by token id; other counts are handled and
+    reported in ``notes``).  ``on_progress(done, total)`` is called as the source is read
+    (in the reader's units: stored bytes of text and compressed files, rows of array
+    files; ``total`` may be None); a callback with a ``unit`` attribute has it set.
     """
-    src, dest = os.fspath(src), os.fspath(dest)
-    if not os.path.isfile(src):
-        raise FileNotFoundError(2, "No such file", src)
+    dest = os.fspath(dest)
+    if not hasattr(src, "read"):
+        src = os.fspath(src)
+        if os.path.isdir(src) and format in ("auto", "hf"):
+            format = "hf"
+        elif not os.path.isfile(src):
+            raise FileNotFoundError(2, "No such file", src)
     check_dest(dest, overwrite)
-    fmt = detect(src) if format == "auto" else format
-    module = get(fmt)
-    if tensor is not None and not spec(fmt).takes_tensor:
-        named = " and ".join(f.name for f in SPECS if f.takes_tensor)
-        raise FormatError(f"tensor= applies to {named} files, got format {fmt}")
-    storage = None if dtype is None else check_storage(dtype)
-    # quantised storage: the reader yields its float rows and the writer encodes them
-    reader = module.read(src, block_rows=block_rows, limit=limit, unicode_errors=unicode_errors,
-                         tensor=tensor, dtype=None if storage in QUANTISED else storage)
+    notes: list[str] = []
+    source = None if format == "hf" else open_source(src)
+    spooled = None
+    try:
+        fmt = format if source is None or format != "auto" else detect_source(source)
+        module = get(fmt)
+        if tensor is not None and not spec(fmt).takes_tensor:
+            names = [f.name for f in SPECS if f.takes_tensor]
+            named = ", ".join(names[:-1]) + " and " + names[-1]
+            raise FormatError(f"tensor= applies to {named} files, got format {fmt}")
+        storage = None if dtype is None else check_storage(dtype)
+        where: object = src
+        if source is not None and spec(fmt).streams:
+            where = source
+        elif source is not None and not source.is_file:  # random access needed: a file
+            spooled = temp_path(dest)
+            size = _spool(source, spooled)
+            notes.append(f"{source.describe()} {fmt} needs random access: copied ({size} bytes) "
+                         f"to a temporary file beside {os.path.basename(dest)}, removed after")
+        if spooled is not None:
+            where = spooled
+        extra = {"vocab": vocab} if fmt == "hf" else {}
+        # quantised storage: the reader yields its float rows and the writer encodes them
+        reader = module.read(where, block_rows=block_rows, limit=limit,
+                             unicode_errors=unicode_errors, tensor=tensor,
+                             dtype=None if storage in QUANTISED else storage, **extra)
+        if fmt == "hf":
+            vocab = None
+        if on_progress is not None and hasattr(on_progress, "unit"):
+            setattr(on_progress, "unit", reader.progress_unit)  # a progress.Display
+        rows, duplicates, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
+                                                 limit=limit, unicode_errors=unicode_errors,
+                                                 compression=compression, chunk_rows=chunk_rows,
+                                                 shard_rows=shard_rows, overwrite=overwrite,
+                                                 on_progress=on_progress, notes=notes)
+    finally:
+        if source is not None:
+            source.close()
+        if spooled is not None:
+            remove(spooled)
+    return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
+                        dtype=storage, duplicates=duplicates, tensor=reader.tensor,
+                        compression=None if source is None else source.compression,
+                        notes=tuple(notes))
+
+
+def _spool(source, path: str) -> int:
+    """Copy the (decompressed) stream of ``source`` to a new file ``path``; its size."""
+    n = 0
+    with open(path, "xb") as f:
+        while True:
+            data = source.read(SPOOL_BYTES)
+            if not data:
+                return n
+            f.write(data)
+            n += len(data)
+
+
+def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_errors,
+                 compression, chunk_rows, shard_rows, overwrite, on_progress,
+                 notes: list[str]) -> tuple[int, int, str]:
+    """Feed ``reader``'s blocks (and keys from ``vocab``) to a TableWriter at ``dest``."""
     if storage is None:  # the source's own dtype, bfloat16 kept native
         storage = reader.native_dtype or np.dtype(reader.dtype).name
-    keys_file = None
+    keys_file: VocabReader | TokenKeys | None = None
     try:
         if vocab is not None:
             if reader.has_keys:
                 raise FormatError(f"vocab= gives keys to formats without them; {fmt} files "
                                   "hold their own keys")
-            keys_file = VocabReader(vocab, unicode_errors=unicode_errors)
-        name = os.path.basename(src)
+            if os.fspath(vocab).lower().endswith(".json"):
+                keys_file = TokenKeys(load_tokens(vocab), path=os.fspath(vocab))
+            else:
+                keys_file = VocabReader(vocab, unicode_errors=unicode_errors)
+        name = os.path.basename(reader.path)
         attrs = {"source": {"format": fmt, "file": name}}
         if reader.tensor:
             attrs["source"]["tensor"] = reader.tensor
@@ -170,13 +243,14 @@ def import_file(src: PathLike, dest: PathLike, *, format: str = "auto",
                     on_progress(reader.progress_done, reader.progress_total)
             if keys_file is not None and limit is None:
                 keys_file.check_end(rows_of=name)
-        rows, duplicates = writer.rows, writer.duplicates
+        notes += getattr(reader, "notes", [])
+        if isinstance(keys_file, TokenKeys):
+            notes += keys_file.notes
+        return writer.rows, writer.duplicates, storage
     finally:
         reader.close()
         if keys_file is not None:
             keys_file.close()
-    return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
-                        dtype=storage, duplicates=duplicates, tensor=reader.tensor)
 
 
 @dataclass(frozen=True)
@@ -219,7 +293,11 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
         return _export_to_stream(src, dest, format=format, limit=limit, block_rows=block_rows,
                                  vocab_out=vocab_out, tensor=tensor, on_progress=on_progress)
     dest = os.fspath(dest)
-    fmt = format or export_format_for(dest)
+    packed = compression_for(dest)  # DEST.gz/.bz2/.xz/.zst: the format's bytes, compressed
+    fmt = format or export_format_for(inner_name(dest) if packed else dest)
+    if packed == "zip":
+        raise FormatError(f"cannot write a zip archive ({dest}); expected a .gz, .bz2, .xz or "
+                          ".zst destination, or an uncompressed one")
     if fmt not in WRITE_FORMATS:
         raise FormatError(f"cannot export to {fmt}; expected one of {', '.join(WRITE_FORMATS)}")
     check_dest(dest, overwrite)
@@ -230,7 +308,7 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
     table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
     vocab = None
     if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
-        vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
+        vocab = vocab_path_for(inner_name(dest)) if vocab_out is None or vocab_out is True else \
             os.fspath(vocab_out)
         check_dest(vocab, overwrite)
     tmp = temp_path(dest)
@@ -242,8 +320,11 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
         if vocab_tmp is not None:
             _write_vocab(vocab_tmp, table, n, block_rows)
         extra = {} if tensor is None else {"tensor": tensor}
-        rows = get(fmt).write(tmp, table, limit=limit, block_rows=block_rows, progress=advance,
-                              **extra)
+        with open(tmp, "xb") as raw:
+            out = raw if packed is None else open_compressed_output(raw, packed)
+            with out:
+                rows = get(fmt).write(out, table, limit=limit, block_rows=block_rows,
+                                      progress=advance, **extra)
         check_dest(dest, overwrite)
         if vocab_tmp is not None and vocab is not None:
             check_dest(vocab, overwrite)

@@ -200,7 +200,7 @@ def test_a_reader_declares_what_import_uses():
 
 # -- parameters in the library, flags on the command line --------------------------------
 def test_library_errors_name_parameters(tmp_path):
-    with pytest.raises(FormatError, match="tensor= applies to safetensors and torch files"):
+    with pytest.raises(FormatError, match="tensor= applies to safetensors, torch and hf files"):
         import_file(os.path.join(DATA, "gensim.txt"), tmp_path / "t", tensor="x")
     with pytest.raises(FormatError, match="vocab= gives keys to formats without them"):
         import_file(os.path.join(DATA, "gensim.txt"), tmp_path / "t",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from . import batch, compact, import_w2v, keys, limits, lookup, ooc, open_time, remote, scale
+from . import (batch, compact, import_compressed, import_w2v, keys, limits, lookup, ooc, open_time,
+               remote, scale)
 
-SCENARIOS = {m.NAME: m for m in (lookup, scale, ooc, open_time, keys, import_w2v, batch, limits,
-                                 compact, remote)}
+SCENARIOS = {m.NAME: m for m in (lookup, scale, ooc, open_time, keys, import_w2v,
+                                 import_compressed, batch, limits, compact, remote)}
 
 __all__ = ["SCENARIOS"]

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
-import sys
 from collections.abc import Iterator
 
 import click
 
-from ..atomic import remove, temp_path
 from ..formats import SPECS
 from ..progress import display as progress
 from ..store.objstore import is_url
 from ..store.transfer import staged
 
-TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext")  # progress in bytes
 
 
 def options(func):
@@ -66,20 +62,3 @@ def local_for(dest: str, overwrite: bool, quiet: bool) -> Iterator[str]:
     with progress(f"uploading to {dest}", quiet=quiet, unit="bytes") as on_progress, \
             staged(dest, overwrite=overwrite, on_progress=on_progress) as local:
         yield str(local)
-
-
-@contextlib.contextmanager
-def stdin_file(src: str, dest: str) -> Iterator[str]:
-    """``src``, or for ``-`` standard input copied (1 MiB at a time) to a temporary file
-    beside ``dest`` (formats are detected from their first bytes, so the input must be
-    seekable); the copy is removed afterwards."""
-    if src != "-":
-        yield src
-        return
-    tmp = temp_path(dest)
-    try:
-        with open(tmp, "xb") as f:
-            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
-        yield tmp
-    finally:
-        remove(tmp)

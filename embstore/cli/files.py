@@ -11,22 +11,24 @@ from ..batch import lookup_file, output_kind
 from ..batch.parquet import is_parquet
 from ..convert import export_table, import_file
 from ..dtypes import STORAGE_DTYPES
-from ..formats import (READ_FORMATS, WRITE_FORMATS, detect, export_extensions,
-                       export_format_for)
+from ..formats import READ_FORMATS, WRITE_FORMATS, export_extensions, export_format_for
+from ..formats.source import inner_name
 from ..progress import display as progress
 from ..store.codecs import COMPRESSIONS
-from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, TEXT_FORMATS, PathOrUrl, local_for,
-                     options, print_json, say, stdin_file)
+from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, local_for, options,
+                     print_json, say)
 
 @click.command("import", short_help="Import a vectors file as a table.")
-@click.argument("src", type=FILE)
+@click.argument("src", type=click.Path(exists=True, allow_dash=True))
 @click.argument("dest", type=DEST)
 @click.option("--format", "fmt", type=click.Choice(("auto",) + READ_FORMATS), default="auto",
-              show_default=True, help="Source format; auto decides from extension and first bytes.")
+              show_default=True, help="Source format; auto decides from extension and first "
+              "bytes (inside gzip/bz2/xz/zstd/zip data too); a folder is a Hugging Face model.")
 @click.option("--tensor", default=None, help=f"{'/'.join(TENSOR_FORMATS)}: the tensor to "
               "import (default: the only 2-D float tensor).")
 @click.option("--vocab", type=FILE, default=None,
-              help="Text file with one key per line, for formats without keys.")
+              help="Keys for formats without them: a text file with one key per line, or a "
+              "tokenizer.json / vocab.json (keys by token id).")
 @click.option("--dtype", type=click.Choice(STORAGE_DTYPES), default=None,
               help="Stored dtype (default: the source's, bfloat16 kept; text formats: "
               "float32). bfloat16 and int8 (row-wise quantised) are looked up as float32.")
@@ -44,22 +46,24 @@ from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, TEXT_FORMATS, PathOrUrl,
 @options
 def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, shard_rows, limit,
                unicode_errors, overwrite, as_json, quiet):
-    """Import SRC (word2vec, fastText .vec, GloVe, npy, safetensors, PyTorch) as a table
-    at DEST.  SRC '-' reads standard input.
+    """Import SRC (word2vec, fastText .vec, GloVe, npy, safetensors, PyTorch, a Hugging
+    Face model folder) as a table at DEST.  SRC may be gzip, bz2, xz, zstd or zip
+    compressed (told by its first bytes); SRC '-' reads standard input.
 
     \b
     Examples:
       embstore import GoogleNews-vectors-negative300.bin news.emb
+      embstore import cc.en.300.vec.gz cc.emb
+      embstore import ./all-MiniLM-L6-v2 minilm.emb
       embstore import model.safetensors bert.emb --tensor embeddings.word_embeddings.weight --vocab vocab.txt
-      gunzip -c glove.txt.gz | embstore import - glove.emb --format glove
+      zcat glove.txt.gz | embstore import - glove.emb --format glove
     """
     if tensor is not None and fmt not in ("auto",) + TENSOR_FORMATS:
         raise click.UsageError(f"--tensor applies to --format {' or '.join(TENSOR_FORMATS)} only")
-    with local_for(dest, overwrite, quiet or as_json) as local, stdin_file(src, local) as path:
-        unit = "bytes" if (fmt if fmt != "auto" else detect(path)) in TEXT_FORMATS else "rows"
+    with local_for(dest, overwrite, quiet or as_json) as local:
         with progress(f"importing {os.path.basename(src)}", quiet=quiet or as_json,
-                      unit=unit) as on_progress:
-            res = import_file(path, local, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
+                      unit="bytes") as on_progress:
+            res = import_file(sys.stdin.buffer if src == "-" else src, local, format=fmt, tensor=tensor, vocab=vocab, dtype=dtype,
                               limit=limit, unicode_errors=unicode_errors,
                               compression=compression, chunk_rows=chunk_rows,
                               shard_rows=shard_rows, overwrite=overwrite,
@@ -69,8 +73,11 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
                      "dim": res.dim, "dtype": res.dtype, "duplicates": res.duplicates,
                      "tensor": res.tensor})
     what = f" tensor {res.tensor}" if res.tensor else ""
-    say(f"imported {res.rows} x {res.dim} {res.dtype} from {src} ({res.format}{what}) "
-         f"into {dest}", quiet or as_json)
+    packed = f"{res.compression}-compressed " if res.compression else ""
+    say(f"imported {res.rows} x {res.dim} {res.dtype} from {src} ({packed}{res.format}{what}) "
+        f"into {dest}", quiet or as_json)
+    for note in res.notes:
+        say(f"Note: {note}", quiet or as_json)
     if res.duplicates and not quiet:
         click.echo(f"{res.duplicates} duplicate key(s) dropped (the first occurrence wins)",
                    err=True)
@@ -94,10 +101,12 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
 @options
 def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, as_json, quiet):
     """Export the table SRC to the file DEST ('-': standard output, with --format).
+    A DEST ending in .gz, .bz2, .xz or .zst is compressed.
 
     \b
     Examples:
       embstore export news.emb news.txt --format word2vec
+      embstore export news.emb news.vec.gz
       embstore export bert.emb bert.safetensors --tensor embed_tokens.weight
       embstore export news.emb - --format glove | gzip > news.glove.gz
     """
@@ -108,7 +117,7 @@ def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite
             raise click.UsageError("export to standard output ('-') needs --format")
         if as_json:
             raise click.UsageError("--json and DEST '-' both write to standard output")
-    fmt = fmt or export_format_for(dest)
+    fmt = fmt or export_format_for(inner_name(dest))
     with progress(f"exporting {os.path.basename(dest)}", quiet=quiet or as_json) as on_progress:
         res = export_table(src, sys.stdout.buffer if dest == "-" else dest,
                            format=fmt, limit=limit, overwrite=overwrite,

@@ -27,7 +27,10 @@ implement ``blocks()``; :class:`~embstore.formats._array.ArrayReader` does it al
 array-like sources) and, if it can be written, ``write``.  Then add one
 :class:`FormatSpec` to ``SPECS`` below: with ``magic`` bytes (or a ``sniff``
 function) :func:`detect` recognises it, its ``extensions`` name it on export, and
-``embstore import``/``export`` offer it.  Nothing outside this folder changes.  A
+``embstore import``/``export`` offer it; ``streams=True`` says ``read`` also takes a
+:class:`~.source.Source` (compressed data or a pipe, read once in order: see
+:mod:`.source`), otherwise such input is first copied to a file.  Nothing outside this
+folder changes.  A
 format module imports only from this folder and the ground (errors, ids, dtypes):
 never the store, the batch jobs or click.
 """
@@ -48,10 +51,11 @@ import numpy as np
 
 from ..errors import FormatError
 from ..ids import non_negative_int, positive_int
+from .source import Source, open_source
 
 __all__ = ["FormatSpec", "SPECS", "FORMATS", "READ_FORMATS", "WRITE_FORMATS", "Reader",
            "detect", "get", "spec", "export_format_for", "export_extensions",
-           "DEFAULT_BLOCK_ROWS", "open_output"]
+           "DEFAULT_BLOCK_ROWS", "open_output", "detect_source", "Source", "open_source"]
 
 DEFAULT_BLOCK_ROWS = 65536
 
@@ -83,22 +87,26 @@ class FormatSpec:
     has_keys: bool = False          # the file holds a key per row
     takes_tensor: bool = False      # the file holds named tensors (tensor=)
     can_write: bool = False         # the module has write()
+    streams: bool = False           # read() takes a Source: compressed data or a pipe, in order
 
 
 SPECS: tuple[FormatSpec, ...] = (
     FormatSpec("npy", "npy", "npy", extensions=(".npy",), magic=(b"\x93NUMPY",),
-               can_write=True),
+               can_write=True, streams=True),
     FormatSpec("word2vec", "word2vec", "word2vec", extensions=(".txt", ".w2v"), binary=False,
-               has_keys=True, can_write=True),
+               has_keys=True, can_write=True, streams=True),
     FormatSpec("fasttext", "fasttext", "fastText", extensions=(".vec",), binary=False,
-               has_keys=True, can_write=True),
-    FormatSpec("glove", "glove", "GloVe", binary=False, has_keys=True, can_write=True),
+               has_keys=True, can_write=True, streams=True),
+    FormatSpec("glove", "glove", "GloVe", binary=False, has_keys=True, can_write=True,
+               streams=True),
     FormatSpec("word2vec-binary", "word2vec_binary", "word2vec binary", extensions=(".bin",),
-               binary=False, has_keys=True, can_write=True),
+               binary=False, has_keys=True, can_write=True, streams=True),
     FormatSpec("safetensors", "safetensors", "safetensors", extensions=(".safetensors",),
                sniff=_safetensors_header, takes_tensor=True, can_write=True),
     FormatSpec("torch", "torch", "PyTorch", extensions=(".pt", ".pth", ".ckpt"),
                magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True),
+    # a folder (config.json, tokenizer, checkpoint): chosen for a directory, never by bytes
+    FormatSpec("hf", "hf", "Hugging Face model folder", has_keys=True, takes_tensor=True),
 )
 _SPEC = {f.name: f for f in SPECS}
 READ_FORMATS = tuple(_SPEC)
@@ -195,7 +203,7 @@ class Reader:
         positive_int(block_rows, "block_rows")
         if limit is not None:
             non_negative_int(limit, "limit")
-        self.path = os.fspath(path)
+        self.path = path.path if isinstance(path, Source) else os.fspath(path)
         self.name = os.path.basename(self.path)
         self.block_rows = int(block_rows)
         self.limit = limit
@@ -250,20 +258,41 @@ def check_finite(reader: Reader, block: np.ndarray, first_row: int) -> None:
 _HEADER_RE = re.compile(rb"^[ \t]*(\d+)[ \t]+(\d+)[ \t]*\r?\n")
 
 
-def detect(path: str | os.PathLike[str]) -> str:
-    """The format name of ``path`` from its first bytes and extension (see ``SPECS``).
+def detect(path) -> str:
+    """The format name of ``path`` (a path, or a :class:`~.source.Source`) from its first
+    bytes and name (see ``SPECS``).
 
+    A compressed file (gzip, bz2, xz, zstd, single-member zip: told by its magic bytes) is
+    looked into: the inner format comes from the name without the compression extension
+    (``cc.en.300.vec.gz`` -> ``.vec``) and the first decompressed bytes.
     Magic bytes win over the extension (a ``.bin`` may be word2vec or PyTorch); then a
     binary format's extension; text files with a ``count dim`` first line are word2vec
     (``.vec``: fasttext, raw bytes after the header: word2vec-binary), otherwise glove.
     """
-    path = os.fspath(path)
-    ext = os.path.splitext(path)[1].lower()
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    if not head:
-        raise FormatError("the file is empty", path=path)
-    size = os.path.getsize(path)
+    if isinstance(path, Source):
+        return detect_source(path)
+    with open_source(path) as src:
+        return detect_source(src)
+
+
+def detect_source(src: Source) -> str:
+    """:func:`detect` of an opened source (its ``head`` and inner ``name``)."""
+    if not src.head:
+        what = "the file is empty" if src.compression is None else \
+            f"the {src.compression}-compressed data is empty"
+        raise FormatError(what, path=src.path)
+    ext = os.path.splitext(src.name)[1].lower()
+    if src.compression is None:
+        return _detect_head(src.head, ext, src.size, src.path)
+    try:
+        return _detect_head(src.head, ext, None, src.path)
+    except FormatError as exc:
+        raise FormatError(f"{src.compression}-compressed, inner format unknown: {exc.reason}",
+                          path=src.path) from None
+
+
+def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
+    size = size if size is not None else 1 << 62  # a stream: its size is not known
     # binary formats with fixed magic bytes first, then those with only a sniff function
     binary = sorted((s for s in SPECS if s.binary), key=lambda s: not s.magic)
     for s in binary:

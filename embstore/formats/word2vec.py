@@ -14,7 +14,6 @@ exactly) or ``repr`` (float64), one C-level ``%`` per row.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 
@@ -22,20 +21,22 @@ import numpy as np
 
 from ..errors import FormatError
 from . import DEFAULT_BLOCK_ROWS, open_output, Reader
+from .source import open_source, stream_row_bound
 from ._textparse import _number, parse_block
 
-__all__ = ["read", "write", "TextReader", "write_text"]
+__all__ = ["read", "write", "TextReader", "write_text", "fasttext_bin_error"]
 
 BLOCK_BYTES = 8 << 20
 BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 256 << 20
 MAX_EMPTY_DIM = 1 << 31  # the largest dimension of a header with count 0
+FASTTEXT_BIN_MAGIC = b"\xba\x16\x4f\x2f"  # 0x2F4F16BA, little-endian int32 at offset 0
 _WS = re.compile(r"[ \t\n\r\x0b\x0c]")
 
 
 class TextReader(Reader):
-    progress_total: int  # the file size
-    """Streams ``key v1 ... vdim`` lines, with (word2vec, fasttext) or without (glove) a header."""
+    """Streams ``key v1 ... vdim`` lines, with (word2vec, fasttext) or without (glove) a header,
+    from a path or a :class:`~.source.Source` (compressed data, a pipe)."""
 
     progress_unit = "bytes"
 
@@ -50,18 +51,21 @@ class TextReader(Reader):
         self.dtype = np.dtype(dtype)
         self.unicode_errors = unicode_errors
         self.block_bytes = int(block_bytes)
-        self.progress_total = os.path.getsize(self.path)
-        self._f = open(self.path, "rb")
+        self._src = self._f = open_source(path)
+        self.progress_total = self._src.size  # stored bytes (compressed); None for a pipe
         self._first = b""
         self._line = 1  # number of the next line to read
         try:
             self._read_head(header)
         except BaseException:
-            self._f.close()
+            self._src.close()
             raise
 
     def _read_head(self, header: bool) -> None:
         first = self._f.readline(MAX_LINE_BYTES)
+        if first.startswith(FASTTEXT_BIN_MAGIC):
+            raise fasttext_bin_error(self.path, "fastText .vec" if self.format == "fasttext"
+                                     else self.format)
         if first.startswith(BOM):  # a UTF-8 byte order mark is not part of the first key
             first = first[len(BOM):]
         if b"\r" in first.rstrip(b"\r\n"):
@@ -81,10 +85,14 @@ class TextReader(Reader):
             if dim < 1:
                 raise self.error(f"expected a dimension >= 1 in the header, got {dim}", line=1)
             # a row of dim values needs >= 2 * dim bytes: refuse before sizing anything by dim
-            most = (self.progress_total - len(first)) // 2 if count else MAX_EMPTY_DIM
+            if self._src.size is not None and self._src.is_file:
+                most = (self._src.size - len(first)) // 2 if count else MAX_EMPTY_DIM
+                room = f"{self.progress_total} bytes in the file"
+            else:  # compressed or a pipe: a row is one line
+                most, room = MAX_LINE_BYTES // 2, f"a line holds at most {MAX_LINE_BYTES} bytes"
             if dim > most:
                 raise self.error(f"the header's dimension {dim} cannot fit: expected at most "
-                                 f"{most} ({self.progress_total} bytes in the file)", line=1)
+                                 f"{most} ({room})", line=1)
             self.count, self.dim = count, dim
             self._line = 2
             self.progress_done = len(first)
@@ -108,7 +116,9 @@ class TextReader(Reader):
         """Rows to expect: the header's count, capped by what the file size can hold."""
         if self.count is None:
             return None
-        most = self.progress_total // (2 * self.dim) + 1
+        most = stream_row_bound(self._src, 2 * self.dim)
+        if most is None:
+            return None
         n = min(self.count, most)
         return n if self.limit is None else min(n, self.limit)
 
@@ -137,6 +147,7 @@ class TextReader(Reader):
                     continue
                 carry, body = data[cut + 1:], data[:cut + 1]
             # body: whole lines, each ending in \n (at the end of the file the last may not)
+            self.progress_done = self._src.consumed(len(carry))  # bytes read, up to body's end
             text = body.rstrip()
             if text:
                 if blanks:
@@ -150,7 +161,6 @@ class TextReader(Reader):
                 blanks = body.count(b"\n", len(text)) - 1  # after the last line's own \n
             else:
                 blanks += body.count(b"\n")
-            self.progress_done = self._f.tell() - len(carry)
             if eof:
                 return
 
@@ -177,7 +187,13 @@ class TextReader(Reader):
                              line=self._line + rows)
 
     def close(self) -> None:
-        self._f.close()
+        self._src.close()
+
+
+def fasttext_bin_error(path: str, fmt: str) -> FormatError:
+    """A fastText binary model read as a text format: say what it is and what reads it."""
+    return FormatError(f"this is a fastText binary model (.bin, magic number 0x2F4F16BA), not "
+                       f"the {fmt} text format; read it with format 'fasttext-bin'", path=path)
 
 
 def _check_line_ends(reader, text: bytes, first_line: int) -> None:

@@ -11,7 +11,6 @@ The header's count is checked against the file, and only used as a size hint.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,7 +18,8 @@ import numpy as np
 from ..errors import FormatError
 from . import DEFAULT_BLOCK_ROWS, open_output, Reader, check_finite
 from ._textparse import decode_keys
-from .word2vec import _show
+from .source import open_source, stream_row_bound
+from .word2vec import FASTTEXT_BIN_MAGIC, MAX_LINE_BYTES, _show, fasttext_bin_error
 
 __all__ = ["read", "write", "BinaryReader"]
 
@@ -28,8 +28,9 @@ MAX_KEY_BYTES = 1 << 16
 
 
 class BinaryReader(Reader):
+    """Streams word2vec binary records from a path or a :class:`~.source.Source`."""
+
     count: int  # from the header
-    progress_total: int  # the file size
     format = "word2vec-binary"
     progress_unit = "bytes"
 
@@ -39,10 +40,12 @@ class BinaryReader(Reader):
         self.unicode_errors = unicode_errors
         self.has_keys = True
         self.dtype = np.dtype(dtype or np.float32)
-        self.progress_total = os.path.getsize(self.path)
-        self._f = open(self.path, "rb")
+        self._src = self._f = open_source(path)
+        self.progress_total = self._src.size  # stored bytes (compressed); None for a pipe
         try:
             first = self._f.readline(4096)
+            if first.startswith(FASTTEXT_BIN_MAGIC):
+                raise fasttext_bin_error(self.path, self.format)
             toks = first.split()
             if not first:
                 raise self.error("the file is empty; expected a 'COUNT DIM' header")
@@ -52,19 +55,25 @@ class BinaryReader(Reader):
             if self.dim < 1:
                 raise self.error(f"expected a dimension >= 1 in the header, got {self.dim}", line=1)
             # a row holds 4 * dim bytes: refuse before sizing a read buffer by dim
-            most = (self.progress_total - len(first)) // 4 if self.count else 1 << 31
+            if self._src.size is not None and self._src.is_file:
+                most = (self._src.size - len(first)) // 4 if self.count else 1 << 31
+                room = f"{self.progress_total} bytes in the file"
+            else:  # compressed or a pipe
+                most, room = MAX_LINE_BYTES // 4, f"a row holds at most {MAX_LINE_BYTES} bytes"
             if self.dim > most:
                 raise self.error(f"the header's dimension {self.dim} cannot fit: expected at "
-                                 f"most {most} ({self.progress_total} bytes in the file)", line=1)
+                                 f"most {most} ({room})", line=1)
         except BaseException:
-            self._f.close()
+            self._src.close()
             raise
         self.progress_done = len(first)
         self._chunk = max(int(chunk_bytes), 4 * self.dim + MAX_KEY_BYTES + 2)
         self._newline: bool | None = None  # rows end with "\n" (C tool) or not (gensim)
 
     def size_hint(self) -> int | None:
-        most = self.progress_total // (4 * self.dim + 2) + 1
+        most = stream_row_bound(self._src, 4 * self.dim + 2)
+        if most is None:
+            return None
         n = min(self.count, most)
         return n if self.limit is None else min(n, self.limit)
 
@@ -142,7 +151,7 @@ class BinaryReader(Reader):
             names = decode_keys(keys, path=self.path, first_line=row + 1,
                                 unicode_errors=self.unicode_errors, unit="row")
             row += len(keys)
-            self.progress_done = f.tell() - (len(buf) - pos)
+            self.progress_done = self._src.consumed(len(buf) - pos)
             yield out, names
         if self.limit is None or self.limit > self.count:
             rest = buf[pos:] + f.read(1 << 16)
@@ -151,7 +160,7 @@ class BinaryReader(Reader):
                                  f"(bytes after row {self.count})")
 
     def close(self) -> None:
-        self._f.close()
+        self._src.close()
 
 
 def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
