@@ -44,7 +44,7 @@ import threading
 import numpy as np
 
 __all__ = ["available", "advise_random", "advise_sequential", "is_cold", "willneed",
-           "willneed_async", "PAGE", "SAMPLES"]
+           "PAGE", "SAMPLES"]
 
 PAGE = mmap.PAGESIZE
 #: pages checked with ``mincore`` to decide whether a batch is resident
@@ -126,32 +126,6 @@ def is_cold(addrs: np.ndarray, k: int = SAMPLES) -> bool:
         if s.mincore(a, 1, base + i) != 0:
             return False  # not a mapping we can ask about: leave it to the faults
     return not bool(np.all(vec & 1))
-
-
-_worker = None
-_worker_lock = threading.Lock()
-
-
-def _reset_worker() -> None:  # a pool does not survive fork
-    global _worker, _worker_lock
-    _worker, _worker_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_worker)
-
-
-def willneed_async(starts: np.ndarray, stops: np.ndarray):
-    """:func:`willneed` in a background thread: the caller goes on reading (and checking)
-    the pages that have arrived while the rest are being asked for (the advice blocks once
-    the device queue is full).  Returns a future; wait for it before unmapping."""
-    global _worker
-    if _worker is None:
-        with _worker_lock:
-            if _worker is None:
-                from concurrent.futures import ThreadPoolExecutor
-                _worker = ThreadPoolExecutor(1, thread_name_prefix="embstore-prefetch")
-    return _worker.submit(willneed, starts, stops)
 
 
 def willneed(starts: np.ndarray, stops: np.ndarray) -> int:
