@@ -244,3 +244,46 @@ def test_zstd_many_chunks_absent_and_damaged(tmp_path):
     assert str(shard) in str(ei.value)
     np.testing.assert_array_equal(t.lookup(np.arange(0, 1024)), want[:1024])
     t.close()
+
+
+def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
+    """A warm zstd batch costs no crc32c call per chunk: each chunk's checksum is checked
+    the first time it is read (as uncompressed chunks are), then never again."""
+    from embstore.store import shardcodec
+    path, E = _table(tmp_path, rows=4096, dim=16, compression="zstd", chunk_rows=2,
+                     shard_rows=512)
+    calls = []
+    real = shardcodec.crc32c
+    monkeypatch.setattr(shardcodec, "crc32c", lambda *a, **k: calls.append(1) or real(*a, **k))
+    t = embstore.open(path, cache_bytes=0)
+    ids = np.random.default_rng(5).integers(0, 4096, 1500)
+    np.testing.assert_array_equal(t.lookup(ids), E[ids])
+    assert len(calls) == np.unique(ids // 2).size
+    np.testing.assert_array_equal(t.lookup(ids[::-1]), E[ids[::-1]])
+    assert len(calls) == np.unique(ids // 2).size  # none more
+    t.close()
+
+
+@pytest.mark.parametrize("n", [1, 300], ids=["one chunk", "many chunks"])
+def test_zstd_frame_damaged_under_a_valid_checksum_raises(tmp_path, n):
+    """A stored frame that passes its crc32c but does not decode to one chunk (a writer's
+    bug, or a checksum recomputed over damage) raises CorruptStoreError naming the chunk."""
+    from crc32c import crc32c
+    path, E = _table(tmp_path, rows=1024, dim=16, compression="zstd", chunk_rows=2,
+                     shard_rows=1024)
+    shard = path / "vectors" / "c" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    n_inner = 512
+    index = np.frombuffer(bytes(data[-(16 * n_inner + 4): -4]), dtype="<u8").reshape(-1, 2)
+    off, nb = (int(x) for x in index[7])
+    frame = bytearray(data[off: off + nb - 4])
+    frame[:4] = b"\0\0\0\0"  # no zstd magic number
+    data[off: off + nb - 4] = frame
+    data[off + nb - 4: off + nb] = crc32c(bytes(frame)).to_bytes(4, "little")
+    shard.write_bytes(bytes(data))
+    t = embstore.open(path, cache_bytes=0)
+    ids = np.arange(14, 14 + 2 * n) if n > 1 else np.array([15])
+    with pytest.raises(embstore.CorruptStoreError, match=r"chunk 7: cannot decode"):
+        t.lookup(ids)
+    np.testing.assert_array_equal(t.lookup(np.arange(16, 600)), E[16:600])
+    t.close()
