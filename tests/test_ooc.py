@@ -219,6 +219,37 @@ def test_cold_batch_reads_about_a_page_per_id(tmp_path):
     t.close()
 
 
+@needs_linux
+@pytest.mark.skipif(not _io_counts(), reason="/proc/self/io is not available")
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_cold_batch_faults_no_page_in_one_at_a_time(tmp_path, compression):
+    """Pages evicted, 1,000 uniform ids: the batch's pages are all asked for before any is
+    read, so reading them takes (almost) no major fault, one serial disk read each.  (The
+    zstd path read each chunk's stored checksum before its prefetch: a fault per chunk.)"""
+    import resource
+    rows, dim = 65536, 256
+    E = np.random.default_rng(5).standard_normal((rows, dim)).astype(np.float32)
+    embstore.save(tmp_path / "big", E, compression=compression).close()
+    t = embstore.open(tmp_path / "big", cache_bytes=0)
+    t.lookup(np.arange(0, rows, 4096))  # every shard index read once (as in a live process)
+    probe = tmp_path / "probe"
+    probe.write_bytes(os.urandom(1 << 20))
+    evict([probe])
+    before = read_bytes()
+    probe.read_bytes()
+    if read_bytes() - before < (1 << 19):
+        t.close()
+        pytest.skip("this file system does not count reads (tmpfs?)")
+    ids = np.random.default_rng(6).integers(0, rows, 1000)
+    evict([tmp_path / "big"])
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    out = t.lookup(ids)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - f0
+    np.testing.assert_array_equal(out, E[ids])
+    assert faults < 100, f"{faults} major faults for 1,000 cold ids"
+    t.close()
+
+
 def test_zstd_many_chunks_absent_and_damaged(tmp_path):
     """The batched zstd decode (>= 64 chunks a call): absent chunks are zeros, a damaged
     chunk raises CorruptStoreError naming its shard and chunk."""
