@@ -12,6 +12,7 @@ pages evicted between batches (steady state, after the cache has filled).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -42,9 +43,19 @@ def run(ctx, res) -> None:
     for n, (rows, dim) in enumerate(cfg["tables"]):
         npy = data.table_npy(ctx.data_dir, rows, dim)
         store = data.store(ctx.data_dir, npy)
+        load0 = _load()
         _table(ctx, res, cfg, es, npy, store, rows, dim, first=n == 0)
+        res.notes.append(f"{rows:,} x {dim}: load average (1 min) {load0} before, {_load()} "
+                         "after (2 cores, shared: cold times swing with it)")
     if cfg.get("zstd_table"):
         ooc_zstd.run(ctx, res, cfg, lambda *a, **k: _add(res, *a, **k), _cold)
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "?"
 
 
 def _cold(fn, batches, files):
