@@ -57,7 +57,8 @@ CONFIGS = {
                     "cold_batches": 3},
         "ooc": {"tables": [(8_388_608, 64), (100_000, 64), (1_000_000, 64), (33_554_432, 64),
                            (131_072, 4096)], "ids": 16384, "batches": 4,
-                "warm_reps": 7, "zipf": True, "cache_bytes": 512 << 20, "zipf_warmup": 6},
+                "warm_reps": 7, "zipf": True, "cache_bytes": 512 << 20, "zipf_warmup": 6,
+                "zstd_table": (1_000_000, 256)},
         "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 7, "slow_reps": 3},
     },
     "quick": {
@@ -74,7 +75,8 @@ CONFIGS = {
         "compact": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "batches": 2,
                     "cold_batches": 2},
         "ooc": {"tables": [(262_144, 64)], "ids": 4096, "batches": 2, "warm_reps": 5,
-                "zipf": True, "cache_bytes": 16 << 20, "zipf_warmup": 3, "zarr": False},
+                "zipf": True, "cache_bytes": 16 << 20, "zipf_warmup": 3, "zarr": False,
+                "zstd_table": (65_536, 256)},
         "remote": {"rows": 100_000, "dim": 256, "ids": [32, 128], "reps": 3, "slow_reps": 1},
     },
     "smoke": {  # the test suite's run: every code path, tiny sizes, not a measurement
@@ -90,7 +92,8 @@ CONFIGS = {
         "compact": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "batches": 2,
                     "cold_batches": 2},
         "ooc": {"tables": [(20_000, 16)], "ids": 256, "batches": 1, "warm_reps": 1,
-                "zipf": True, "cache_bytes": 1 << 20, "zipf_warmup": 1},
+                "zipf": True, "cache_bytes": 1 << 20, "zipf_warmup": 1,
+                "zstd_table": (4_000, 16)},
         "remote": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1},
     },
 }

@@ -15,7 +15,8 @@ misses through the read path, and eviction of the least recently used slots by
 
 Admission: a batch caches every row that was missed before (within a window of about
 ``slots`` first misses: TinyLFU's "doorkeeper") plus up to ``ADMIT_ALL_BELOW`` of its
-first-time misses, taken evenly.  A small batch is thus cached whole, as by a plain LRU,
+first-time misses, taken evenly (all of them while there are never-used slots for them and
+the batch was read from disk).  A small batch is thus cached whole, as by a plain LRU,
 while a large cold batch (a scan, uniformly random ids) copies little into the cache and
 so costs about what the read path costs; rows that recur (the head of a Zipf
 distribution) enter on their second use at the latest.
@@ -301,13 +302,19 @@ class RowCache:
         """Positions of the missed ``ids`` to cache; call under the lock.
 
         Every row missed before (within the doorkeeper's window, see ``_seen_before``), plus
-        up to ``ADMIT_ALL_BELOW`` first-time misses, taken evenly from the batch.  A small
+        up to ``ADMIT_ALL_BELOW`` first-time misses, taken evenly from the batch; all of
+        them while the cache has never-used slots for them and the batch was read from disk
+        (``reads_cold``): copying a row costs nothing beside its page read, evicts nothing,
+        and each first-time Zipf tail row cached is a page not read when it recurs.  A small
         batch is thus cached whole, as by a plain LRU; a large cold batch (a scan, uniformly
         random traffic) copies little into the cache and evicts little, while rows that
         recur (the head of a Zipf distribution) get in on their second use at the latest.
         """
         seen = self._seen_before(ids)
         first = np.flatnonzero(~seen)
+        if (first.size > ADMIT_ALL_BELOW and self._filled + ids.size <= self.slots
+                and self.reads_cold is not None and self.reads_cold()):
+            return np.arange(ids.size)  # read from disk, and room for all: nothing evicted
         if first.size > ADMIT_ALL_BELOW:
             seen[first[:: -(-first.size // ADMIT_ALL_BELOW)]] = True
             return np.flatnonzero(seen)

@@ -183,12 +183,13 @@ def test_scan_16x_budget_memory_bounded(tmp_path):
 
 
 def test_large_cold_batches_admit_rows_on_their_second_miss(table):
-    """Doorkeeper: of a big batch of first-time misses only ADMIT_ALL_BELOW rows are copied
-    into the cache; the rest enter when missed again, and hit the third time."""
+    """Doorkeeper: of a big batch of first-time misses read from memory only ADMIT_ALL_BELOW
+    rows are copied into the cache; the rest enter when missed again, and hit the third time."""
     path, E = table
     from embstore.cache import ADMIT_ALL_BELOW
 
     t = embstore.open(path, cache_bytes="16MiB")
+    t._cache.reads_cold = lambda: False  # pages resident (cold reads: see the next tests)
     ids = np.random.default_rng(3).permutation(len(E))[: 3 * ADMIT_ALL_BELOW + 500]
     np.testing.assert_array_equal(t[ids], E[ids])
     info = t.cache_info()
@@ -229,4 +230,27 @@ def test_mostly_missing_batches_read_through_and_keep_hits_recent(table):
     assert info.hits - before.hits == 10 and info.misses - before.misses == 4000
     np.testing.assert_array_equal(t[hot], E[hot])
     assert t.cache_info().hits - info.hits == 10
+    t.close()
+
+
+@pytest.mark.parametrize("budget, whole", [("16MiB", True), ("300KiB", False)],
+                         ids=["room for the batch", "no room"])
+def test_cold_read_batches_are_cached_whole_while_there_is_room(table, budget, whole):
+    """Rows read from disk (the store says its reads were cold) are all admitted while the
+    cache has never-used slots for them: nothing is evicted, and a Zipf tail row that
+    recurs is a hit instead of a page read.  Without room the doorkeeper rule stays."""
+    path, E = table
+    from embstore.cache import ADMIT_ALL_BELOW
+
+    t = embstore.open(path, cache_bytes=budget)
+    t._cache.reads_cold = lambda: True
+    ids = np.random.default_rng(3).permutation(len(E))[: 2 * ADMIT_ALL_BELOW + 300]
+    np.testing.assert_array_equal(t[ids], E[ids])
+    info = t.cache_info()
+    if whole:
+        assert info.entries == ids.size
+        np.testing.assert_array_equal(t[ids[::-1]], E[ids[::-1]])
+        assert t.cache_info().hits == ids.size
+    else:
+        assert 0 < info.entries <= ADMIT_ALL_BELOW
     t.close()

@@ -219,6 +219,37 @@ def test_cold_batch_reads_about_a_page_per_id(tmp_path):
     t.close()
 
 
+@needs_linux
+@pytest.mark.skipif(not _io_counts(), reason="/proc/self/io is not available")
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_cold_batch_faults_no_page_in_one_at_a_time(tmp_path, compression):
+    """Pages evicted, 1,000 uniform ids: the batch's pages are all asked for before any is
+    read, so reading them takes (almost) no major fault, one serial disk read each.  (The
+    zstd path read each chunk's stored checksum before its prefetch: a fault per chunk.)"""
+    import resource
+    rows, dim = 65536, 256
+    E = np.random.default_rng(5).standard_normal((rows, dim)).astype(np.float32)
+    embstore.save(tmp_path / "big", E, compression=compression).close()
+    t = embstore.open(tmp_path / "big", cache_bytes=0)
+    t.lookup(np.arange(0, rows, 4096))  # every shard index read once (as in a live process)
+    probe = tmp_path / "probe"
+    probe.write_bytes(os.urandom(1 << 20))
+    evict([probe])
+    before = read_bytes()
+    probe.read_bytes()
+    if read_bytes() - before < (1 << 19):
+        t.close()
+        pytest.skip("this file system does not count reads (tmpfs?)")
+    ids = np.random.default_rng(6).integers(0, rows, 1000)
+    evict([tmp_path / "big"])
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    out = t.lookup(ids)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - f0
+    np.testing.assert_array_equal(out, E[ids])
+    assert faults < 100, f"{faults} major faults for 1,000 cold ids"
+    t.close()
+
+
 def test_zstd_many_chunks_absent_and_damaged(tmp_path):
     """The batched zstd decode (>= 64 chunks a call): absent chunks are zeros, a damaged
     chunk raises CorruptStoreError naming its shard and chunk."""
@@ -243,4 +274,47 @@ def test_zstd_many_chunks_absent_and_damaged(tmp_path):
         t.lookup(np.arange(1024, 2048))
     assert str(shard) in str(ei.value)
     np.testing.assert_array_equal(t.lookup(np.arange(0, 1024)), want[:1024])
+    t.close()
+
+
+def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
+    """A warm zstd batch costs no crc32c call per chunk: each chunk's checksum is checked
+    the first time it is read (as uncompressed chunks are), then never again."""
+    from embstore.store import shardcodec
+    path, E = _table(tmp_path, rows=4096, dim=16, compression="zstd", chunk_rows=2,
+                     shard_rows=512)
+    calls = []
+    real = shardcodec.crc32c
+    monkeypatch.setattr(shardcodec, "crc32c", lambda *a, **k: calls.append(1) or real(*a, **k))
+    t = embstore.open(path, cache_bytes=0)
+    ids = np.random.default_rng(5).integers(0, 4096, 1500)
+    np.testing.assert_array_equal(t.lookup(ids), E[ids])
+    assert len(calls) == np.unique(ids // 2).size
+    np.testing.assert_array_equal(t.lookup(ids[::-1]), E[ids[::-1]])
+    assert len(calls) == np.unique(ids // 2).size  # none more
+    t.close()
+
+
+@pytest.mark.parametrize("n", [1, 300], ids=["one chunk", "many chunks"])
+def test_zstd_frame_damaged_under_a_valid_checksum_raises(tmp_path, n):
+    """A stored frame that passes its crc32c but does not decode to one chunk (a writer's
+    bug, or a checksum recomputed over damage) raises CorruptStoreError naming the chunk."""
+    from crc32c import crc32c
+    path, E = _table(tmp_path, rows=1024, dim=16, compression="zstd", chunk_rows=2,
+                     shard_rows=1024)
+    shard = path / "vectors" / "c" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    n_inner = 512
+    index = np.frombuffer(bytes(data[-(16 * n_inner + 4): -4]), dtype="<u8").reshape(-1, 2)
+    off, nb = (int(x) for x in index[7])
+    frame = bytearray(data[off: off + nb - 4])
+    frame[:4] = b"\0\0\0\0"  # no zstd magic number
+    data[off: off + nb - 4] = frame
+    data[off + nb - 4: off + nb] = crc32c(bytes(frame)).to_bytes(4, "little")
+    shard.write_bytes(bytes(data))
+    t = embstore.open(path, cache_bytes=0)
+    ids = np.arange(14, 14 + 2 * n) if n > 1 else np.array([15])
+    with pytest.raises(embstore.CorruptStoreError, match=r"chunk 7: cannot decode"):
+        t.lookup(ids)
+    np.testing.assert_array_equal(t.lookup(np.arange(16, 600)), E[16:600])
     t.close()

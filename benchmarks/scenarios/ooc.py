@@ -12,6 +12,7 @@ pages evicted between batches (steady state, after the cache has filled).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -21,7 +22,7 @@ import embstore
 
 from .. import data
 from ..common import Measurement, Skip, absolute, compare, evict, fmt, log, read_bytes
-from . import peers
+from . import ooc_zstd, peers
 
 NAME = "ooc"
 TITLE = "Out of core: cold batches (pages evicted), bytes read"
@@ -42,7 +43,19 @@ def run(ctx, res) -> None:
     for n, (rows, dim) in enumerate(cfg["tables"]):
         npy = data.table_npy(ctx.data_dir, rows, dim)
         store = data.store(ctx.data_dir, npy)
+        load0 = _load()
         _table(ctx, res, cfg, es, npy, store, rows, dim, first=n == 0)
+        res.notes.append(f"{rows:,} x {dim}: load average (1 min) {load0} before, {_load()} "
+                         "after (2 cores, shared: cold times swing with it)")
+    if cfg.get("zstd_table"):
+        ooc_zstd.run(ctx, res, cfg, lambda *a, **k: _add(res, *a, **k), _cold)
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "?"
 
 
 def _cold(fn, batches, files):
@@ -156,6 +169,7 @@ def _zipf(res, cfg, es, store, files, rows, dim, tag, plain) -> None:
             f"{tag}, zipf(1.1): {statistics.median(new):.0%} of a batch's distinct ids were "
             f"never asked for before (the tail): the row cache cannot serve them, and each "
             f"costs its page either way; row cache hit rate {hits / max(1, hits + misses):.0%}")
+        res.notes.append(f"{tag}, zipf(1.1): " + _bounds(warmup, batches, cache))
         a = _add(res, f"zipf(1.1), pages evicted, {tag}", EMB_CACHE, "embstore", "ms", with_ms,
                  mib_read=with_mib, cache_bytes=cfg["cache_bytes"],
                  hit_rate=round(hits / max(1, hits + misses), 4))
@@ -169,3 +183,27 @@ def _zipf(res, cfg, es, store, files, rows, dim, tag, plain) -> None:
                 target=("faster", 5))
     finally:
         cache.close()
+
+
+def _bounds(warmup, batches, cache) -> str:
+    """The best any row cache could do here, in chunks read (each costs its page or two).
+
+    Without a cache a batch reads the chunks of all its distinct ids.  Ideal cache: every
+    row asked for before (warm-up included) is held and a hit is free, so a batch reads the
+    chunks of its first-time ids only.  Oracle: the cache holds its ``slots`` most frequent
+    rows for ever (ids here are Zipf ranks: ids < slots), the steady state of a perfect
+    frequency-based cache after unbounded traffic.
+    """
+    cr = cache._source.reader.layout.chunk_rows
+    slots = cache._cache.slots
+    seen = np.unique(np.concatenate(warmup))
+    ideal, oracle = [], []
+    for ids in batches:
+        u = np.unique(ids)
+        allc = np.unique(u // cr).size
+        oracle.append(allc / max(1, np.unique(u[u >= slots] // cr).size))
+        ideal.append(allc / max(1, np.unique(u[~np.isin(u, seen)] // cr).size))
+        seen = np.union1d(seen, u)
+    return (f"bounds on the row cache's gain (chunks read without / with it): holding every "
+            f"row asked for before {statistics.median(ideal):.2f}x; holding the {slots:,} "
+            f"most frequent rows for ever {statistics.median(oracle):.2f}x")

@@ -34,12 +34,17 @@ def zarr_python(store: Path):
     return lambda ids: za.oindex[ids.reshape(-1)].reshape(ids.shape + (dim,))
 
 
-def tensorstore(store: Path):
+def tensorstore(store: Path, cache_bytes: int = 0):
+    """tensorstore reading ``vectors``; ``cache_bytes``: its ``cache_pool`` (decoded chunks
+    kept between reads; 0, its default, keeps none)."""
     try:
         import tensorstore as ts
     except ImportError:
         raise Skip("tensorstore not installed") from None
-    ta = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(vectors_path(store))}},
-                 read=True).result()
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(vectors_path(store))}}
+    if cache_bytes:
+        spec["context"] = {"cache_pool": {"total_bytes_limit": int(cache_bytes)}}
+        spec["recheck_cached_data"] = False  # as a read-only reader: no stat per chunk
+    ta = ts.open(spec, read=True).result()
     dim = ta.shape[1]
     return lambda ids: ta[ids.reshape(-1)].read().result().reshape(ids.shape + (dim,))
