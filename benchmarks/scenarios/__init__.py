@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import batch, compact, import_w2v, keys, limits, lookup, ooc, open_time, remote, scale
+from . import batch, compact, import_w2v, keys, limits, lookup, ooc, open_time, remote, scale, search
 
 SCENARIOS = {m.NAME: m for m in (lookup, scale, ooc, open_time, keys, import_w2v, batch, limits,
-                                 compact, remote)}
+                                 compact, remote, search)}
 
 __all__ = ["SCENARIOS"]

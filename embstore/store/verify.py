@@ -29,6 +29,8 @@ from .codecs import Layout
 from .commit import settle
 from .meta import read_json, read_table_meta, unsafe_files
 from .quant import SCALE_ARRAY
+from .normcalc import NORMS_ARRAY
+from .normsource import check_norms
 from .shardread import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]
@@ -181,7 +183,7 @@ def verify(path: PathLike) -> VerifyReport:
         report.add(str(root), None, str(exc))
         return report
     fast = set()
-    for name in ("vectors", SCALE_ARRAY):  # row_scale: the int8 tables' scales
+    for name in ("vectors", SCALE_ARRAY, NORMS_ARRAY):  # int8 scales, stored norms
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:
@@ -235,6 +237,11 @@ def verify(path: PathLike) -> VerifyReport:
                    f"one per row ({report.vocab_size} rows)")
     elif deep and report.vocab_size is not None:
         _deep_check_keys(root, report)
+    if report.ok and NORMS_ARRAY in fast:  # every norm recomputed from its row
+        try:
+            check_norms(root, lambda file, msg: report.add(file, None, msg))
+        except (CorruptStoreError, FormatError) as exc:
+            report.add(str(root / NORMS_ARRAY), None, str(exc))
     if report.unchecked:
         report.ok = False
     return report
