@@ -95,7 +95,7 @@ def build_index(table: PathLike | ZarrTable, *, metric: str = "cos", connectivit
     time and size for recall; ``expansion_search`` is the default search effort;
     ``dtype`` how the index stores vectors (``f32``, ``f16``, ``i8``: smaller, less exact).
     Rows are streamed in blocks; an existing index is replaced only with ``overwrite``.
-    ``progress(rows_done)`` is called after each block.
+    ``progress(done, total)`` (rows) is called after each block.
     """
     usearch = require("usearch.index", extra="ann", feature=_FEATURE)
     one_of(metric, "metric", METRICS)
@@ -124,7 +124,7 @@ def build_index(table: PathLike | ZarrTable, *, metric: str = "cos", connectivit
                 index.add(ids, vec if keep.all() else vec[keep], threads=int(threads))
                 added += int(ids.size)
             if progress is not None:
-                progress(start + vec.shape[0])
+                progress(start + vec.shape[0], rows)
         meta = {"embstore_ann": 1, "library": "usearch", "library_version":
                 getattr(usearch, "__version__", None) or _usearch_version(),
                 "metric": metric, "dtype": dtype, "connectivity": int(connectivity),
@@ -238,8 +238,8 @@ def open_index(table: ZarrTable) -> AnnIndex:
     path = index_path(table)
     meta = index_info(table)
     if meta is None:
-        raise IndexNotFoundError(f"{table.path} has no approximate index (build it with "
-                                 "build_index)", path=str(path))
+        raise IndexNotFoundError(f"{table.path} has no approximate index (build it first: "
+                                 "embstore.build_index, or the index command)", path=str(path))
     st = os.stat(path / INDEX_FILE)
     key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
     with _opened_lock:
@@ -274,6 +274,10 @@ def approx_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
     bad = np.isin(ids, exclude) | (ids < 0)
     if own is not None:
         bad |= ids == own[:, None]
+    if ids.shape[1] < k:  # the graph walk found fewer than asked: empty places
+        pad = ((0, 0), (0, k - ids.shape[1]))
+        scores = np.pad(scores, pad, constant_values=-np.inf)
+        ids, bad = np.pad(ids, pad, constant_values=-1), np.pad(bad, pad, constant_values=True)
     order = np.argsort(bad, axis=1, kind="stable")[:, :k]  # the valid ones first, in order
     scores = np.take_along_axis(np.where(bad, -np.inf, scores), order, axis=1)
     ids = np.take_along_axis(np.where(bad, -1, ids), order, axis=1)

@@ -182,9 +182,9 @@ def check_norms(root: Path, damage) -> int:
             if bad.any():
                 i = int(np.argmax(bad))
                 damage(str(root / NORMS_ARRAY),
-                       f"{root / NORMS_ARRAY}: row {a + i} has stored norm {got[i]!r}, its "
-                       f"row's norm is {want[i]!r} ({int(bad.sum())} wrong in rows "
-                       f"{a}..{a + block.shape[0] - 1})")
+                       f"{root / NORMS_ARRAY}: row {a + i} has stored norm "
+                       f"{float(got[i])!r}, its row's norm is {float(want[i])!r} "
+                       f"({int(bad.sum())} wrong in rows {a}..{a + block.shape[0] - 1})")
         return int(source.shape[0])
     finally:
         source.close()
