@@ -78,9 +78,9 @@ CONFIGS = {
         "ooc": {"tables": [(262_144, 64)], "ids": 4096, "batches": 2, "warm_reps": 5,
                 "zipf": True, "cache_bytes": 16 << 20, "zipf_warmup": 3, "zarr": False},
         "remote": {"rows": 100_000, "dim": 256, "ids": [32, 128], "reps": 3, "slow_reps": 1},
-        "search": {"rows": 100_000, "dim": 256, "reps": 3, "batch": 32, "ann_rows": 20_000,
-                   "ann_dim": 64, "clusters": 100, "queries": 50, "ef": 64, "connectivity": 16,
-                   "expansion_add": 64, "peer_rows": 5_000, "minilm": False},
+        "search": {"rows": 50_000, "dim": 256, "reps": 3, "batch": 32, "ann_rows": 10_000,
+                   "ann_dim": 32, "clusters": 50, "queries": 50, "ef": 64, "connectivity": 16,
+                   "expansion_add": 64, "peer_rows": 2_000, "minilm": False},
     },
     "smoke": {  # the test suite's run: every code path, tiny sizes, not a measurement
         "lookup": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1,
