@@ -195,3 +195,23 @@ def test_norms_survive_sigkill_at_commit_steps(tmp_path, op, every):
         assert embstore.verify(path).ok, n
         shutil.rmtree(path)
     assert seen == {"old", "new"}  # killed before and after the commit point
+
+
+def test_norms_that_do_not_fit_are_left_aside_and_reported(tmp_path):
+    path = tmp_path / "t"
+    embstore.save(path, _rows(300, 4)).close()
+    meta_path = path / "norms" / "zarr.json"
+    import json
+    doc = json.loads(meta_path.read_text())
+    doc["shape"][0] = 100  # fewer norms than rows (as if another tool appended rows)
+    meta_path.write_text(json.dumps(doc))
+    with embstore.open(path) as t:  # still opens and searches (norms computed)
+        assert t.norms_source is None
+        ids, _ = embstore.Embedding(t).most_similar(5, k=3)
+        want = np.argsort(-(_rows(300, 4) @ _rows(300, 4)[5]
+                            / np.maximum(np.linalg.norm(_rows(300, 4), axis=1), 1e-30)))
+        assert ids[0] == [i for i in want if i != 5][0]
+    report = embstore.verify(path)
+    assert not report.ok and "expected float32 of shape [>= 300, 1]" in str(report)
+    store_norms(path)
+    assert embstore.verify(path).ok

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._types import PathLike
-from ..errors import CorruptStoreError
+from ..errors import CorruptStoreError, FormatError
 from .codecs import Layout
 from .commit import Transaction, recover
 from .lock import writer_lock
@@ -99,19 +99,32 @@ def has_norms(root: PathLike) -> bool:
     return (Path(os.fspath(root)) / NORMS_ARRAY / "zarr.json").is_file()
 
 
-def attach_norms(root: Path, rows: RowSource) -> RowSource:
-    """``rows`` with their stored norms when the table at ``root`` has a ``norms`` array."""
-    meta = _norms_meta(root)
+def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | None]:
+    """Why the ``norms`` of the table at ``root`` cannot serve ``rows`` ("" if they can)."""
+    try:
+        meta = _norms_meta(root)
+    except (CorruptStoreError, FormatError) as exc:
+        return str(exc), None
     if meta is None:
-        return rows
+        return "", None
     layout = Layout.from_metadata(meta)
     want = norms_dtype(rows.storage_dtype)
     if layout is None or layout.dim != 1 or layout.dtype != want or \
             layout.rows < rows.shape[0]:
-        raise CorruptStoreError(
-            f"{root / NORMS_ARRAY}/zarr.json: expected {want.name} of shape [>= "
-            f"{rows.shape[0]}, 1] in embstore's sharded layout (one norm per row), got "
-            f"{meta.get('data_type')} {meta.get('shape')}", path=str(root))
+        return (f"{root / NORMS_ARRAY}/zarr.json: expected {want.name} of shape [>= "
+                f"{rows.shape[0]}, 1] in embstore's sharded layout (one norm per row), got "
+                f"{meta.get('data_type')} {meta.get('shape')}; store them again "
+                "(store_norms)"), None
+    return "", layout
+
+
+def attach_norms(root: Path, rows: RowSource) -> RowSource:
+    """``rows`` with their stored norms when the table at ``root`` has a usable ``norms``
+    array.  Norms that do not fit the rows (another tool appended rows) are left aside:
+    they only save work, searches compute norms instead, and ``verify`` reports them."""
+    why, layout = _mismatch(root, rows)
+    if layout is None:
+        return rows
     return NormsSource(rows, ShardSource(root, layout, NORMS_ARRAY))
 
 
@@ -172,7 +185,9 @@ def check_norms(root: Path, damage) -> int:
     _, meta = read_table_meta(root)
     source = attach_norms(root, open_source(root, meta, "r"))
     try:
-        assert isinstance(source, NormsSource)
+        if not isinstance(source, NormsSource):
+            damage(str(root / NORMS_ARRAY), _mismatch(root, source)[0])
+            return 0
         dt = source.norms.dtype
         tol = 8 * np.finfo(dt).eps  # the sum's order may differ by a few units
         for a, block in _table_blocks(source.rows):
