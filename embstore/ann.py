@@ -38,7 +38,9 @@ from .ids import one_of, positive_int
 from .optional import require
 from .store.commit import area_of, last_commit
 from .store.scan import scan_blocks
+from .store.meta import read_table_meta
 from .store.table import ZarrTable
+from .store.table import open as open_table
 from .table import Table
 
 __all__ = ["build_index", "open_index", "index_info", "AnnIndex", "StaleIndexWarning",
@@ -74,7 +76,6 @@ def _local(table) -> tuple[ZarrTable, bool]:
     if isinstance(table, ZarrTable):
         t, mine = table, False
     else:
-        from .store.table import open as open_table
         t, mine = open_table(table), True
     if getattr(t, "_remote", None) is not None:
         if mine:
@@ -189,7 +190,6 @@ def index_info(table: PathLike | ZarrTable) -> dict | None:
     if isinstance(table, ZarrTable):
         now = table.vocab_size
     else:
-        from .store.meta import read_table_meta
         now = read_table_meta(root)[1]["shape"][0]
     meta["stale"] = meta.get("table_commit") != last_commit(root) or rows != now
     return meta

@@ -23,7 +23,7 @@ from .codecs import Layout
 from .commit import Transaction, recover
 from .lock import writer_lock
 from .meta import read_json, read_table_meta
-from .normcalc import NORMS_ARRAY, norms_dtype, row_norms, stored_rows
+from .normcalc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms, stored_rows
 from .shardwrite import RowStream
 from .source import RowSource, ShardSource, open_source
 from .writer import set_rows
@@ -142,7 +142,6 @@ def store_norms(path: PathLike, *, lock_timeout: float | None = None) -> int:
     import zarr
     from zarr.codecs import BytesCodec, Crc32cCodec
 
-    from .normcalc import norms_layout
     root = Path(os.fspath(path)).absolute()
     with writer_lock(root, lock_timeout):
         recover(root)
