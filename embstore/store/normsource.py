@@ -40,6 +40,13 @@ class NormsSource(RowSource):
         self.rows, self.norms = rows, norms
         self.cheap_reads = rows.cheap_reads
 
+    def __getattr__(self, name: str):
+        """Anything else is the rows' (``reader`` of a shard source, ...): the wrapper stays
+        transparent to code written against the rows' source."""
+        if name in ("rows", "norms"):
+            raise AttributeError(name)
+        return getattr(self.rows, name)
+
     shape = property(lambda self: self.rows.shape)
     layout = property(lambda self: self.rows.layout)
     dtype = property(lambda self: self.rows.dtype)
