@@ -57,7 +57,7 @@ CONFIGS = {
         "ooc": {"tables": [(8_388_608, 64), (100_000, 64), (1_000_000, 64), (33_554_432, 64),
                            (131_072, 4096)], "ids": 16384, "batches": 4,
                 "warm_reps": 7, "zipf": True, "cache_bytes": 512 << 20, "zipf_warmup": 6},
-        "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 5, "slow_reps": 1},
+        "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 7, "slow_reps": 3},
         "search": {"rows": 1_000_000, "dim": 256, "reps": 5, "batch": 32, "ann_rows": 1_000_000,
                    "ann_dim": 256, "clusters": 1000, "queries": 200, "ef": 128,
                    "connectivity": 16, "expansion_add": 64, "peer_rows": 50_000,
