@@ -187,7 +187,7 @@ def verify(path: PathLike) -> VerifyReport:
         report.add(str(root), None, str(exc))
         return report
     fast = set()
-    for name in ("vectors", SCALE_ARRAY, NORMS_ARRAY):  # int8 scales, stored norms
+    for name in ("vectors", SCALE_ARRAY):  # row_scale: the int8 tables' scales
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:
@@ -241,7 +241,7 @@ def verify(path: PathLike) -> VerifyReport:
                    f"one per row ({report.vocab_size} rows)")
     elif deep and report.vocab_size is not None:
         _deep_check_keys(root, report)
-    if report.ok and NORMS_ARRAY in fast:  # every norm recomputed from its row
+    if report.ok and NORMS_ARRAY in report.arrays:  # every norm recomputed from its row
         try:
             check_norms(root, lambda file, msg: report.add(file, None, msg))
         except (CorruptStoreError, FormatError) as exc:
