@@ -12,8 +12,9 @@ from ._version import __version__
 from .batch import lookup_file
 from .cache import CacheInfo
 from .convert import ExportResult, ImportResult, export_table, import_file
+from .ann import StaleIndexWarning, build_index
 from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError, EmbstoreError,
-                     FormatError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
+                     FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
                      ResourceLimitError, ResultTooLargeError, ShapeMismatchError)
 from .gensim import from_gensim, to_gensim
@@ -34,6 +35,7 @@ __all__ = [
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
     "LockTimeoutError", "MissingDependencyError", "ClosedTableError", "InvalidOptionError",
     "ResultTooLargeError", "ResourceLimitError",
+    "build_index", "StaleIndexWarning", "IndexNotFoundError",
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "EmbstoreError",
+    "IndexNotFoundError",
     "InvalidIdError",
     "KeyNotFoundError",
     "CorruptStoreError",
@@ -166,6 +167,18 @@ class LockTimeoutError(EmbstoreError, TimeoutError):
         super().__init__(message)
         self.path = path
         self.timeout = timeout
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class IndexNotFoundError(EmbstoreError, FileNotFoundError):
+    """An approximate search on a table without an approximate index (or with unreadable
+    index metadata); ``path`` is where the index was looked for."""
+
+    def __init__(self, message: str, *, path=None):
+        super().__init__(message)
+        self.path = path
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -365,10 +365,13 @@ class Embedding:
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
     def most_similar(self, query: ArrayLike, k: int = 10, exclude: ArrayLike = (), *,
-                     block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them).
+                     block_rows: int | None = None, approx: bool = False,
+                     ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them);
+        ``approx=True``: from the table's approximate index, search effort ``ef``.
 
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
         see :func:`embstore.search.most_similar`.
         """
-        return most_similar(self._table, query, k=k, exclude=exclude, block_rows=block_rows)
+        return most_similar(self._table, query, k=k, exclude=exclude, block_rows=block_rows,
+                            approx=approx, ef=ef)

@@ -16,6 +16,9 @@ import numpy as np
 from .errors import ShapeMismatchError
 from .ids import as_ids, positive_int
 from .table import Table, as_key_array
+from .ann import approx_top_k
+from .search_exact import cosine_top_k
+from .topk import RunningTopK, top_k_columns
 
 __all__ = ["logits", "most_similar", "top_k_columns", "auto_block_rows"]
 
@@ -45,67 +48,6 @@ def _check_block_rows(table: Table, block_rows, n_queries: int) -> int:
 
 def _check_k(k, name: str) -> int:
     return positive_int(k, name)
-
-
-def _rank_key(values: np.ndarray) -> np.ndarray:
-    """``values`` with NaN replaced by the lowest finite number (below all, above -inf)."""
-    nan = np.isnan(values)
-    if not nan.any():
-        return values
-    return np.where(nan, -np.finfo(values.dtype).max, values)
-
-
-def top_k_columns(values: np.ndarray, k: int) -> np.ndarray:
-    """Column indices ``(n, k)``, ascending, of the ``k`` largest values of each row.
-
-    Among equal values the leftmost columns win; NaN ranks below every number
-    except ``-inf``.  Vectorised:
-    one ``np.partition`` finds each row's k-th largest value, the rows where that
-    value is tied across the boundary take their leftmost ties.
-    """
-    n, m = values.shape
-    if k >= m:
-        return np.broadcast_to(np.arange(m), (n, m))
-    key = _rank_key(values)
-    kth = np.partition(key, m - k, axis=1)[:, m - k][:, None]
-    sel = key > kth
-    eq = key == kth
-    need = k - sel.sum(axis=1)
-    tied = eq.sum(axis=1) > need
-    if tied.any():
-        first = eq[tied] & (np.cumsum(eq[tied], axis=1) <= need[tied][:, None])
-        eq[tied] = first
-    sel |= eq
-    return np.nonzero(sel)[1].reshape(n, k)
-
-
-class _RunningTopK:
-    """The best ``k`` (value, id) pairs of each row seen so far, kept in id order."""
-
-    def __init__(self, n: int, k: int, dtype):
-        self.k = k
-        self.values = np.empty((n, 0), dtype=dtype)
-        self.ids = np.empty((n, 0), dtype=np.int64)
-
-    def add(self, scores: np.ndarray, start: int) -> None:
-        n, b = scores.shape
-        if self.values.shape[1] + b > self.k and b > self.k:  # shrink the block first
-            cols = top_k_columns(scores, self.k)
-            scores = np.take_along_axis(scores, cols, axis=1)
-            block_ids = cols + start
-        else:
-            block_ids = np.broadcast_to(np.arange(start, start + b, dtype=np.int64), (n, b))
-        values = np.concatenate([self.values, scores], axis=1)
-        ids = np.concatenate([self.ids, block_ids], axis=1)  # ids stay ascending per row
-        cols = top_k_columns(values, self.k)
-        self.values = np.take_along_axis(values, cols, axis=1)
-        self.ids = np.take_along_axis(ids, cols, axis=1)
-
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, ids)`` sorted by descending value, ties by ascending id."""
-        order = np.argsort(-_rank_key(self.values), axis=1, kind="stable")
-        return (np.take_along_axis(self.values, order, axis=1),
-                np.take_along_axis(self.ids, order, axis=1))
 
 
 def _compute_dtype(table: Table, arr: np.ndarray) -> np.dtype:
@@ -144,7 +86,7 @@ def logits(table: Table, hidden, *, top_k: int | None = None, block_rows: int | 
             out[:, start:start + block.shape[0]] = h2 @ block.astype(dtype, copy=False).T
         return out.reshape(lead + (vocab,))
     k = min(_check_k(top_k, "top_k"), vocab)
-    best = _RunningTopK(n, k, dtype)
+    best = RunningTopK(n, k, dtype)
     for start, block in table.iter_blocks(rows):
         best.add(h2 @ block.astype(dtype, copy=False).T, start)
     values, ids = best.result()
@@ -201,7 +143,8 @@ def _resolve_query(table: Table, query):
 
 
 def most_similar(table: Table, query, *, k: int = 10, exclude=(),
-                 block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 block_rows: int | None = None, approx: bool = False,
+                 ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact cosine top-``k``: ``(ids, scores)``, streamed by blocks of rows.
 
     ``query``: a float vector ``(dim,)`` or vectors ``(n, dim)``; an id or key; a
@@ -214,41 +157,37 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
     When fewer than ``k`` rows remain, the result has as many columns as the
     query with the most candidates; the missing places of other queries hold id
     -1 and score -inf.
+
+    ``approx=True`` asks the table's approximate index (:func:`embstore.ann.build_index`)
+    instead, with search effort ``ef`` (default: the index's); its scores are of the
+    index's metric.  A stale index (the table changed since) warns
+    (:class:`embstore.ann.StaleIndexWarning`) and the search runs exactly.
     """
     k = _check_k(k, "k")
     q, own, single = _resolve_query(table, query)
     excl = np.unique(_resolve_ids_or_keys(table, exclude)) if exclude is not None else \
         np.empty(0, dtype=np.int64)
     dtype = _compute_dtype(table, q)
-    q = np.ascontiguousarray(q, dtype=dtype)
+    raw = q = np.ascontiguousarray(q, dtype=dtype)
     qnorm = np.sqrt(np.einsum("ij,ij->i", q, q))
     q = q / np.where(qnorm == 0, 1, qnorm)[:, None]
-    zero_q = np.flatnonzero(qnorm == 0)
     n = q.shape[0]
+    if ef is not None:
+        ef = positive_int(ef, "ef")
     vocab = table.vocab_size
     left = np.full(n, vocab - excl.size, dtype=np.int64)
     if own is not None:
         left -= ~np.isin(own, excl)
     k = int(min(k, max(0, left.max(initial=0))))
-    rows = _check_block_rows(table, block_rows, n)
-    best = _RunningTopK(n, k, dtype)
-    if k:
-        for start, block in table.iter_blocks(rows):
-            stop = start + block.shape[0]
-            b = block.astype(dtype, copy=False)
-            norms = np.sqrt(np.einsum("ij,ij->i", b, b))
-            scores = q @ b.T
-            scores /= np.where(norms == 0, 1, norms)
-            scores[:, norms == 0] = np.nan  # undefined cosine: ranks below real scores
-            scores[zero_q] = np.nan
-            gone = excl[(excl >= start) & (excl < stop)]
-            if gone.size:
-                scores[:, gone - start] = -np.inf
-            if own is not None:
-                mine = np.flatnonzero((own >= start) & (own < stop))
-                scores[mine, own[mine] - start] = -np.inf
-            best.add(scores, start)
-    scores, ids = best.result()
+    if block_rows is not None:
+        block_rows = positive_int(block_rows, "block_rows")
+    found = approx_top_k(table, raw, k, exclude=excl, own=own, ef=ef) if approx and k else None
+    if found is not None:
+        scores, ids = found
+    elif k:
+        scores, ids = cosine_top_k(table, q, k, exclude=excl, own=own, block_rows=block_rows)
+    else:
+        scores, ids = np.empty((n, 0), dtype), np.empty((n, 0), np.int64)
     if k:
         invalid = np.isin(ids, excl)
         if own is not None:

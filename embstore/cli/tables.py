@@ -1,4 +1,4 @@
-"""The commands about one table: info, verify, reindex, similar; and the demo."""
+"""The commands about one table: info, verify, reindex, similar, index; and the demo."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import contextlib
 import json
 import os
 import sys
+import warnings
 
 import click
 
 from .. import demo as demo_steps
 from ..keys.foreign import build_key_index
+from ..ann import METRICS, StaleIndexWarning, build_index
 from ..layer import Embedding
 from ..store import open as open_table
 from ..store import repair as repair_table
 from ..store import verify as verify_table
+from ..store.normsource import store_norms
 from ..store.objstore import is_url
 from ..store.transfer import copy_table
 from ..store.verify import checksum_status
@@ -83,19 +86,31 @@ def verify_cmd(path, as_json, quiet):
         sys.exit(1)
 
 
-@click.command("reindex", short_help="Build a table's key index from its keys array.")
+@click.command("reindex", short_help="Build a table's key index (or row norms) again.")
 @click.argument("path", type=TABLE)
+@click.option("--norms", is_flag=True,
+              help="Store the rows' norms instead (tables written without them: older "
+                   "embstore versions, other Zarr tools), so searches skip computing them.")
 @options
-def reindex_cmd(path, as_json, quiet):
-    """Build (or rebuild) the key index of the table at PATH from its `keys` array.
+def reindex_cmd(path, norms, as_json, quiet):
+    """Build (or rebuild) the key index of the table at PATH from its `keys` array; with
+    --norms, compute and store its rows' norms.
 
     For a table whose keys were written by another Zarr tool, or whose key index
     `verify` reports damaged.
 
     \b
-    Example:
+    Examples:
       embstore reindex vectors.zarr
+      embstore reindex old.emb --norms
     """
+    if norms:
+        rows = store_norms(path)
+        if as_json:
+            print_json({"path": path, "norms": rows})
+        else:
+            say(f"stored the norms of {rows} rows of {path}", quiet)
+        return
     with open_table(path, mode="r+") as t:
         if not t.info()["has_keys"]:
             raise click.ClickException(f"{path} has no keys array: nothing to index")
@@ -144,15 +159,21 @@ def repair_cmd(path, as_json, quiet):
               help="How many neighbours.")
 @click.option("--ids", "by_id", is_flag=True,
               help="QUERY are row ids (the default when TABLE has no keys).")
+@click.option("--approx", is_flag=True,
+              help="Ask the table's approximate index (built by `embstore index`); a stale "
+                   "index warns and the search runs exactly.")
+@click.option("--ef", type=click.IntRange(min=1), default=None,
+              help="Search effort of --approx (default: the index's expansion_search).")
 @options
-def similar_cmd(table, query, k, by_id, as_json, quiet):
+def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
     """The K rows most cosine-similar to each QUERY: a key, or a row id with --ids (or when
-    TABLE has no keys).
+    TABLE has no keys).  With --approx, from the approximate index (scores in its metric).
 
     \b
     Examples:
       embstore similar news.emb king queen -k 5
       embstore similar news.emb --ids 0 17 --json
+      embstore similar news.emb king --approx --ef 128
     """
     with open_table(table) as t:
         keyed = t.keys is not None
@@ -165,7 +186,11 @@ def similar_cmd(table, query, k, by_id, as_json, quiet):
             except ValueError:
                 why = "with --ids" if keyed else f"{table} has no keys, so"
                 raise click.UsageError(f"{why} QUERY must be row ids, got {query!r}") from None
-        ids, scores = Embedding(t).most_similar(queries, k=k)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", StaleIndexWarning)
+            ids, scores = Embedding(t).most_similar(queries, k=k, approx=approx, ef=ef)
+        for w in caught:
+            say(f"Warning: {w.message}", quiet)
         result = []
         for q, row_ids, row_scores in zip(queries, ids.tolist(), scores.tolist()):
             pairs = [(i, s) for i, s in zip(row_ids, row_scores) if i >= 0]
@@ -183,6 +208,39 @@ def similar_cmd(table, query, k, by_id, as_json, quiet):
             label = n["key"] if n["key"] is not None else n["id"]
             score = "undefined (zero norm)" if n["score"] is None else f"{n['score']:.6f}"
             click.echo(f"  {score}  {label}")
+
+
+@click.command("index", short_help="Build a table's approximate nearest-neighbour index.")
+@click.argument("table", type=TABLE)
+@click.option("--metric", type=click.Choice(METRICS), default="cos", show_default=True,
+              help="cos (cosine), ip (inner product) or l2 (Euclidean).")
+@click.option("--connectivity", type=click.IntRange(min=2), default=16, show_default=True,
+              help="HNSW graph degree (M): more is larger, slower to build, better recall.")
+@click.option("--expansion-add", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Build effort (ef_construction): more is slower, better recall.")
+@click.option("--expansion-search", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Default search effort (similar --ef overrides it).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing index.")
+@options
+def index_cmd(table, metric, connectivity, expansion_add, expansion_search, overwrite,
+              as_json, quiet):
+    """Build the approximate index of TABLE (usearch HNSW, stored inside the table at
+    vectors/.embstore/ann/, opened memory-mapped by `similar --approx`).  Rows are read in
+    blocks; after a write or append the index is stale until built again.
+
+    \b
+    Example:
+      embstore index news.emb --connectivity 32 --overwrite
+    """
+    with open_table(table) as t, progress("indexing", quiet=quiet or as_json) as tick:
+        meta = build_index(t, metric=metric, connectivity=connectivity,
+                           expansion_add=expansion_add, expansion_search=expansion_search,
+                           overwrite=overwrite, progress=tick)
+    if as_json:
+        print_json(meta)
+    else:
+        say(f"indexed {meta['indexed_rows']} rows of {table} ({metric}, "
+            f"{meta['build_seconds']:.1f} s)", quiet)
 
 
 @click.command("demo", short_help="Run the main job end to end (a tour).")

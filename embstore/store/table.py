@@ -33,6 +33,7 @@ from .meta import read_table_meta
 from .objstore import is_url
 from .remote_open import open_remote_source
 from .source import open_source
+from .normsource import NormsSource, attach_norms
 from ..table import Table
 from .verify import Damage, VerifyReport, verify
 from .writer import TableWriter
@@ -90,7 +91,7 @@ class ZarrTable(Table):
             settle(self.path, self.lock_timeout)  # no commit half applied
         self._seen_commit = last_commit(self.path)  # before the metadata: never newer
         self._attrs, meta = read_table_meta(self.path)
-        self._source = open_source(self.path, meta, self.mode)
+        self._source = attach_norms(self.path, open_source(self.path, meta, self.mode))
         self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
         self._vocab_obj = None
         if self._has_keys:
@@ -173,6 +174,20 @@ class ZarrTable(Table):
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self._check_open()
         self._cache.gather(ids, out, self._source.gather)
+
+    @property
+    def row_source(self):
+        """The :class:`~embstore.store.source.RowSource` rows are read from (scans)."""
+        self._check_open()
+        src = self._source
+        return src.rows if isinstance(src, NormsSource) else src
+
+    @property
+    def norms_source(self):
+        """The source of the rows' stored norms (``(V, 1)``), None if the table has none."""
+        self._check_open()
+        src = self._source
+        return src.norms if isinstance(src, NormsSource) else None
 
     def _read_rows(self, start: int, stop: int) -> np.ndarray:  # scans bypass the row cache
         self._check_open()

@@ -14,6 +14,7 @@ other arrays without one (a foreign ``keys``) are read and listed as not checksu
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -26,9 +27,11 @@ from ..errors import CorruptStoreError, FormatError, LockTimeoutError, NotATable
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .codecs import Layout
-from .commit import settle
+from .commit import area_of, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
 from .quant import SCALE_ARRAY
+from .normcalc import NORMS_ARRAY
+from .normsource import check_norms
 from .shardread import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]
@@ -69,6 +72,8 @@ class VerifyReport:
     arrays: list[str] = field(default_factory=list)
     unchecked_arrays: list[str] = field(default_factory=list)
     damaged: list[Damage] = field(default_factory=list)
+    #: the approximate index, if any: "<n> rows, up to date" or "... stale" (not checked)
+    index: str = ""
 
     def __bool__(self) -> bool:
         return self.ok
@@ -109,7 +114,8 @@ class VerifyReport:
             return (f"UNVERIFIED {self.path}: {self.vocab_size} rows; checked {self._what()}; "
                     f"{note}")
         return (f"OK {self.path}: {self.vocab_size} rows; checked {self._what()}; no damage"
-                + (f"; {note}" if note else ""))
+                + (f"; {note}" if note else "")
+                + (f"; approximate index: {self.index}" if self.index else ""))
 
 
 def _codec_names(meta: dict) -> list[str]:
@@ -235,9 +241,29 @@ def verify(path: PathLike) -> VerifyReport:
                    f"one per row ({report.vocab_size} rows)")
     elif deep and report.vocab_size is not None:
         _deep_check_keys(root, report)
+    if report.ok and NORMS_ARRAY in report.arrays:  # every norm recomputed from its row
+        try:
+            check_norms(root, lambda file, msg: report.add(file, None, msg))
+        except (CorruptStoreError, FormatError) as exc:
+            report.add(str(root / NORMS_ARRAY), None, str(exc))
+    report.index = _index_note(root, report.vocab_size)
     if report.unchecked:
         report.ok = False
     return report
+
+
+def _index_note(root: Path, rows: int | None) -> str:
+    """What the approximate index (embstore/ann.py) says of itself ("" if none)."""
+    try:
+        with open(area_of(root) / "ann" / "meta.json", "rb") as f:
+            meta = json.loads(f.read(1 << 20))
+        stale = meta["table_commit"] != last_commit(root) or meta["table_rows"] != rows
+        return (f"{meta['indexed_rows']} rows, {meta['metric']}, "
+                f"{'stale (the table changed since it was built)' if stale else 'up to date'}")
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unreadable metadata (build it again)"
 
 
 def _array_meta(root: Path, name: str) -> dict | None:

@@ -22,7 +22,9 @@ from ..errors import ShapeMismatchError
 from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
+from .commit import _fsync
 from .codecs import COMPRESSIONS, Compression, Layout, make_codec
+from .normcalc import NORMS_ARRAY, create_norms_stream, decoded_norms
 from .quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
                     int8_quantise, logical_dtype)
 from .shardwrite import BackgroundSync, RowStream, write_json
@@ -158,9 +160,9 @@ class TableWriter:
         self._sync = BackgroundSync()  # shard files are fsynced while the next is encoded
         self.rows = 0
         self._seen = 0
-        self._pending: list[tuple[np.ndarray, np.ndarray | None]] = []  # (codes, row_scale)
+        self._pending: list[list[np.ndarray]] = []  # codes, [row_scale], norms: per stream
         self._pending_rows = 0
-        self._streams: list[RowStream] = []  # vectors (and row_scale), once decided
+        self._streams: list[RowStream] = []  # vectors, (row_scale), norms, once decided
         self._layout: Layout | None = None
         self._attrs = dict(attrs or {})
         self._done = False
@@ -216,6 +218,8 @@ class TableWriter:
             assert slayout is not None
             self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None,
                                            self._sync))
+        self._streams.append(create_norms_stream(self._group, self._tmp, self.storage, cr, sr,
+                                                 self._sync))  # the rows' norms (normcalc.py)
 
     def add(self, vectors: np.ndarray, keys: list[str] | None = None) -> int:
         """Append a block of rows ``(n, dim)`` (with ``has_keys``, one key per row).
@@ -258,7 +262,8 @@ class TableWriter:
             raise ShapeMismatchError("this writer has no keys (has_keys=False), got keys")
         self._seen += len(finite)
         if codes.shape[0]:
-            self._pending.append((codes, scales))
+            self._pending.append([codes] + ([] if scales is None else [scales])
+                                 + [decoded_norms(self.storage, codes, scales)])
             self._pending_rows += codes.shape[0]
             self.rows += codes.shape[0]
             self._flush(final=False)
@@ -285,10 +290,9 @@ class TableWriter:
             if self._pending_rows * self.dim * self.dtype.itemsize < DECIDE_BYTES and not final:
                 return
             self._decide(None if not final else self._pending_rows)
-        for codes, scales in self._pending:
-            self._streams[0].add(codes)
-            if scales is not None:
-                self._streams[1].add(scales)
+        for parts in self._pending:
+            for stream, part in zip(self._streams, parts):
+                stream.add(part)
         self._pending, self._pending_rows = [], 0
         if final:
             for stream in self._streams:
@@ -347,6 +351,7 @@ class TableWriter:
             self._group.update_attributes({"embstore": {**self._attrs, **meta}})
             if self.storage == "int8":
                 set_rows(self._tmp, self.rows, SCALE_ARRAY)
+            set_rows(self._tmp, self.rows, NORMS_ARRAY)
             set_rows(self._tmp, self.rows)
             atomic.check_dest(self.path, self.overwrite)
             self._swap_in()
@@ -360,7 +365,7 @@ class TableWriter:
         _fsync_tree(self._tmp)  # the new table is on disk before it takes the name
         atomic.replace(self._tmp, self.path)  # one atomic exchange where the system has one
         try:
-            _fsync_dir(self.path.parent)
+            _fsync(self.path.parent, directory=True)
         except OSError:
             pass
 
@@ -394,14 +399,6 @@ class TableWriter:
             self.abort()
 
 
-def _fsync_dir(path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: str) -> None:
     """fsync every file and directory under ``root`` (shard files are fsynced as they
     close, so this is mostly metadata)."""
@@ -412,7 +409,7 @@ def _fsync_tree(root: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(d)
+        _fsync(d, directory=True)
 
 
 def _created_by() -> str:

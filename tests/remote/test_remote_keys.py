@@ -152,7 +152,7 @@ def test_zarr_python_reads_the_remote_table_and_sees_no_sidecar(s3):
                     client_options={"allow_http": True})
     g = zarr.open_group(zarr.storage.ObjectStore(store, read_only=True), mode="r")
     assert sorted(n for n, _ in g.members()) == ["key_hash", "key_offsets", "key_order",
-                                                 "key_utf8", "keys", "vectors"]
+                                                 "key_utf8", "keys", "norms", "vectors"]
     np.testing.assert_array_equal(g["vectors"][:], E)
     assert list(g["keys"][:]) == keys
 

@@ -1,0 +1,89 @@
+"""Whole-table scans in blocks of rows, zero-copy where the layout allows
+(:func:`scan_blocks`, used by the exact search of :mod:`embstore.search_exact`).
+
+An uncompressed float table stores each inner chunk's rows back to back, followed by the
+chunk's 4-byte crc32c; zarr writes the chunks of a shard back to back.  A run of rows is
+then one strided view of the shard's memory map: ``(rows, dim)`` with a row stride of
+``row_bytes + 4`` when a chunk holds one row (BLAS takes such a matrix as is: a leading
+dimension larger than ``dim``), or ``(chunks, chunk_rows, dim)`` copied into one block
+(in cache) otherwise.  Each chunk's crc32c is checked on its first touch, as lookups do.
+Anything else (compressed, quantised, another tool's layout, remote, in memory) reads its
+blocks through :meth:`Table.iter_blocks` (a copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..table import Table
+from .shardfile import ShardFile
+from .shardread import ShardReader
+from .source import ShardSource
+from .table import ZarrTable
+
+__all__ = ["scan_blocks"]
+
+
+def _view(reader: ShardReader, sf: ShardFile, a: int, b: int) -> np.ndarray | None:
+    """Rows ``a..b-1`` of shard ``sf`` (shard-relative) without a copy when the chunks lie
+    back to back (else None: the caller reads them)."""
+    L = reader.layout
+    cr = L.chunk_rows
+    c0, c1 = a // cr, (b - 1) // cr + 1
+    off = sf.offsets[c0:c1]
+    step = L.chunk_bytes + (4 if L.has_crc else 0)
+    if sf.mm is None or (off < 0).any() or (c1 - c0 > 1 and (np.diff(off) != step).any()):
+        return None
+    if not sf.all_verified:
+        todo = c0 + np.flatnonzero(~sf.verified[c0:c1])
+        if todo.size:
+            sf.willneed(int(off[0]), int(off[-1]) + step)  # read ahead: a loop per chunk
+            sf.verify(todo, L)
+    item = L.dtype.itemsize
+    if cr == 1:
+        return np.ndarray((b - a, L.dim), dtype=L.dtype, buffer=sf.mm, offset=int(off[0]),
+                          strides=(step, item))
+    v3 = np.ndarray((c1 - c0, cr, L.dim), dtype=L.dtype, buffer=sf.mm, offset=int(off[0]),
+                    strides=(step, L.row_bytes, item))
+    first = a - c0 * cr
+    return v3.reshape(-1, L.dim)[first: first + b - a]  # (a copy of the chunks, in cache)
+
+
+def _read(source, start: int, stop: int) -> np.ndarray:
+    """Rows ``start..stop-1`` of ``source``: a view when it can be one, else a copy."""
+    if type(source) is ShardSource and source.layout["compression"] == "none":
+        reader = source.reader
+        sr = reader.layout.shard_rows
+        k = start // sr
+        if stop <= (k + 1) * sr:
+            rows = _view(reader, reader.shard(k), start - k * sr, stop - k * sr)
+            if rows is not None:
+                return rows
+    return source.read(start, stop)
+
+
+def _bounds(n: int, block_rows: int, *sources) -> Iterator[tuple[int, int]]:
+    """Blocks of at most ``block_rows`` rows that cross no shard of any of ``sources``."""
+    shards = [s.layout["shard_rows"] for s in sources if type(s) is ShardSource]
+    start = 0
+    while start < n:  # a loop per block
+        stop = min([n, start + block_rows] + [(start // sr + 1) * sr for sr in shards])
+        yield start, stop
+        start = stop
+
+
+def scan_blocks(table: Table, block_rows: int) -> Iterator[tuple[int, np.ndarray,
+                                                                 np.ndarray | None]]:
+    """``(start, rows, norms)`` for consecutive blocks of at most ``block_rows`` rows of
+    ``table``; ``norms`` (1-D) are the rows' stored norms (None when the table stores
+    none).  ``rows`` and ``norms`` may be read-only views of the table's files."""
+    if not isinstance(table, ZarrTable):
+        for start, rows in table.iter_blocks(block_rows):
+            yield start, rows, None
+        return
+    src, norms = table.row_source, table.norms_source
+    for start, stop in _bounds(table.vocab_size, block_rows, src, norms):
+        rows = _read(src, start, stop) if type(src) is ShardSource else table[start:stop]
+        yield start, rows, None if norms is None else _read(norms, start, stop)[:, 0]

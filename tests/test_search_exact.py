@@ -1,0 +1,118 @@
+"""The exact scan of embstore/search_exact.py over on-disk tables: every storage dtype and
+layout (zero-copy views, chunked copies, compressed, without stored norms), batched queries,
+exclusions and ties, against a NumPy reference on the table's own values."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore.search import most_similar
+from embstore.store.scan import scan_blocks
+
+N, D = 2000, 32
+
+
+def _ref(values: np.ndarray, q: np.ndarray, k: int, skip=()) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy on a pre-normalised float64 copy: ids by descending cosine (zero rows last)."""
+    v = values.astype(np.float64)
+    n = np.linalg.norm(v, axis=1)
+    s = (v / np.where(n == 0, 1, n)[:, None]) @ (q / np.linalg.norm(q))
+    s[n == 0] = -np.inf
+    s[list(skip)] = -np.inf
+    order = np.argsort(-s, kind="stable")[:k]
+    return order, s[order]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    a = np.random.default_rng(0).standard_normal((N, D)).astype(np.float32)
+    a[[11, 1500]] = 0
+    return a
+
+
+LAYOUTS = {
+    "one-row-chunks": dict(chunk_rows=1, shard_rows=512),  # strided views, blocks cross shards
+    "chunks-of-8": dict(chunk_rows=8, shard_rows=256),    # 3-D views copied
+    "default": {},
+    "zstd": dict(compression="zstd"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "bfloat16", "int8"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_exact_equals_numpy(tmp_path, rows, dtype, layout):
+    path = tmp_path / "t"
+    embstore.save(path, rows, dtype=dtype, **LAYOUTS[layout]).close()
+    qs = np.random.default_rng(1).standard_normal((5, D)).astype(np.float32)
+    with embstore.open(path) as t:
+        values = t.to_numpy()  # the stored values (rounded / quantised)
+        ids, scores = most_similar(t, qs, k=15, block_rows=300)
+        one, one_s = most_similar(t, qs[2], k=15)
+    for j in range(5):
+        want, want_s = _ref(values, qs[j], 15)
+        np.testing.assert_array_equal(ids[j], want)
+        np.testing.assert_allclose(scores[j], want_s, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(one, ids[2])
+    np.testing.assert_allclose(one_s, scores[2], rtol=1e-6)
+
+
+def test_blocks_are_views_of_the_mapped_shards(tmp_path, rows):
+    path = tmp_path / "t"
+    embstore.save(path, rows, chunk_rows=1, shard_rows=512).close()
+    with embstore.open(path) as t:
+        seen = 0
+        for start, block, norms in scan_blocks(t, 700):
+            assert block.base is not None and not block.flags.owndata  # no copy
+            assert block.strides == (D * 4 + 4, 4)  # each row followed by its crc32c
+            assert block.shape[0] <= 512 and start // 512 == (start + len(block) - 1) // 512
+            np.testing.assert_array_equal(block, rows[start:start + len(block)])
+            np.testing.assert_allclose(norms, np.linalg.norm(block, axis=1), rtol=1e-6)
+            seen += len(block)
+        assert seen == N
+
+
+def test_a_damaged_chunk_is_found_by_the_scan(tmp_path, rows):
+    path = tmp_path / "t"
+    embstore.save(path, rows, chunk_rows=1, shard_rows=512).close()
+    shard = path / "vectors" / "c" / "1" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[100 * (D * 4 + 4) + 5] ^= 0x10  # row 612
+    shard.write_bytes(bytes(raw))
+    with embstore.open(path) as t, pytest.raises(embstore.CorruptStoreError, match="crc32c"):
+        most_similar(t, rows[0], k=3)
+
+
+def test_without_stored_norms_and_in_memory(tmp_path, rows):
+    path = tmp_path / "t"
+    embstore.save(path, rows).close()
+    shutil.rmtree(path / "norms")
+    q = rows[40] + 0.1
+    want, _ = _ref(rows, q, 10)
+    with embstore.open(path) as t:
+        np.testing.assert_array_equal(most_similar(t, q, k=10)[0], want)
+    np.testing.assert_array_equal(most_similar(embstore.MemoryTable(rows), q, k=10)[0], want)
+
+
+def test_exclusions_ties_zero_rows_and_k_beyond_the_table(tmp_path):
+    a = np.zeros((40, 4), np.float32)
+    a[:, 0] = 1.0  # 36 rows tie at cosine 1 with the query
+    a[[3, 9, 20, 33]] = 0  # zero rows: NaN, ranked below every real neighbour
+    a[25] = [-1, 0, 0, 0]  # cosine -1: still above the zero rows
+    path = tmp_path / "t"
+    embstore.save(path, a, chunk_rows=1, shard_rows=16).close()
+    with embstore.open(path) as t:
+        ids, scores = most_similar(t, 0, k=100, exclude=[1, 2], block_rows=7)
+    assert ids.shape == (37,)  # 40 rows - itself - 2 excluded
+    ties = [i for i in range(40) if i not in (0, 1, 2, 3, 9, 20, 33, 25)]
+    np.testing.assert_array_equal(ids[:32], ties)  # lower ids first among ties
+    assert ids[32] == 25 and scores[32] == pytest.approx(-1.0)
+    np.testing.assert_array_equal(ids[33:], [3, 9, 20, 33])
+    assert np.isnan(scores[33:]).all()
+    with embstore.open(path) as t:
+        z_ids, z_scores = most_similar(t, np.zeros(4), k=3)  # a zero query: all undefined
+    np.testing.assert_array_equal(z_ids, [0, 1, 2])
+    assert np.isnan(z_scores).all()
