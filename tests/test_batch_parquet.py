@@ -120,8 +120,8 @@ def test_refusals(table, tmp_path):
         embstore.lookup_file(table, src, out, column="x")
     with pytest.raises(ValueError, match="a Parquet input needs column="):
         embstore.lookup_file(table, src, out)
-    with pytest.raises(ValueError, match="scheduler= is not supported for Parquet"):
-        embstore.lookup_file(table, src, out, column="id", scheduler="local")
+    with pytest.raises(ValueError, match="resume= is not supported for Parquet"):
+        embstore.lookup_file(table, src, out, column="id", resume=True)
     embstore.lookup_file(table, src, out, column="id")
     with pytest.raises(embstore.DestinationExistsError):
         embstore.lookup_file(table, src, out, column="id")
