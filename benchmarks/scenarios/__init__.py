@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from . import batch, compact, import_w2v, keys, limits, lookup, ooc, open_time, remote, scale
+from . import (batch, compact, import_w2v, keys, limits, lookup, ooc, open_time, parquet, remote,
+               scale)
 
 SCENARIOS = {m.NAME: m for m in (lookup, scale, ooc, open_time, keys, import_w2v, batch, limits,
-                                 compact, remote)}
+                                 compact, remote, parquet)}
 
 __all__ = ["SCENARIOS"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -166,6 +167,24 @@ def vectors(pa, table: Table, column, job: PartJob, first_row: int, buf: np.ndar
     return pa.ListArray.from_arrays(pa.array(offsets), vec, mask=mask)
 
 
+def _read(pa, pf, job: PartJob, columns: list[str], groups: range) -> Iterator[Any]:
+    """The batches of row groups ``groups``; a damaged file is a :class:`FormatError`."""
+    batches = pf.iter_batches(batch_size=job.batch_rows, columns=columns,
+                              row_groups=list(groups))
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as exc:
+            if isinstance(exc, (FileNotFoundError, PermissionError)):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise FormatError(f"cannot read row groups {groups.start}-{groups.stop - 1}: "
+                              f"{first}", path=job.input) from None
+        yield batch
+
+
 def write_part(pa, pq, pf, table: Table, job: PartJob, dest: str, groups: range,
                first_row: int, bar: Tally | None = None) -> dict:
     """Row groups ``groups`` of the open input ``pf`` to the Parquet file ``dest``
@@ -179,8 +198,7 @@ def write_part(pa, pq, pf, table: Table, job: PartJob, dest: str, groups: range,
     with pq.ParquetWriter(dest, schema, **writer_options(job)) as writer, \
             ThreadPoolExecutor(1, "embstore-parquet-write") as pool:
         try:
-            batches_in: Any = pf.iter_batches(batch_size=job.batch_rows, columns=read,
-                                              row_groups=list(groups)) if len(groups) else ()
+            batches_in = _read(pa, pf, job, read, groups) if len(groups) else iter(())
             for k, batch in enumerate(batches_in):
                 column = batch.column(job.column)
                 n = len(column.flatten()) if job.is_list else len(column)

@@ -93,7 +93,8 @@ def open_input(pa, pq, path: str):
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
             raise
-        raise FormatError(f"not a readable Parquet file ({exc})", path=path) from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FormatError(f"not a readable Parquet file ({first})", path=path) from None
 
 
 def _modules():
