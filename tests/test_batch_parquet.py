@@ -288,3 +288,54 @@ def test_cli_parquet_on_a_local_cluster(weights, tmp_path):
         assert res.exit_code == 0, res.output
     assert "part files" in res.output
     _same_table(pq.read_table(tmp_path / "dask.parquet"), pq.read_table(tmp_path / "local.parquet"))
+
+
+def test_cli_oov_unk_needs_unk_id_for_parquet_too(weights, tmp_path):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    embstore.save(tmp_path / "t", weights).close()
+    src = _write(tmp_path, {"id": [1, V]})
+    out = tmp_path / "out.parquet"
+    res = CliRunner().invoke(cli, ["lookup", str(tmp_path / "t"), str(src), str(out),
+                                   "--column", "id", "--oov", "unk"])
+    assert res.exit_code == 2 and "--oov unk needs --unk-id" in res.output
+    res = CliRunner().invoke(cli, ["lookup", str(tmp_path / "t"), str(src), str(out),
+                                   "--column", "id", "--oov", "unk", "--unk-id", "3", "-q"])
+    assert res.exit_code == 0, res.output
+    assert _vectors(out) == _rows(weights, [1, 3])
+
+
+_MEMORY = """
+import sys, pyarrow as pa, embstore
+from embstore.batch import parquet as bparquet
+bparquet.DEFAULT_BLOCK_BYTES = 1 << 12
+embstore.lookup_file(sys.argv[1], sys.argv[2], sys.argv[3], column="k", oov="zero")
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_arrow_memory_does_not_grow_with_the_row_groups(weights, tmp_path):
+    """pyarrow's default pre-buffering kept every row group read so far (regression)."""
+    import subprocess
+    import sys
+
+    embstore.save(tmp_path / "t", weights, keys=KEYS).close()
+    peaks = []
+    for groups in (2, 24):
+        keys = [f"{i:06d}" + "x" * 2000 for i in range(500 * groups)]  # 1 MB a row group
+        keys[::7] = [KEYS[i % V] for i in range(len(keys[::7]))]
+        src = tmp_path / f"in{groups}.parquet"
+        pq.write_table(pa.table({"k": keys}), src, row_group_size=500, compression="none",
+                       use_dictionary=False)
+        assert pq.ParquetFile(src).metadata.num_row_groups == groups
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(embstore.__file__))] +
+            os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+        out = subprocess.run([sys.executable, "-c", _MEMORY, str(tmp_path / "t"), str(src),
+                              str(tmp_path / f"out{groups}.parquet")], capture_output=True,
+                             text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        peaks.append(int(out.stdout.split()[-1]))
+    assert peaks[1] < 2 * peaks[0], peaks  # 12x the row groups; pre-buffered: about 10x

@@ -76,7 +76,7 @@ def run_parquet_part(job: PartJob, table_path: str, cache_bytes, out_dir: str, i
     dest = os.path.join(out_dir, part_name(i))
     tmp = os.path.join(out_dir, f".{part_name(i)}.tmp-{os.getpid()}")
     try:
-        with pq.ParquetFile(job.input) as pf:
+        with pq.ParquetFile(job.input, pre_buffer=False) as pf:  # see parquet.open_input
             stats = write_part(pa, pq, pf, table, job, tmp, range(*groups), first_row)
         os.replace(tmp, dest)
     except BaseException:

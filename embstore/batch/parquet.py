@@ -87,9 +87,13 @@ def _leaf_index(pf, column: str) -> int:
 
 
 def open_input(pa, pq, path: str):
-    """The open ``ParquetFile``; a file that is not Parquet is a :class:`FormatError`."""
+    """The open ``ParquetFile``; a file that is not Parquet is a :class:`FormatError`.
+
+    ``pre_buffer=False``: pyarrow's default reads ahead every row group a batch iterator
+    is given and keeps them (measured: 27 MB of Arrow memory for 2 row groups, 111 MB
+    for 10), so memory grew with the input; without it, one row group at a time."""
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
             raise

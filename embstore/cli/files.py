@@ -174,6 +174,10 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
       embstore lookup news.emb docs.parquet vecs.parquet --column tokens --keep doc_id
       embstore lookup s3://b/news.emb s3://b/ids.npy s3://b/out.zarr --scheduler tcp://h:8786
     """
+    if oov == "unk" and unk_id is None:
+        raise click.UsageError("--oov unk needs --unk-id")
+    if unk_id is not None and oov != "unk":
+        raise click.UsageError("--unk-id is used only with --oov unk")
     if is_parquet(input):
         if column is None:
             raise click.UsageError("a .parquet INPUT needs --column")
@@ -194,10 +198,6 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         return
     if column is not None or keep:
         raise click.UsageError("--column and --keep need a .parquet INPUT")
-    if oov == "unk" and unk_id is None:
-        raise click.UsageError("--oov unk needs --unk-id")
-    if unk_id is not None and oov != "unk":
-        raise click.UsageError("--unk-id is used only with --oov unk")
     if lengths is not None and not keys:
         raise click.UsageError("--lengths needs --keys")
     if resume and output_kind(output) != "zarr":
