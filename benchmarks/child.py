@@ -140,8 +140,45 @@ def batch_embstore(table, ids_npy, out_npy, workers, batch_rows=0):
     return out
 
 
+def batch_parquet(table, in_parquet, out_parquet, workers):
+    """``lookup_file`` over the Parquet list column ``ids`` (``doc`` kept); ``workers`` > 0
+    runs it on a Dask LocalCluster of that many single-threaded worker processes
+    (started before timing; the output is then a directory of part files)."""
+    import pyarrow.parquet  # noqa: F401 - an import, not the work: outside the timing
+
+    from embstore.batch import lookup_file
+
+    workers = int(workers)
+    kw = {}
+    cluster = client = None
+    if workers:
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError:
+            return {"skip": "dask.distributed not installed"}
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None, host="127.0.0.1")
+        client = Client(cluster)
+        kw["scheduler"] = cluster.scheduler_address
+    try:
+        t0 = time.perf_counter()
+        summary = lookup_file(table, in_parquet, out_parquet, column="ids", keep=["doc"],
+                              overwrite=True, **kw)
+        out = {"seconds": time.perf_counter() - t0, "ids": int(summary["ids"]),
+               "parts": int(summary["parts"])}
+        if client is not None:
+            peaks = client.run(peak_rss_mb)
+            out["worker_peak_rss_mb"] = sorted(round(v, 1) for v in peaks.values())
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
+    return out
+
+
 KINDS = {"cli": cli, "gensim-w2v": gensim_w2v, "gensim-native": gensim_native,
-         "embstore-open": embstore_open, "batch-ram": batch_ram, "batch-embstore": batch_embstore}
+         "embstore-open": embstore_open, "batch-ram": batch_ram, "batch-embstore": batch_embstore,
+         "batch-parquet": batch_parquet}
 
 
 def main(argv):

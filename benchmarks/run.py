@@ -52,6 +52,7 @@ CONFIGS = {
         "import": {"rows": 1_000_000, "dim": 100, "reps": 2},
         "import-compressed": {"rows": 1_000_000, "dim": 100, "reps": 2},
         "batch": {"rows": 1_000_000, "dim": 64, "ids": 8192 * 512, "reps": 2, "workers": [1, 2]},
+        "parquet": {"rows": 1_000_000, "dim": 64, "ids": 20_000_000, "reps": 2, "workers": [2]},
         "limits": {"copy_bytes": 1 << 30, "file_rows": 1_000_000, "file_dim": 256, "reps": 5},
         "compact": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 15, "batches": 4,
                     "cold_batches": 3},
@@ -75,6 +76,7 @@ CONFIGS = {
         "import": {"rows": 50_000, "dim": 100, "reps": 1},
         "import-compressed": {"rows": 50_000, "dim": 100, "reps": 1},
         "batch": {"rows": 100_000, "dim": 64, "ids": 1024 * 512, "reps": 1, "workers": [1, 2]},
+        "parquet": {"rows": 100_000, "dim": 64, "ids": 1_000_000, "reps": 1, "workers": []},
         "limits": {"copy_bytes": 256 << 20, "file_rows": 100_000, "file_dim": 256, "reps": 3},
         "compact": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "batches": 2,
                     "cold_batches": 2},
@@ -95,6 +97,7 @@ CONFIGS = {
         "import": {"rows": 2_000, "dim": 16, "reps": 1},
         "import-compressed": {"rows": 2_000, "dim": 16, "reps": 1},
         "batch": {"rows": 5_000, "dim": 16, "ids": 16 * 512, "reps": 1, "workers": [1]},
+        "parquet": {"rows": 5_000, "dim": 16, "ids": 20_000, "reps": 1, "workers": []},
         "limits": {"copy_bytes": 16 << 20, "file_rows": 5_000, "file_dim": 16, "reps": 2},
         "compact": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "batches": 2,
                     "cold_batches": 2},
@@ -147,7 +150,7 @@ def machine() -> dict:
 def versions() -> dict:
     out = {"python": platform.python_version()}
     for d in ("numpy", "zarr", "numcodecs", "tensorstore", "gensim", "dask", "distributed",
-              "psutil"):
+              "psutil", "pyarrow"):
         out[d] = _version(d)
     return out
 

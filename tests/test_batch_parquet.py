@@ -120,8 +120,8 @@ def test_refusals(table, tmp_path):
         embstore.lookup_file(table, src, out, column="x")
     with pytest.raises(ValueError, match="a Parquet input needs column="):
         embstore.lookup_file(table, src, out)
-    with pytest.raises(ValueError, match="scheduler= is not supported for Parquet"):
-        embstore.lookup_file(table, src, out, column="id", scheduler="local")
+    with pytest.raises(ValueError, match="resume= is not supported for Parquet"):
+        embstore.lookup_file(table, src, out, column="id", resume=True)
     embstore.lookup_file(table, src, out, column="id")
     with pytest.raises(embstore.DestinationExistsError):
         embstore.lookup_file(table, src, out, column="id")
@@ -189,3 +189,153 @@ def test_without_pyarrow_the_error_names_the_extra(table, tmp_path, monkeypatch)
     with pytest.raises(MissingDependencyError,
                        match=r"a Parquet batch job needs pyarrow.*pip install 'embstore\[parquet\]'"):
         embstore.lookup_file(table, src, tmp_path / "out.parquet", column="id")
+
+
+def test_a_damaged_file_is_a_one_line_error(weights, tmp_path):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    embstore.save(tmp_path / "t", weights).close()
+    src = _write(tmp_path, {"id": list(range(40))}, row_group_size=10)
+    data = src.read_bytes()
+    cases = {"junk.parquet": b"PAR1 this is not parquet PAR1",
+             "truncated.parquet": data[: len(data) // 2],
+             "garbled.parquet": data[:8] + bytes(200) + data[208:]}  # pages zeroed, footer fine
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        out = tmp_path / f"out-{name}"
+        res = CliRunner().invoke(cli, ["lookup", str(tmp_path / "t"), str(tmp_path / name),
+                                       str(out), "--column", "id", "-q"])
+        assert res.exit_code == 1, (name, res.output)
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"Error: {tmp_path / name}: "), lines
+        assert ("not a readable Parquet file" in lines[0]
+                or "cannot read row groups 0-3" in lines[0]), lines
+        assert not out.exists() and not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+def _same_table(got, want):
+    assert got.column_names == want.column_names and got.schema == want.schema
+    for name in want.column_names:
+        assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address="127.0.0.1:0", host="127.0.0.1") as c:
+        yield c
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("kind", ["id-lists", "key-lists", "ids"])
+def test_dask_parts_equal_the_local_job(weights, tmp_path, cluster, monkeypatch, kind):
+    embstore.save(tmp_path / "t", weights, keys=KEYS, chunk_rows=4, shard_rows=16).close()
+    rng = np.random.default_rng(5)
+    lists = [rng.integers(0, V, rng.integers(0, 7)).tolist() for _ in range(50)]
+    lists[7], lists[20] = None, [3, None, 4]
+    col = {"id-lists": lists, "key-lists": [None if x is None else [
+        None if i is None else KEYS[i] for i in x] for x in lists],
+        "ids": [None if x is None else (x or [0])[0] for x in lists]}[kind]
+    src = _write(tmp_path, {"v": col, "doc": [f"d{i}" for i in range(50)]}, row_group_size=6)
+    monkeypatch.setattr(bparquet, "PART_BYTES", 3 * 6 * D * 4)  # 3 groups of 6 rows a part
+    local, parts = tmp_path / "local.parquet", tmp_path / "dask.parquet"
+    embstore.lookup_file(tmp_path / "t", src, local, column="v", keep=["doc"], batch_rows=4)
+    res = embstore.lookup_file(tmp_path / "t", src, parts, column="v", keep=["doc"],
+                               batch_rows=4, scheduler=cluster.scheduler_address)
+    assert res["rows"] == 50 and res["parts"] >= 3 and res["scheduler"].startswith("tcp://")
+    names = sorted(os.listdir(parts))
+    assert names == [f"part-{i:05d}.parquet" for i in range(res["parts"])]
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+    _same_table(pq.read_table(parts), pq.read_table(local))
+    want = [None if x is None else _rows(weights, x) for x in lists] if kind != "ids" else \
+        _rows(weights, col)
+    assert _vectors(parts) == want
+
+
+@pytest.mark.dask
+def test_dask_errors_name_the_row_and_leave_nothing(weights, tmp_path, cluster, monkeypatch):
+    embstore.save(tmp_path / "t", weights, keys=KEYS).close()
+    toks = [["w1"]] * 30 + [["w2", "zz"]] + [["w3"]] * 9
+    src = _write(tmp_path, {"toks": toks}, row_group_size=5)
+    monkeypatch.setattr(bparquet, "PART_BYTES", 5 * D * 4)  # a part per row group
+    out = tmp_path / "out.parquet"
+    with pytest.raises(embstore.KeyNotFoundError, match="in.parquet, row 30, position 1: key "
+                       "'zz' is not in the table"):
+        embstore.lookup_file(tmp_path / "t", src, out, column="toks",
+                             scheduler=cluster.scheduler_address)
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet", "t"]
+    with pytest.raises(ValueError, match="a Dask job needs a table on disk"):
+        embstore.lookup_file(embstore.MemoryTable(weights, keys=KEYS), src, out, column="toks",
+                             scheduler=cluster.scheduler_address)
+
+
+@pytest.mark.dask
+@pytest.mark.slow  # starts its own cluster
+def test_cli_parquet_on_a_local_cluster(weights, tmp_path):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    embstore.save(tmp_path / "t", weights, keys=KEYS).close()
+    src = _write(tmp_path, {"ids": [[1, 2], [3], []] * 5, "doc": list(range(15))})
+    run = CliRunner().invoke
+    for name, extra in (("local", []), ("dask", ["--scheduler", "local", "--workers", "1"])):
+        res = run(cli, ["lookup", str(tmp_path / "t"), str(src), str(tmp_path / f"{name}.parquet"),
+                        "--column", "ids", "--keep", "doc"] + extra)
+        assert res.exit_code == 0, res.output
+    assert "part files" in res.output
+    _same_table(pq.read_table(tmp_path / "dask.parquet"), pq.read_table(tmp_path / "local.parquet"))
+
+
+def test_cli_oov_unk_needs_unk_id_for_parquet_too(weights, tmp_path):
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    embstore.save(tmp_path / "t", weights).close()
+    src = _write(tmp_path, {"id": [1, V]})
+    out = tmp_path / "out.parquet"
+    res = CliRunner().invoke(cli, ["lookup", str(tmp_path / "t"), str(src), str(out),
+                                   "--column", "id", "--oov", "unk"])
+    assert res.exit_code == 2 and "--oov unk needs --unk-id" in res.output
+    res = CliRunner().invoke(cli, ["lookup", str(tmp_path / "t"), str(src), str(out),
+                                   "--column", "id", "--oov", "unk", "--unk-id", "3", "-q"])
+    assert res.exit_code == 0, res.output
+    assert _vectors(out) == _rows(weights, [1, 3])
+
+
+_MEMORY = """
+import sys, pyarrow as pa, embstore
+from embstore.batch import parquet as bparquet
+bparquet.DEFAULT_BLOCK_BYTES = 1 << 12
+embstore.lookup_file(sys.argv[1], sys.argv[2], sys.argv[3], column="k", oov="zero")
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_arrow_memory_does_not_grow_with_the_row_groups(weights, tmp_path):
+    """pyarrow's default pre-buffering kept every row group read so far (regression)."""
+    import subprocess
+    import sys
+
+    embstore.save(tmp_path / "t", weights, keys=KEYS).close()
+    peaks = []
+    for groups in (2, 24):
+        keys = [f"{i:06d}" + "x" * 2000 for i in range(500 * groups)]  # 1 MB a row group
+        keys[::7] = [KEYS[i % V] for i in range(len(keys[::7]))]
+        src = tmp_path / f"in{groups}.parquet"
+        pq.write_table(pa.table({"k": keys}), src, row_group_size=500, compression="none",
+                       use_dictionary=False)
+        assert pq.ParquetFile(src).metadata.num_row_groups == groups
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(embstore.__file__))] +
+            os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+        out = subprocess.run([sys.executable, "-c", _MEMORY, str(tmp_path / "t"), str(src),
+                              str(tmp_path / f"out{groups}.parquet")], capture_output=True,
+                             text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        peaks.append(int(out.stdout.split()[-1]))
+    assert peaks[1] < 2 * peaks[0], peaks  # 12x the row groups; pre-buffered: about 10x

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from . import (batch, compact, import_compressed, import_w2v, keys, limits, lookup, ooc, open_time,
-               remote, scale, search)
+               parquet, remote, scale, search)
 
 SCENARIOS = {m.NAME: m for m in (lookup, scale, ooc, open_time, keys, import_w2v,
-                                 import_compressed, batch, limits, compact, remote, search)}
+                                 import_compressed, batch, limits, compact, remote, search,
+                                 parquet)}
 
 __all__ = ["SCENARIOS"]

@@ -5,6 +5,12 @@ itself by path (once per worker process, kept with its row cache), reads its
 block of the input, looks it up and writes the result straight into the output:
 a whole chunk of the Zarr array, or its byte range of the pre-sized ``.npy``
 file.  Only row counts travel back to the client, never vectors.
+
+A Parquet job (:mod:`embstore.batch.parquet`) is split into parts of whole row
+groups: each task opens the input itself, reads its row groups in batches and
+writes its own ``part-NNNNN.parquet`` (under a temporary name, renamed when the
+part is complete) with :func:`embstore.batch.arrowio.write_part`, so a worker
+holds at most two batches of vectors, whatever the size of its part.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ import uuid
 
 import numpy as np
 
+from .arrowio import PartJob, write_part
 from .io import Job, lookup_into, open_sink, open_source, open_table, read_block
 from .remote import is_url
 from ..errors import EmbstoreError
 from ..optional import require
 
-__all__ = ["run_dask", "run_block", "CONNECT_TIMEOUT"]
+__all__ = ["run_dask", "run_block", "run_parquet_dask", "run_parquet_part", "CONNECT_TIMEOUT"]
 
 CONNECT_TIMEOUT = 30  # seconds to reach a scheduler given by address
 
@@ -55,9 +62,62 @@ def run_block(job: Job, i: int) -> int:
     return b - a
 
 
+def part_name(i: int) -> str:
+    return f"part-{i:05d}.parquet"
+
+
+def run_parquet_part(job: PartJob, table_path: str, cache_bytes, out_dir: str, i: int,
+                     groups: tuple[int, int], first_row: int) -> dict:
+    """Write part ``i`` (row groups ``groups`` of the input) as ``out_dir/part-<i>.parquet``
+    in this process; returns its ``rows``, ``ids`` and ``batches``."""
+    pa = require("pyarrow", extra="parquet", feature="a Parquet batch job")
+    pq = require("pyarrow.parquet", extra="parquet", feature="a Parquet batch job")
+    table = _worker_table(table_path, cache_bytes)
+    dest = os.path.join(out_dir, part_name(i))
+    tmp = os.path.join(out_dir, f".{part_name(i)}.tmp-{os.getpid()}")
+    try:
+        with pq.ParquetFile(job.input, pre_buffer=False) as pf:  # see parquet.open_input
+            stats = write_part(pa, pq, pf, table, job, tmp, range(*groups), first_row)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    return stats
+
+
+def run_parquet_dask(job: PartJob, table_path: str, cache_bytes, out_dir: str,
+                     parts: list[tuple[int, int]], firsts: list[int], scheduler: str, *,
+                     n_workers: int = 2, bar=None, timeout: float | None = None) -> dict:
+    """Run every part of a Parquet job on ``scheduler``; returns the summed counts."""
+    total = {"rows": 0, "ids": 0, "batches": 0}
+
+    def done(stats: dict) -> None:
+        for k in total:
+            total[k] += stats[k]
+        if bar is not None:
+            bar.update(stats["rows"])
+
+    calls = [(job, table_path, cache_bytes, out_dir, i, part, first)
+             for i, (part, first) in enumerate(zip(parts, firsts))]
+    run_tasks(run_parquet_part, calls, scheduler, n_workers=n_workers, on_result=done,
+              timeout=timeout)
+    return total
+
+
 def run_dask(job: Job, todo: list[int], scheduler: str, *, n_workers: int = 2, bar=None,
              timeout: float | None = None) -> None:
     """Run blocks ``todo`` of ``job`` on ``scheduler`` (``"local"`` or an address)."""
+    run_tasks(run_block, [(job, i) for i in todo], scheduler, n_workers=n_workers,
+              on_result=None if bar is None else bar.update, timeout=timeout)
+
+
+def run_tasks(fn, calls: list[tuple], scheduler: str, *, n_workers: int = 2, on_result=None,
+              timeout: float | None = None) -> None:
+    """``fn(*args)`` for every ``args`` of ``calls`` as Dask tasks on ``scheduler``
+    (``"local"``: a ``LocalCluster`` of ``n_workers`` processes, or an address);
+    ``on_result`` gets each result as its task finishes.  The first failure cancels
+    the tasks not yet done and is raised."""
     timeout = CONNECT_TIMEOUT if timeout is None else timeout
     distributed = require("dask.distributed", extra="dask",
                           feature="running a batch job on a Dask scheduler")
@@ -79,12 +139,12 @@ def run_dask(job: Job, todo: list[int], scheduler: str, *, n_workers: int = 2, b
     futures = []
     try:
         token = uuid.uuid4().hex
-        futures = [client.submit(run_block, job, i, key=f"embstore-lookup-{token}-{i}",
-                                 retries=0) for i in todo]
+        futures = [client.submit(fn, *args, key=f"embstore-lookup-{token}-{i}", retries=0)
+                   for i, args in enumerate(calls)]
         for fut in as_completed(futures):
-            rows = fut.result()
-            if bar is not None:
-                bar.update(rows)
+            result = fut.result()
+            if on_result is not None:
+                on_result(result)
     finally:
         for fut in futures:
             if not fut.done():

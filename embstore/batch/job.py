@@ -94,13 +94,14 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
 
     A Parquet ``input`` (``.parquet``) reads ids or keys (or lists of them) from
     ``column`` and writes a Parquet ``output`` with the vectors and the input columns
-    named in ``keep``; see :mod:`embstore.batch.parquet` (runs locally).
+    named in ``keep``; see :mod:`embstore.batch.parquet` (on Dask the output is a
+    directory of part files).
     """
     if is_parquet(input):
         return _parquet(table, input, output, column=column, keep=keep, oov=oov,
                         unk_id=unk_id, batch_rows=batch_rows, scheduler=scheduler,
                         overwrite=overwrite, resume=resume, lengths=lengths,
-                        cache_bytes=cache_bytes, on_progress=on_progress)
+                        cache_bytes=cache_bytes, n_workers=n_workers, on_progress=on_progress)
     if column is not None or keep:
         raise ValueError("column= and keep= are for Parquet inputs (.parquet)")
     t0 = time.perf_counter()
@@ -149,10 +150,11 @@ def _parquet(table, input, output, *, column, keep, scheduler, resume, lengths,
              **options) -> dict:
     if column is None:
         raise ValueError("a Parquet input needs column= (the column of ids or keys)")
-    for name, value in (("scheduler", scheduler), ("resume", resume), ("lengths", lengths)):
+    for name, value in (("resume", resume), ("lengths", lengths)):
         if value:
-            raise ValueError(f"{name}= is not supported for Parquet inputs (they run locally)")
-    return lookup_parquet(table, input, output, column=column, keep=keep, **options)
+            raise ValueError(f"{name}= is not supported for Parquet inputs")
+    return lookup_parquet(table, input, output, column=column, keep=keep, scheduler=scheduler,
+                          **options)
 
 
 def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows, cache_bytes):

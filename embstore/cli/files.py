@@ -172,7 +172,8 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     beside OUTPUT and renamed into place when complete.  TABLE is a store
     or a 2-D .npy file.  A .parquet INPUT gives a .parquet OUTPUT: --column
     names the ids or keys (or lists of them), --keep the columns copied beside
-    the vectors (a fixed-size list of floats per id).
+    the vectors (a fixed-size list of floats per id); with --scheduler it is a
+    directory of part files (OUTPUT/part-00000.parquet, ...).
 
     \b
     Examples:
@@ -182,29 +183,30 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
       embstore lookup news.emb docs.parquet vecs.parquet --column tokens --keep doc_id
       embstore lookup s3://b/news.emb s3://b/ids.npy s3://b/out.zarr --scheduler tcp://h:8786
     """
+    if oov == "unk" and unk_id is None:
+        raise click.UsageError("--oov unk needs --unk-id")
+    if unk_id is not None and oov != "unk":
+        raise click.UsageError("--unk-id is used only with --oov unk")
     if is_parquet(input):
         if column is None:
             raise click.UsageError("a .parquet INPUT needs --column")
-        for flag, value in (("--keys", keys), ("--lengths", lengths),
-                            ("--scheduler", scheduler), ("--resume", resume)):
+        for flag, value in (("--keys", keys), ("--lengths", lengths), ("--resume", resume)):
             if value:
                 raise click.UsageError(f"{flag} does not apply to a .parquet INPUT")
         with progress("lookup", quiet=quiet or as_json) as on_progress:
             summary = lookup_file(table, input, output, column=column, keep=keep, oov=oov,
                                   unk_id=unk_id, batch_rows=batch_rows, overwrite=overwrite,
-                                  cache_bytes=cache_bytes, on_progress=on_progress)
+                                  cache_bytes=cache_bytes, scheduler=scheduler,
+                                  n_workers=workers, on_progress=on_progress)
         if as_json:
             print_json(summary)
         else:
-            say(f"wrote {summary['output']}: {summary['rows']} rows ({summary['ids']} ids "
-                f"in {summary['batches']} batches, {summary['seconds']:.2f} s)", quiet)
+            parts = f" in {summary['parts']} part files" if summary["scheduler"] else ""
+            say(f"wrote {summary['output']}{parts}: {summary['rows']} rows ({summary['ids']} "
+                f"ids in {summary['batches']} batches, {summary['seconds']:.2f} s)", quiet)
         return
     if column is not None or keep:
         raise click.UsageError("--column and --keep need a .parquet INPUT")
-    if oov == "unk" and unk_id is None:
-        raise click.UsageError("--oov unk needs --unk-id")
-    if unk_id is not None and oov != "unk":
-        raise click.UsageError("--unk-id is used only with --oov unk")
     if lengths is not None and not keys:
         raise click.UsageError("--lengths needs --keys")
     if resume and output_kind(output) != "zarr":
