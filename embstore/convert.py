@@ -27,6 +27,7 @@ from .store.table import open as open_table
 from .dtypes import QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
+from .subword_import import import_fasttext_bin
 from .table import Table
 
 
@@ -123,12 +124,14 @@ def import_file(src: PathLike, dest: PathLike, *, format: str = "auto",
                 unicode_errors: Literal["strict", "replace"] = "strict",
                 compression: Compression = "none", chunk_rows: int | None = None,
                 shard_rows: int | None = None, overwrite: bool = False,
-                block_rows: int = DEFAULT_BLOCK_ROWS,
+                block_rows: int = DEFAULT_BLOCK_ROWS, encoding: str | None = None,
                 on_progress: Progress | None = None) -> ImportResult:
     """Import ``src`` (a file of ``format``) into a new table at ``dest``.
 
     ``on_progress(done, total)`` is called as the source is read (in the reader's units:
-    bytes of text files, rows of array files; ``total`` may be None).
+    bytes of text files, rows of array files; ``total`` may be None).  ``encoding``: the
+    text encoding of a fastText ``.bin`` model's words (default UTF-8; gensim's
+    ``encoding=``); its n-gram matrix is stored beside the vectors (:mod:`.subword_import`).
     """
     src, dest = os.fspath(src), os.fspath(dest)
     if not os.path.isfile(src):
@@ -140,6 +143,14 @@ def import_file(src: PathLike, dest: PathLike, *, format: str = "auto",
         named = " and ".join(f.name for f in SPECS if f.takes_tensor)
         raise FormatError(f"tensor= applies to {named} files, got format {fmt}")
     storage = None if dtype is None else check_storage(dtype)
+    if encoding is not None and fmt != "fasttext-bin":
+        raise FormatError(f"encoding= applies to fasttext-bin models, got format {fmt}")
+    if fmt == "fasttext-bin":
+        return _import_fasttext_bin(src, dest, vocab=vocab, block_rows=block_rows, limit=limit,
+                                    unicode_errors=unicode_errors, encoding=encoding or "utf-8",
+                                    storage=storage, compression=compression,
+                                    chunk_rows=chunk_rows, shard_rows=shard_rows,
+                                    overwrite=overwrite, on_progress=on_progress)
     # quantised storage: the reader yields its float rows and the writer encodes them
     reader = module.read(src, block_rows=block_rows, limit=limit, unicode_errors=unicode_errors,
                          tensor=tensor, dtype=None if storage in QUANTISED else storage)
@@ -177,6 +188,20 @@ def import_file(src: PathLike, dest: PathLike, *, format: str = "auto",
             keys_file.close()
     return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
                         dtype=storage, duplicates=duplicates, tensor=reader.tensor)
+
+
+def _import_fasttext_bin(src: str, dest: str, *, vocab, storage, encoding: str,
+                        **options) -> ImportResult:
+    """The fastText ``.bin`` branch of :func:`import_file` (vectors and n-gram matrix)."""
+    if vocab is not None:
+        raise FormatError("vocab= gives keys to formats without them; fasttext-bin models "
+                          "hold their own words")
+    layout = {k: options.pop(k) for k in ("compression", "chunk_rows", "shard_rows",
+                                          "overwrite", "on_progress")}
+    with get("fasttext-bin").read(src, encoding=encoding, **options) as reader:
+        rows, duplicates, dtype = import_fasttext_bin(reader, dest, storage=storage, **layout)
+    return ImportResult(path=dest, format="fasttext-bin", rows=rows, dim=reader.dim,
+                        dtype=dtype, duplicates=duplicates)
 
 
 @dataclass(frozen=True)
