@@ -168,7 +168,7 @@ class FastTextBinReader(Reader):
             words = b"\0".join(raw).decode(self.encoding, self.unicode_errors).split("\0")
             if len(words) == len(raw):
                 return words
-            return [w.decode(self.encoding, self.unicode_errors) for w in raw]  # a multi-byte encoding
+            return [w.decode(self.encoding, self.unicode_errors) for w in raw]  # UTF-16...
         except UnicodeDecodeError:
             for i, w in enumerate(raw):
                 try:
