@@ -115,7 +115,7 @@ def compose(ids: np.ndarray, counts: np.ndarray, take: Callable[[np.ndarray], np
     matrix, called with at most ``budget_rows`` ids (or one word's n-grams) at a time.
     """
     n = counts.size
-    acc = _acc_dtype(base.dtype if base is not None else np.float32)
+    acc = _acc_dtype(base.dtype if base is not None else np.dtype(np.float32))
     out = np.zeros((n, dim), dtype=acc)
     if n == 0:
         return out

@@ -16,7 +16,8 @@ from ..progress import display as progress
 from ..store.objstore import is_url
 from ..store.transfer import staged
 
-TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext")  # progress in bytes
+TEXT_FORMATS = ("word2vec", "word2vec-binary", "glove", "fasttext",
+                "fasttext-bin")  # progress in bytes
 
 
 def options(func):

@@ -51,6 +51,10 @@ def info_cmd(path, as_json, quiet):
     src = info.get("attributes", {}).get("source")
     if src:
         click.echo(f"{'source:':15}{json.dumps(src)}")
+    ng = info.get("ngrams")
+    if ng:  # a fastText model's subword n-grams (lookup --oov subword)
+        click.echo(f"{'ngrams:':15}{ng['rows']} rows (n-grams of {ng['minn']}..{ng['maxn']} "
+                   f"characters, {ng['hash']})")
 
 
 @click.command("verify", short_help="Check every stored chunk's checksum.")
@@ -147,7 +151,8 @@ def repair_cmd(path, as_json, quiet):
 @options
 def similar_cmd(table, query, k, by_id, as_json, quiet):
     """The K rows most cosine-similar to each QUERY: a key, or a row id with --ids (or when
-    TABLE has no keys).
+    TABLE has no keys).  On a table imported from a fastText .bin an unknown key is
+    queried by its vector composed from character n-grams.
 
     \b
     Examples:
@@ -165,7 +170,9 @@ def similar_cmd(table, query, k, by_id, as_json, quiet):
             except ValueError:
                 why = "with --ids" if keyed else f"{table} has no keys, so"
                 raise click.UsageError(f"{why} QUERY must be row ids, got {query!r}") from None
-        ids, scores = Embedding(t).most_similar(queries, k=k)
+        # keys of a fastText table: unknown ones are queried by their subword vectors
+        sub = keyed and not by_id and t.subwords is not None
+        ids, scores = Embedding(t, oov="subword" if sub else "error").most_similar(queries, k=k)
         result = []
         for q, row_ids, row_scores in zip(queries, ids.tolist(), scores.tolist()):
             pairs = [(i, s) for i, s in zip(row_ids, row_scores) if i >= 0]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,9 +54,11 @@ class NgramWriter:
         self.root = os.fspath(staging)
         self.dim, self.rows, self.dtype = int(dim), int(rows), np.dtype(dtype)
         cr, sr = choose_layout(self.dim, dtype, max(1, self.rows), compression=compression)
-        comp = {"none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
-                "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
-                                     typesize=self.dtype.itemsize)]}[compression]
+        by_name: dict[str, list[Any]] = {
+            "none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
+            "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
+                                 typesize=self.dtype.itemsize)]}
+        comp = by_name[compression]
         group = zarr.open_group(self.root, mode="r+")
         arr = group.create_array(NGRAMS, shape=(0, self.dim), dtype=self.dtype,
                                  chunks=(cr, self.dim), shards=(sr, self.dim),
