@@ -175,9 +175,9 @@ class FastTextBinReader(Reader):
                     w.decode(self.encoding)
                 except UnicodeDecodeError as exc:
                     raise self.error(f"word {i + 1} ({w[:40]!r}): not {self.encoding} "
-                                     f"({exc.reason} at byte {exc.start}); pass the model's "
-                                     "encoding (gensim: encoding=) or unicode_errors="
-                                     "'replace'") from None
+                                     f"({exc.reason} at byte {exc.start}); give the model's "
+                                     "text encoding (encoding=, as in gensim) or "
+                                     "unicode_errors='replace'") from None
             raise
         except LookupError as exc:
             raise FormatError(f"unknown text encoding {self.encoding!r} ({exc})") from None
