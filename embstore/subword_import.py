@@ -5,9 +5,10 @@ gensim's ``load_facebook_vectors``) vector of a word is the mean of its own row 
 n-gram rows, so the import runs in two passes over the file, both streamed:
 
 1. the n-gram rows go to the ``ngrams`` array of the new table (block by block);
-2. the word rows are read in blocks, each word's n-gram rows gathered back from that array
-   (out of core, through the shard reader) and averaged in (:func:`embstore.subword.compose`),
-   and the words' vectors and keys go to ``vectors``/``keys``.
+2. the word rows are read in blocks, each word's n-gram rows gathered from the file (a
+   read-only map whose pages are dropped after each gather, so resident memory stays
+   bounded) and averaged in (:func:`embstore.subword.compose`), and the words' vectors and
+   keys go to ``vectors``/``keys``.
 
 Everything is written beside DEST and renamed into place as any import
 (:class:`~embstore.store.writer.TableWriter`); an error leaves nothing behind.
@@ -16,21 +17,18 @@ Everything is written beside DEST and renamed into place as any import
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
-import numpy as np
 
 from .errors import FormatError
 from .formats.fasttext_bin import FastTextBinReader
 from .progress import Progress
-from .store.ngrams import NgramWriter, Subwords, subword_attrs
+from .store.ngrams import NgramWriter, subword_attrs
 from .store.writer import TableWriter
 from .subword import compose, ngram_buckets
 
 __all__ = ["import_fasttext_bin", "WORD_BLOCK_BYTES"]
 
 #: word rows composed at once (their n-gram rows are gathered in bounded pieces)
-WORD_BLOCK_BYTES = 16 << 20
+WORD_BLOCK_BYTES = 4 << 20
 _FLOATS = ("float16", "float32", "float64")
 
 
@@ -76,17 +74,12 @@ def import_fasttext_bin(reader: FastTextBinReader, dest: str, *, storage: str | 
         except BaseException:
             ngrams.abort()
             raise
-        subwords = Subwords(Path(writer.staging), sub, dim)
-        try:
-            for a0 in range(0, n, step):
-                b0 = min(n, a0 + step)
-                words = reader.words[a0:b0]
-                base = reader.word_rows(a0, b0)
-                ids, counts = ngram_buckets(words, reader.minn, reader.maxn, bucket)
-                vectors = compose(ids, counts, subwords._take, dim, base=base)
-                writer.add(vectors.astype(np.float32, copy=False) if storage != "float64"
-                           else vectors, words)
-                progress(b0 - a0)
-        finally:
-            subwords.close()
+        for a0 in range(0, n, step):
+            b0 = min(n, a0 + step)
+            words = reader.words[a0:b0]
+            base = reader.word_rows(a0, b0)
+            ids, counts = ngram_buckets(words, reader.minn, reader.maxn, bucket)
+            vectors = compose(ids, counts, reader.ngram_rows, dim, base=base)
+            writer.add(vectors, words)
+            progress(b0 - a0)
     return writer.rows, writer.duplicates, storage
