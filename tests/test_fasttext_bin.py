@@ -452,3 +452,13 @@ def test_gensim_cli_lookup(tmp_path):
     for i, line in enumerate(toks):
         np.testing.assert_allclose(got[i, :len(line)], np.stack([kv[w] for w in line]),
                                    rtol=0, atol=1e-5)
+    # similar with unknown queries vs gensim's most_similar of the same vectors
+    queries = [w for w in oov[:8] if w and " " not in w and np.any(kv[w])][:4]
+    r = invoke("similar", tmp_path / "t.emb", *queries, "-k", "5", "--json")
+    assert r.exit_code == 0, r.output
+    for entry, q in zip(json.loads(r.output), queries):
+        ref = kv.most_similar(positive=[kv[q]], topn=5)
+        assert entry["query"] == q
+        np.testing.assert_allclose([n["score"] for n in entry["neighbours"]],
+                                   [s for _, s in ref], rtol=0, atol=1e-5)
+        assert [n["key"] for n in entry["neighbours"]] == [k for k, _ in ref]
