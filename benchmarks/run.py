@@ -57,7 +57,7 @@ CONFIGS = {
         "ooc": {"tables": [(8_388_608, 64), (100_000, 64), (1_000_000, 64), (33_554_432, 64),
                            (131_072, 4096)], "ids": 16384, "batches": 4,
                 "warm_reps": 7, "zipf": True, "cache_bytes": 512 << 20, "zipf_warmup": 6},
-        "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 5, "slow_reps": 1},
+        "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 7, "slow_reps": 3},
     },
     "quick": {
         "lookup": {"rows": 100_000, "dim": 256, "ids": IDS, "reps": 5, "slow_reps": 1,

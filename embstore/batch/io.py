@@ -26,11 +26,11 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import EmbstoreError, FormatError, InvalidIdError, KeyNotFoundError
-from ..ids import position_of
 from ..memory import MemoryTable
 from ..oov import map_oov, subword_rows
 from ..store import table as store_table
 from ..table import Table
+from .idblocks import IdBlocks
 from .remote import RemoteNpyIds, RemoteZarrSink, is_url
 
 __all__ = ["open_table", "Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
@@ -105,7 +105,7 @@ def output_kind(path: str) -> str:
 
 
 # -- inputs ------------------------------------------------------------------------------
-class NpyIds:
+class NpyIds(IdBlocks):
     """Integer ids of any shape in a ``.npy`` file, read memory-mapped block by block."""
 
     def __init__(self, path: str):
@@ -136,24 +136,8 @@ class NpyIds:
         """Leading rows ``start:stop`` as a C-contiguous int64 array."""
         return np.ascontiguousarray(self._lead[start:stop], dtype=np.int64)
 
-    def validate(self, vocab_size: int, starts) -> None:
-        """One min/max pass per block; the first bad id is named with its position."""
-        for a, b in zip(starts[:-1], starts[1:]):
-            block = self._lead[a:b]
-            if block.size == 0:
-                continue
-            lo, hi = block.min(), block.max()
-            if lo >= 0 and hi < vocab_size:
-                continue
-            flat = np.ascontiguousarray(block).reshape(-1)
-            i = int(np.argmax((flat < 0) | (flat >= vocab_size)))
-            local = position_of(i, block.shape)
-            pos = () if not self.shape else (a + local[0],) + local[1:]
-            v = flat[i].item()
-            valid = f"valid ids: 0..{vocab_size - 1}" if vocab_size else "the table has no rows"
-            raise InvalidIdError(
-                f"{self.path}: id {v} at position {pos} is out of range for a table of "
-                f"{vocab_size} rows ({valid})", id=v, position=pos, vocab_size=vocab_size)
+    def _block(self, start: int, stop: int) -> np.ndarray:
+        return self._lead[start:stop]
 
 
 class KeyLines:

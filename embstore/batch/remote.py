@@ -17,8 +17,8 @@ import json
 import numpy as np
 
 from ..errors import DestinationExistsError, EmbstoreError, FormatError, InvalidIdError
-from ..ids import position_of
 from ..store.objstore import ObjectClient, is_url
+from .idblocks import IdBlocks
 
 __all__ = ["RemoteNpyIds", "RemoteZarrSink", "is_url", "remote_stamp"]
 
@@ -42,7 +42,7 @@ def remote_stamp(url: str, what: str = "") -> tuple:
     return (int(meta["size"]), str(meta.get("e_tag") or ""))
 
 
-class RemoteNpyIds:
+class RemoteNpyIds(IdBlocks):
     """Integer ids of any shape in a ``.npy`` object, read block by block with ranged GETs."""
 
     def __init__(self, url: str):
@@ -99,21 +99,8 @@ class RemoteNpyIds:
         arr = np.frombuffer(buf, dtype=self.dtype, count=n)
         return arr.astype(np.int64).reshape((stop - start,) + self.shape[1:])
 
-    def validate(self, vocab_size: int, starts) -> None:
-        """One min/max pass per block; the first bad id is named with its position."""
-        for a, b in zip(starts[:-1], starts[1:]):
-            block = self.read(a, b)
-            if block.size == 0 or (block.min() >= 0 and block.max() < vocab_size):
-                continue
-            flat = block.reshape(-1)
-            i = int(np.argmax((flat < 0) | (flat >= vocab_size)))
-            local = position_of(i, block.shape)
-            pos = () if not self.shape else (a + local[0],) + local[1:]
-            v = flat[i].item()
-            valid = f"valid ids: 0..{vocab_size - 1}" if vocab_size else "the table has no rows"
-            raise InvalidIdError(
-                f"{self.path}: id {v} at position {pos} is out of range for a table of "
-                f"{vocab_size} rows ({valid})", id=v, position=pos, vocab_size=vocab_size)
+    def _block(self, start: int, stop: int) -> np.ndarray:
+        return self.read(start, stop)
 
 
 class RemoteZarrSink:

@@ -58,7 +58,7 @@ def info_cmd(path, as_json, quiet):
 
 
 @click.command("verify", short_help="Check every stored chunk's checksum.")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=TABLE)
 @options
 def verify_cmd(path, as_json, quiet):
     """Check every stored chunk of the table at PATH (checksums); exit 1 on damage, or when

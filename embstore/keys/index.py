@@ -101,10 +101,10 @@ class DiskVocab(Vocab):
         # key_hash, key_order, then ``keys``): each array is then of the snapshot's
         # version or newer, and newer versions only add rows (skipped: >= n).
         n = self._n
-        offsets = MappedArray(self.path, "key_offsets")
-        utf8 = MappedArray(self.path, "key_utf8")
-        hashes = MappedArray(self.path, "key_hash")
-        order = MappedArray(self.path, "key_order")
+        offsets = self._array("key_offsets")
+        utf8 = self._array("key_utf8")
+        hashes = self._array("key_hash")
+        order = self._array("key_order")
         hash_key = hash_key_from_attrs(hashes.attrs.get(INDEX_ATTR, {}), self.path)
         if len(offsets) < n + 1 or len(hashes) < n or len(order) != len(hashes):
             raise CorruptStoreError(
@@ -119,10 +119,16 @@ class DiskVocab(Vocab):
         self._utf8, self._offsets, self._hash, self._order = utf8, offsets, hashes, order
         self._hash_key = hash_key
         self._nbytes = int(offsets.read(n, n + 1)[0])
+        self._words = self._word_reader(utf8)
+
+    def _array(self, name: str) -> MappedArray:
+        """One index array (the seam: a remote table reads them by ranges instead)."""
+        return MappedArray(self.path, name)
+
+    def _word_reader(self, utf8) -> Callable:
         if utf8.nchunks == 1:  # the common case: words straight from the map
-            self._words = word_view(utf8.chunk_data(0)).__getitem__
-        else:
-            self._words = words_from_bytes(utf8.take, len(utf8))
+            return word_view(utf8.chunk_data(0)).__getitem__
+        return words_from_bytes(utf8.take, len(utf8))
 
     @classmethod
     def open(cls, group: zarr.Group | None, path, *, rows: int | None = None,

@@ -30,7 +30,8 @@ from ..files import RESOURCE_ERRNOS, map_file, open_regular, read_small, resourc
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr
 
-__all__ = ["MappedArray", "Head", "write_mapped", "concat_reader", "CHUNK_BYTES"]
+__all__ = ["MappedArray", "Head", "write_mapped", "concat_reader", "CHUNK_BYTES",
+           "parse_array_meta"]
 
 CHUNK_BYTES = 64 << 20  # tests lower it to exercise several chunks
 
@@ -137,6 +138,31 @@ def read_array_meta(path: Path, name: str, *, dir_fd: int | None = None) -> dict
     return meta
 
 
+def parse_array_meta(meta: dict, where: str, path) -> tuple[int, int, np.dtype, dict]:
+    """``(length, chunk length, dtype, attributes)`` of a key index array's ``zarr.json``
+    (uncompressed little-endian with a crc32c, chunk keys ``c/<i>``), else CorruptStoreError."""
+    try:
+        (n,) = meta["shape"]
+        (chunk,) = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+        codecs = [c["name"] for c in meta["codecs"]]
+        enc = meta["chunk_key_encoding"]
+        sep = enc.get("configuration", {}).get("separator", "/")
+        attrs = meta.get("attributes", {})
+        n, chunk = int(n), int(chunk)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptStoreError(f"{where}: unexpected array metadata ({exc!r})",
+                                path=path) from None
+    if (codecs != ["bytes", "crc32c"] or enc.get("name") != "default" or sep != "/"
+            or meta["codecs"][0].get("configuration", {}).get("endian", "little") != "little"
+            or n < 0 or chunk <= 0):
+        raise CorruptStoreError(
+            f"{where}: expected an uncompressed little-endian array with codecs "
+            f"['bytes', 'crc32c'] and chunk keys 'c/<i>', got codecs {codecs} and "
+            f"chunk key encoding {enc}", path=path)
+    return n, chunk, dtype, attrs if isinstance(attrs, dict) else {}
+
+
 class MappedArray:
     """Read-only view of one of our 1-D arrays through memory maps of its chunk files.
 
@@ -167,24 +193,7 @@ class MappedArray:
             os.close(fd)
 
     def _init(self, path: Path, name: str, meta: dict) -> None:
-        where = f"{self.dir}"
-        try:
-            (self.n,) = meta["shape"]
-            (self.chunk,) = meta["chunk_grid"]["configuration"]["chunk_shape"]
-            self.dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-            codecs = [c["name"] for c in meta["codecs"]]
-            enc = meta["chunk_key_encoding"]
-            sep = enc.get("configuration", {}).get("separator", "/")
-            self.attrs = meta.get("attributes", {})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStoreError(f"{where}: unexpected array metadata ({exc!r})",
-                                    path=path) from None
-        if (codecs != ["bytes", "crc32c"] or enc.get("name") != "default" or sep != "/"
-                or meta["codecs"][0].get("configuration", {}).get("endian", "little") != "little"):
-            raise CorruptStoreError(
-                f"{where}: expected an uncompressed little-endian array with codecs "
-                f"['bytes', 'crc32c'] and chunk keys 'c/<i>', got codecs {codecs} and "
-                f"chunk key encoding {enc}", path=path)
+        self.n, self.chunk, self.dtype, self.attrs = parse_array_meta(meta, f"{self.dir}", path)
         self.nchunks = -(-self.n // self.chunk) if self.n else 0
         self._maps: list[np.ndarray | None] = [None] * self.nchunks
         self._raws: list[np.ndarray | None] = [None] * self.nchunks

@@ -13,7 +13,8 @@ from __future__ import annotations
 from .commit import repair
 from .build import create, save
 from .table import ZarrTable, open  # noqa: A004
-from .verify import Damage, VerifyReport, verify
+from .verify import Damage, VerifyReport
+from .remote_verify import verify
 from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",

@@ -30,6 +30,16 @@ from ..optional import require
 __all__ = ["is_url", "ObjectClient", "RemoteError", "connect", "CONCURRENCY"]
 
 CONCURRENCY = 32  # requests in flight per table (S3 serves thousands per prefix)
+# A request (8 MiB at most; uploads go by multipart parts) that has not finished in
+# REQUEST_TIMEOUT fails; failed requests are retried while RETRY_TIMEOUT has not passed
+# since the first attempt, so one call gives up after at most about REQUEST_TIMEOUT +
+# RETRY_TIMEOUT (an endpoint that accepts connections and never answers: an error, not a
+# hang).  storage_options ``timeout``, ``connect_timeout`` override them per table.
+CONNECT_TIMEOUT = timedelta(seconds=5)
+REQUEST_TIMEOUT = timedelta(seconds=20)
+RETRY_TIMEOUT = timedelta(seconds=10)
+# uploads: a part of a multipart upload shares the link with many others (longer)
+WRITE_TIMEOUT = timedelta(seconds=120)
 _URL = re.compile(r"^(s3|s3a|gs|gcs|az|azure|abfs|abfss|http|https)://([^/]+)/?(.*)$")
 _ALIASES = {"endpoint_url": "endpoint", "key": "access_key_id", "secret": "secret_access_key",
             "token": "session_token", "region_name": "region", "anon": "skip_signature"}
@@ -90,8 +100,9 @@ class ObjectClient:
         endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", "")
         if endpoint.startswith("http://") or self.scheme == "http":
             client.setdefault("allow_http", True)
-        client.setdefault("connect_timeout", timedelta(seconds=5))
-        client.setdefault("timeout", timedelta(seconds=60))  # per request (8 MiB at most)
+        client.setdefault("connect_timeout", CONNECT_TIMEOUT)
+        self._timeout_given = "timeout" in client
+        client.setdefault("timeout", REQUEST_TIMEOUT)
         instance = bool(opts.pop("instance_credentials", False))
         if self.scheme in ("s3", "s3a") and not instance and not opts.get(
                 "access_key_id") and not opts.get("skip_signature") and not any(
@@ -102,10 +113,13 @@ class ObjectClient:
                               "AWS_SECRET_ACCESS_KEY, pass access_key_id/secret_access_key "
                               "in storage_options, anon=True for a public bucket, or "
                               "instance_credentials=True on EC2)", url=url)
-        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": timedelta(seconds=20),
+        retry: dict[str, Any] = {"max_retries": 2, "retry_timeout": RETRY_TIMEOUT,
                  "backoff": {"init_backoff": timedelta(milliseconds=50),
                              "max_backoff": timedelta(seconds=2), "base": 2}}
         base = f"{self.scheme}://{self.bucket}"
+        self._config = (from_url, {"client_options": client, "retry_config": retry, **opts})
+        self._writer: Any = None
+        self._base = base
         try:
             self.store = from_url(base, client_options=client, retry_config=retry, **opts)
         except Exception as exc:  # noqa: BLE001 - obstore's config errors vary
@@ -113,9 +127,15 @@ class ObjectClient:
                               f"({_first_line(exc)})", url=url) from None
         self.concurrency = max(1, int(concurrency))
         self.requests = 0
+        self.received = 0  # bytes of object data received (ranged reads, whole objects)
         self._count_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = os.getpid()
+
+    def prefixed_store(self):
+        """An obstore store rooted at the table (for zarr-python's ``ObjectStore``)."""
+        from_url, kwargs = self._config
+        return from_url(self.url, **kwargs)
 
     # -- names --------------------------------------------------------------------------------
     def key(self, rel: str) -> str:
@@ -128,15 +148,30 @@ class ObjectClient:
         return f"{self.url}/{rel}" if rel else self.url
 
     # -- calls --------------------------------------------------------------------------------
-    def _call(self, rel: str, fn, *args, missing_ok: bool = False, **kwargs):
+    def _write_store(self):
+        """The store uploads go through: as :attr:`store`, with ``WRITE_TIMEOUT`` per
+        request unless the options set a timeout."""
+        if self._writer is None:
+            from_url, kwargs = self._config
+            client = dict(kwargs["client_options"])
+            if not self._timeout_given:
+                client["timeout"] = WRITE_TIMEOUT
+            self._writer = from_url(self._base, **{**kwargs, "client_options": client})
+        return self._writer
+
+    def _call(self, rel: str, fn, *args, missing_ok: bool = False, write: bool = False,
+              **kwargs):
         with self._count_lock:
             self.requests += 1
         try:
-            return fn(self.store, self.key(rel), *args, **kwargs)
+            store = self._write_store() if write else self.store
+            return fn(store, self.key(rel), *args, **kwargs)
         except FileNotFoundError as exc:
             if "NoSuchBucket" in str(exc):
                 raise RemoteError(f"{self.url}: bucket {self.bucket!r} does not exist",
                                   url=self.url) from None
+            if write:  # (an upload whose multipart upload the server dropped)
+                raise self._translate(exc, rel) from None
             if missing_ok:
                 return None
             raise RemoteError(f"{self.where(rel)}: no such object", url=self.url) from None
@@ -149,6 +184,9 @@ class ObjectClient:
         text = str(exc)
         name = type(exc).__name__
         where = self.where(rel)
+        if "NoSuchBucket" in text:  # (a listing reports it as a generic error)
+            return RemoteError(f"{self.url}: bucket {self.bucket!r} does not exist",
+                               url=self.url)
         if name in ("PermissionDeniedError", "UnauthenticatedError") or re.search(
                 r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|403 Forbidden", text):
             return RemoteError(f"{where}: access denied, check the credentials "
@@ -162,7 +200,15 @@ class ObjectClient:
     def get(self, rel: str) -> bytes | None:
         """The whole object (None if there is none)."""
         res = self._call(rel, self._ob.get, missing_ok=True)
-        return None if res is None else bytes(res.bytes())
+        if res is None:
+            return None
+        data = bytes(res.bytes())
+        self._got(len(data))
+        return data
+
+    def _got(self, n: int) -> None:
+        with self._count_lock:
+            self.received += n
 
     def get_tail(self, rel: str, n: int):
         """``(last n bytes, object size, etag)`` in one request, or None if there is no object."""
@@ -170,18 +216,22 @@ class ObjectClient:
         if res is None:
             return None
         meta = res.meta
-        return res.bytes(), int(meta["size"]), str(meta.get("e_tag") or "")
+        data = res.bytes()
+        self._got(len(data))
+        return data, int(meta["size"]), str(meta.get("e_tag") or "")
 
     def get_range(self, rel: str, start: int, end: int):
         """Bytes ``start..end-1`` of an object (a buffer)."""
-        return self._call(rel, self._ob.get_range, start=start, end=end)
+        data = self._call(rel, self._ob.get_range, start=start, end=end)
+        self._got(len(data))
+        return data
 
     def head(self, rel: str) -> dict | None:
         return self._call(rel, self._ob.head, missing_ok=True)
 
     def put(self, rel: str, data) -> None:
         """Store ``data`` (bytes or a local file path) at ``rel`` (multipart when large)."""
-        self._call(rel, self._ob.put, data, max_concurrency=8)
+        self._call(rel, self._ob.put, data, max_concurrency=4, write=True)
 
     def delete(self, rels: list[str]) -> None:
         for part in range(0, len(rels), 1000):
@@ -226,18 +276,25 @@ class ObjectClient:
         return self._pool
 
     def map(self, fn, items) -> builtins.list[Any]:  # (list: the method above)
-        """``[fn(item) for item in items]`` with up to ``concurrency`` in flight; the first
-        exception is raised once all have finished."""
+        """``[fn(item) for item in items]`` with up to ``concurrency`` in flight; after the
+        first exception the calls not started yet are cancelled (an endpoint that times out
+        costs one round of timeouts, not one per item), and it is raised once the running
+        ones have finished."""
         items = list(items)
         if len(items) <= 1:
             return [fn(it) for it in items]
         futures = [self.pool().submit(fn, it) for it in items]
         results, error = [], None
         for f in futures:
+            if error is not None:
+                f.cancel()
             try:
                 results.append(f.result())
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                error = error or exc
+            except BaseException as exc:  # noqa: BLE001 - re-raised below (or cancelled)
+                if error is None:
+                    error = exc
+                    for g in futures:
+                        g.cancel()
                 results.append(None)
         if error is not None:
             raise error

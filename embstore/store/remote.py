@@ -1,6 +1,7 @@
 """The remote read path: format-v1 shards on object storage, read by ranges.
 
-:class:`RemoteShardSource` is the third :class:`~embstore.store.source.RowSource`.  For a
+:class:`RemoteShardSource` is the third :class:`~embstore.store.source.RowSource` (a
+:class:`~embstore.store.source.LayoutSource`, as the local shard source).  For a
 batch of ids it
 
 1. fetches the index of each touched shard it has not seen yet: one suffix-range GET of
@@ -19,9 +20,7 @@ for local tables.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,12 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c
 
-from ..errors import CorruptStoreError, FormatError, ReadOnlyError
+from ..errors import CorruptStoreError, ReadOnlyError
 from .chunkcache import ChunkCache
 from .codecs import ABSENT, Layout, check_chunk, make_codec
 from .objstore import ObjectClient
-from .quant import SCALE_ARRAY
-from .source import RowSource
+from .remote_keys import download_key_arrays, open_remote_vocab
+from .source import LayoutSource
 
 __all__ = ["RemoteShardSource", "parse_index"]
 
@@ -103,7 +102,7 @@ class _Batch:
         self.off = self.nb = None
 
 
-class RemoteShardSource(RowSource):
+class RemoteShardSource(LayoutSource):
     """Rows of a format-v1 ``vectors`` array on object storage (read-only)."""
 
     def __init__(self, client: ObjectClient, layout: Layout, *, cache: ChunkCache | None = None,
@@ -111,7 +110,7 @@ class RemoteShardSource(RowSource):
                  name: str = "vectors"):
         self.client = client
         self.name = name
-        self._layout = layout
+        self._layout_v = layout
         self.cache = cache
         self.gap = int(coalesce_bytes)
         self.cap = max(int(max_request_bytes), layout.chunk_bytes + 4)
@@ -121,20 +120,15 @@ class RemoteShardSource(RowSource):
         self._keys_dir: Path | None = None
         self._keys_tmp: Path | None = None
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._layout.rows, self._layout.dim)
+    fast_path = False  # not the local mapped path
 
     @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self._layout.dtype.name)
+    def _layout(self) -> Layout:
+        return self._layout_v
 
     @property
     def layout(self) -> dict:
-        L = self._layout
-        return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
-                "compression": L.compression, "fast_path": False,  # not the local mapped path
-                "checksummed": L.has_crc}
+        return {**super().layout, "checksummed": self._layout.has_crc}
 
     def shard_object(self, k: int) -> str:
         return f"{self.name}/{self._layout.shard_key(k)}"
@@ -309,46 +303,20 @@ class RemoteShardSource(RowSource):
         self._refuse()
 
     # -- keys -------------------------------------------------------------------------------
-    def key_index_dir(self) -> Path:
-        """A local folder holding the table's group ``zarr.json`` and its key arrays (every
-        object but ``vectors/``), downloaded once: into the chunk cache when there is one
-        (shared by processes: downloaded beside and renamed into place), else into a
-        temporary folder removed on close.  Key lookups then run on it as on a local table."""
+    def vocab(self, rows: int):
+        """The table's key index, read by ranges (:mod:`embstore.store.remote_keys`); None
+        when the table has no keys."""
+        return open_remote_vocab(self.client, self.cache, rows, self._key_index_dir)
+
+    def _key_index_dir(self) -> Path:
+        """A local folder holding the key arrays of a table uploaded without block sidecars
+        (downloaded once; a temporary folder is removed on close)."""
         with self._keys_lock:
-            if self._keys_dir is not None:
-                return self._keys_dir
-            final = None if self.cache is None else Path(self.cache.dir) / "key-index"
-            if final is not None and (final / "zarr.json").is_file():
-                self._keys_dir = final
-                return final
-            parent = Path(self.cache.dir) if self.cache is not None else None
-            tmp = Path(tempfile.mkdtemp(prefix=".keys-", dir=parent))
-            try:
-                rels = [r for r, _ in self.client.list() if not r.startswith(
-                    ("vectors/", f"{SCALE_ARRAY}/"))]
-
-                def get(rel: str) -> None:
-                    data = self.client.get(rel)
-                    if data is None:
-                        raise FormatError(f"{rel} vanished while being read (is the table "
-                                          "being replaced?)", path=self.client.url)
-                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp / rel).write_bytes(data)
-
-                self.client.map(get, rels)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            if final is None:
-                self._keys_tmp = tmp
-                self._keys_dir = tmp
-                return tmp
-            try:
-                os.rename(tmp, final)
-            except OSError:  # another process was first: its copy is the same
-                shutil.rmtree(tmp, ignore_errors=True)
-            self._keys_dir = final
-            return final
+            if self._keys_dir is None:
+                self._keys_dir = download_key_arrays(self.client, self.cache)
+                if self.cache is None:
+                    self._keys_tmp = self._keys_dir
+            return self._keys_dir
 
     def refresh(self) -> None:
         self._index.clear()

@@ -32,7 +32,7 @@ from .shardread import ShardReader
 from .shardwrite import rewrite_shard
 from .writer import set_rows
 
-__all__ = ["RowSource", "ShardSource", "ZarrSource", "Bf16Source", "Int8Source",
+__all__ = ["RowSource", "LayoutSource", "ShardSource", "ZarrSource", "Bf16Source", "Int8Source",
            "open_source"]
 
 
@@ -102,17 +102,15 @@ class RowSource(abc.ABC):
         """Release maps and files (reads in flight finish first)."""
 
 
-class ShardSource(RowSource):
-    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shardread`)."""
+class LayoutSource(RowSource):
+    """A source of format-v1 shards: its geometry comes from its :class:`Layout`."""
 
-    def __init__(self, root: Path, layout: Layout, name: str = "vectors"):
-        self.root, self.name = root, name
-        self.reader = ShardReader(str(root / name), layout)
-        self.cheap_reads = layout.compression == "none"
+    #: whether reads take the local memory-mapped path (``layout["fast_path"]``)
+    fast_path = True
 
     @property
-    def _layout(self) -> Layout:
-        return self.reader.layout
+    @abc.abstractmethod
+    def _layout(self) -> Layout: ...
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -126,7 +124,20 @@ class ShardSource(RowSource):
     def layout(self) -> dict:
         L = self._layout
         return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
-                "compression": L.compression, "fast_path": True}
+                "compression": L.compression, "fast_path": self.fast_path}
+
+
+class ShardSource(LayoutSource):
+    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shardread`)."""
+
+    def __init__(self, root: Path, layout: Layout, name: str = "vectors"):
+        self.root, self.name = root, name
+        self.reader = ShardReader(str(root / name), layout)
+        self.cheap_reads = layout.compression == "none"
+
+    @property
+    def _layout(self) -> Layout:
+        return self.reader.layout
 
     def reads_cold(self) -> bool:
         return self.reader.cold_hint

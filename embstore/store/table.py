@@ -217,10 +217,9 @@ class ZarrTable(Table):
                     # rows: keys past the committed row count belong to an append in flight
                     # writable: keys another tool wrote get their index stored, a write
                     # to the table: under the writer lock (unless this call holds it); a
-                    # remote table: its key arrays downloaded once, then read locally
+                    # remote table: its key index read by ranges
                     if self._remote is not None:
-                        vocab = DiskVocab.open(None, self._objects.key_index_dir(),
-                                               rows=self.vocab_size, writable=False)
+                        vocab = self._objects.vocab(self.vocab_size)
                     else:
                         with (writer_lock(self.path, self.lock_timeout)
                               if self.writable and not self._in_write else nullcontext()):

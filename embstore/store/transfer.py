@@ -6,13 +6,15 @@ every other object first, the group ``zarr.json`` last (with a fresh ``write_id`
 deletes its group ``zarr.json`` first, then its other objects (an old shard must not
 survive into a new table whose shard is absent), so at no moment does a mix of old and new
 objects open as a table, and a killed upload leaves objects without a group ``zarr.json``:
-nothing that opens.  Downloads are written beside the destination and renamed into place.
+nothing that opens.  Each chunk file of the key index gets a block sidecar
+(:mod:`embstore.keys.ranged`) so lookups read it by checked ranges.  Downloads are written beside the destination and renamed into place.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -23,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DestinationExistsError, FormatError
+from ..keys.ranged import block_sidecar, is_sidecar, sidecar_name
+from ..keys.writer import INDEX_ARRAYS
 from .objstore import ObjectClient, is_url
 
 __all__ = ["upload_table", "download_table", "copy_table", "staged"]
 
+_KEY_CHUNK = re.compile("^(" + "|".join(INDEX_ARRAYS) + r")/c/(\d+)$")
 Progress = Callable[[int, int | None], None] | None
 
 
@@ -85,12 +90,17 @@ def upload_table(src, url: str, *, overwrite: bool = False, storage_options: dic
     client = ObjectClient(url, storage_options)
     try:
         _clear(client, _check_dest(client, overwrite))
-        rest = [f for f in files if f[0] != "zarr.json"]
+        rest = [f for f in files if f[0] != "zarr.json" and not is_sidecar(
+            f[0])]  # (sidecars of an earlier download: made afresh below)
         progress = _Counter(sum(f[2] for f in files), on_progress)
 
         def put(item):
             rel, path, size = item
             client.put(rel, path if size > 0 else b"")
+            m = _KEY_CHUNK.match(rel)
+            if m is not None:  # the key index: its block sidecar, for ranged lookups
+                client.put(sidecar_name(m.group(1), int(m.group(2))), block_sidecar(
+                    path.read_bytes(), fences=m.group(1) == "key_hash"))
             progress.add(size)
 
         client.map(put, rest)
@@ -125,7 +135,8 @@ def download_table(url: str, dest, *, overwrite: bool = False,
                 p.write_bytes(data)
                 progress.add(len(data))
 
-            client.map(get, [r for r in objects if r != "zarr.json"])
+            client.map(get, [r for r in objects if r != "zarr.json" and not is_sidecar(
+                r)])  # block sidecars: for remote reads only
             get("zarr.json")
             _swap_in(tmp, dest)
         except BaseException:
