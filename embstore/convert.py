@@ -9,6 +9,7 @@ renames into place on success (an error leaves no DEST behind).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import IO, Literal
@@ -29,6 +30,7 @@ from .store.table import open as open_table
 from .dtypes import QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
+from .subword_import import import_fasttext_bin
 from .table import Table
 
 
@@ -129,7 +131,7 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
                 unicode_errors: Literal["strict", "replace"] = "strict",
                 compression: Compression = "none", chunk_rows: int | None = None,
                 shard_rows: int | None = None, overwrite: bool = False,
-                block_rows: int = DEFAULT_BLOCK_ROWS,
+                block_rows: int = DEFAULT_BLOCK_ROWS, encoding: str | None = None,
                 on_progress: Progress | None = None) -> ImportResult:
     """Import ``src`` (a file of ``format``) into a new table at ``dest``.
 
@@ -142,6 +144,9 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     reported in ``notes``).  ``on_progress(done, total)`` is called as the source is read
     (in the reader's units: stored bytes of text and compressed files, rows of array
     files; ``total`` may be None); a callback with a ``unit`` attribute has it set.
+    ``encoding``: the text encoding of a fastText ``.bin`` model's words (default UTF-8;
+    gensim's ``encoding=``); its n-gram matrix is stored beside the vectors
+    (:mod:`.subword_import`).
     """
     dest = os.fspath(dest)
     if not hasattr(src, "read"):
@@ -172,6 +177,19 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
                          f"to a temporary file beside {os.path.basename(dest)}, removed after")
         if spooled is not None:
             where = spooled
+        if encoding is not None and fmt != "fasttext-bin":
+            raise FormatError(f"encoding= applies to fasttext-bin models, got format {fmt}")
+        if fmt == "fasttext-bin":
+            assert isinstance(where, str)  # not a streaming format: a path, spooled if need be
+            done = _import_fasttext_bin(where, dest, vocab=vocab, block_rows=block_rows,
+                                        limit=limit, unicode_errors=unicode_errors,
+                                        encoding=encoding or "utf-8", storage=storage,
+                                        compression=compression, chunk_rows=chunk_rows,
+                                        shard_rows=shard_rows, overwrite=overwrite,
+                                        on_progress=on_progress)
+            return dataclasses.replace(
+                done, compression=None if source is None else source.compression,
+                notes=tuple(notes))
         extra = {"vocab": vocab} if fmt == "hf" else {}
         # quantised storage: the reader yields its float rows and the writer encodes them
         reader = module.read(where, block_rows=block_rows, limit=limit,
@@ -251,6 +269,20 @@ def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_
         reader.close()
         if keys_file is not None:
             keys_file.close()
+
+
+def _import_fasttext_bin(src: str, dest: str, *, vocab, storage, encoding: str,
+                        **options) -> ImportResult:
+    """The fastText ``.bin`` branch of :func:`import_file` (vectors and n-gram matrix)."""
+    if vocab is not None:
+        raise FormatError("vocab= gives keys to formats without them; fasttext-bin models "
+                          "hold their own words")
+    layout = {k: options.pop(k) for k in ("compression", "chunk_rows", "shard_rows",
+                                          "overwrite", "on_progress")}
+    with get("fasttext-bin").read(src, encoding=encoding, **options) as reader:
+        rows, duplicates, dtype = import_fasttext_bin(reader, dest, storage=storage, **layout)
+    return ImportResult(path=dest, format="fasttext-bin", rows=rows, dim=reader.dim,
+                        dtype=dtype, duplicates=duplicates)
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,13 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidIdError, ShapeMismatchError
+from .errors import InvalidIdError, InvalidOptionError, ShapeMismatchError
 from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
 from .pooling import pool_bags
 from .search import logits, most_similar
+from .subword_search import holds_keys, similar_keys
 from .table import Table
 
 __all__ = ["Embedding"]
@@ -97,7 +98,10 @@ class Embedding:
     - ``oov``: what out-of-range ids do: ``"error"`` raises
       :class:`InvalidIdError`, ``"unk"`` maps them to ``unk_id``, ``"clip"``
       clamps them into ``0..vocab_size-1``, ``"zero"`` gives zero rows.  Ids that
-      are not integers always raise.
+      are not integers always raise.  ``"subword"`` (a table imported from a
+      fastText ``.bin``): the layer also takes keys (str), and unknown keys get
+      vectors composed from their character n-grams, in lookups and as
+      ``most_similar`` queries (ids: as ``"error"``).
     - ``scale``: a float, or ``"sqrt_dim"`` for ``sqrt(dim)``.
     - ``max_norm``, ``norm_type``: renormalise returned rows like
       ``torch.nn.functional.embedding``; the table is never modified.
@@ -107,7 +111,7 @@ class Embedding:
 
     def __init__(self, table: Table | ArrayLike, padding_idx: int | None = None,
                  unk_id: int | None = None,
-                 oov: Literal["error", "unk", "clip", "zero"] = "error",
+                 oov: Literal["error", "unk", "clip", "zero", "subword"] = "error",
                  scale: float | Literal["sqrt_dim"] | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0):
         self._table = _as_table(table)
@@ -123,7 +127,10 @@ class Embedding:
         if unk_id is not None:
             unk_id = int(as_ids(_check_int(unk_id, "unk_id"), vocab))
         self.unk_id: int | None = unk_id
-        check_oov(oov, unk_id, EMBEDDING_OOV_MODES)
+        check_oov(oov, unk_id, EMBEDDING_OOV_MODES + ("subword",))
+        if oov == "subword" and getattr(self._table, "subwords", None) is None:
+            raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
+                                     f"(imported from a fastText .bin); {self._table!r} has none")
         self.oov: str = oov
         if isinstance(scale, str):
             if scale != "sqrt_dim":
@@ -179,7 +186,7 @@ class Embedding:
         vocab = self.vocab_size
         zero = None
         oob = None
-        if self.oov == "error":
+        if self.oov in ("error", "subword"):
             idx = as_ids(ids, vocab)
         else:
             raw = _int_id_array(ids)
@@ -265,15 +272,26 @@ class Embedding:
     def __call__(self, ids: ArrayLike, mask: ArrayLike | None = None,
                  weights: ArrayLike | None = None, unk: ArrayLike | None = None) -> np.ndarray:
         """Rows for ``ids`` of any shape: ``ids.shape + (dim,)``, the table's dtype."""
+        keyed = self.oov == "subword" and holds_keys(ids)
         if (self.oov == "error" and unk is None and mask is None and weights is None
                 and self.max_norm is None and self.scale is None):
             return self._table.lookup(ids)  # the plain lookup: nothing to do on top
-        idx, zero = self._map_ids(ids, unk)
+        if keyed:  # keys: known ones by row, unknown ones from their n-grams
+            if unk is not None:
+                raise ValueError("unk= lists ids; it does not apply to keys")
+            rows = np.array(self._table.lookup_keys(ids, oov="subword"), order="C")
+            if self.max_norm is not None and rows.size:
+                self._renorm(rows.reshape(-1, self.dim))
+            shape = rows.shape[:-1]
+        else:
+            idx, zero = self._map_ids(ids, unk)
+            shape = idx.shape
         if mask is not None:
-            mask = self._as_mask(mask, idx.shape)
+            mask = self._as_mask(mask, shape)
         if weights is not None:
-            weights = self._as_weights(weights, idx.shape)
-        rows = self._rows(idx, zero)
+            weights = self._as_weights(weights, shape)
+        if not keyed:
+            rows = self._rows(idx, zero)
         if mask is not None:
             rows[~mask] = 0
         factor = self.scale_factor
@@ -373,5 +391,8 @@ class Embedding:
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
         see :func:`embstore.search.most_similar`.
         """
+        if self.oov == "subword" and holds_keys(query):
+            return similar_keys(self._table, query, k=k, exclude=exclude, block_rows=block_rows,
+                                approx=approx, ef=ef)
         return most_similar(self._table, query, k=k, exclude=exclude, block_rows=block_rows,
                             approx=approx, ef=ef)

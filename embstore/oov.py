@@ -7,7 +7,9 @@ and batch jobs share.
 - ``"zero"``: a zero row (here: the placeholder ``zero_id``, which the caller turns
   into zeros after the lookup);
 - ``"unk"``: row ``unk_id``;
-- ``"clip"`` (``Embedding`` only): clamped into ``0..vocab_size-1``.
+- ``"clip"`` (``Embedding`` only): clamped into ``0..vocab_size-1``;
+- ``"subword"`` (keys only, tables with a fastText n-gram matrix): the mean of the unknown
+  word's character n-gram rows, as fastText and gensim compute it (:func:`subword_rows`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from typing import Literal
 
 import numpy as np
 
-from .errors import InvalidIdError
+from .errors import InvalidIdError, InvalidOptionError, KeyNotFoundError
 from .ids import one_of
 
-__all__ = ["OOV_MODES", "EMBEDDING_OOV_MODES", "OOV", "check_oov", "map_oov"]
+__all__ = ["OOV_MODES", "KEY_OOV_MODES", "EMBEDDING_OOV_MODES", "OOV", "check_oov", "map_oov",
+           "subword_rows"]
 
-OOV = Literal["error", "zero", "unk"]
-OOV_MODES: tuple[str, ...] = ("error", "zero", "unk")  # lookup_keys, batch jobs
+OOV = Literal["error", "zero", "unk", "subword"]
+OOV_MODES: tuple[str, ...] = ("error", "zero", "unk")  # ids and keys
+KEY_OOV_MODES: tuple[str, ...] = OOV_MODES + ("subword",)  # keys: lookup_keys, batch jobs
 EMBEDDING_OOV_MODES: tuple[str, ...] = ("error", "unk", "clip", "zero")
 
 
@@ -55,3 +59,20 @@ def map_oov(ids: np.ndarray, bad: np.ndarray, oov: str, *, unk_id: int | None = 
         below = bad if low is None else low
         return np.where(below, np.int64(0), np.where(bad, np.int64(vocab_size - 1), ids))
     raise ValueError(f"oov={oov!r} maps no ids (expected 'zero', 'unk' or 'clip')")
+
+
+def subword_rows(table, keys: np.ndarray) -> np.ndarray:
+    """Vectors of the unknown ``keys`` (1-D) from ``table.subwords`` (the n-gram matrix of a
+    fastText model): each distinct key is composed once."""
+    sub = getattr(table, "subwords", None)
+    if sub is None:
+        raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams (imported "
+                                 f"from a fastText .bin model); {table!r} has none")
+    if keys.size == 0:
+        return np.zeros((0, table.dim), dtype=table.dtype)
+    if sub.bucket == 0:
+        raise KeyNotFoundError(f"key {keys[0]!r} is not in the table and the model has no "
+                               "n-gram buckets (bucket 0): it has no subword vector",
+                               key=keys[0], position=None)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    return sub.vectors(uniq.tolist())[inv.reshape(-1)]

@@ -21,7 +21,7 @@ from .cache import CacheInfo
 from .dasktable import to_dask
 from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
 from .ids import as_ids, check_result_size, position_of, positive_int
-from .oov import OOV, check_oov, map_oov
+from .oov import KEY_OOV_MODES, OOV, check_oov, map_oov, subword_rows
 
 __all__ = ["Table", "Vocab", "as_key_array"]
 
@@ -324,8 +324,8 @@ class Table(abc.ABC):
 
     def lookup_keys(self, keys: ArrayLike, oov: OOV = "error",
                     unk_id: int | None = None) -> np.ndarray:
-        """Vectors by key; unknown keys: ``oov="error"``, ``"zero"`` or ``"unk"`` (row ``unk_id``)."""
-        check_oov(oov, unk_id)
+        """Vectors by key; unknown keys: oov error, zero, unk (row unk_id) or subword."""
+        check_oov(oov, unk_id, KEY_OOV_MODES)
         self._check_open()
         if oov == "error":
             return self.lookup(self.ids_of(keys))
@@ -335,7 +335,7 @@ class Table(abc.ABC):
             unk = int(as_ids(unk_id, self.vocab_size))
             return self.lookup(map_oov(ids, missing, "unk", unk_id=unk))
         out = self.lookup(map_oov(ids, missing, "zero", zero_id=0) if self.vocab_size else ids)
-        out[missing] = 0
+        out[missing] = 0 if oov == "zero" else subword_rows(self, as_key_array(keys)[missing])
         return out
 
     # -- updates ------------------------------------------------------------------------

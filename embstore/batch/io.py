@@ -27,14 +27,14 @@ import numpy as np
 
 from ..errors import EmbstoreError, FormatError, InvalidIdError, KeyNotFoundError
 from ..memory import MemoryTable
-from ..oov import map_oov
+from ..oov import map_oov, subword_rows
 from ..store import table as store_table
 from ..table import Table
 from .idblocks import IdBlocks
 from .remote import RemoteNpyIds, RemoteZarrSink, is_url
 
 __all__ = ["open_table", "Job", "NpyIds", "KeyLines", "NpySink", "ZarrSink", "open_source", "open_sink",
-           "read_block", "lookup_into", "output_kind"]
+           "read_block", "lookup_into", "output_kind", "FilledIds"]
 
 _MARKERS = ".embstore-lookup"
 #: Tokens of a key line: runs of anything but ASCII whitespace, as the importers split
@@ -183,7 +183,7 @@ class KeyLines:
         return np.concatenate(tokens), np.concatenate(sizes)
 
     def read(self, offset: int, n_lines: int, width: int, first_line: int, table, oov: str,
-             unk_id: int | None) -> np.ndarray:
+             unk_id: int | None) -> np.ndarray | FilledIds:
         """Ids of ``n_lines`` lines from byte ``offset``, shape ``(n_lines, width)`` (-1: zero)."""
         with open(self.path, "rb") as f:
             f.seek(offset)
@@ -211,8 +211,22 @@ class KeyLines:
             if oov == "unk":
                 ids = map_oov(ids, unknown, "unk", unk_id=unk_id)
         out = np.full((n_lines, width), -1, dtype=np.int64)
-        out[np.arange(width) < lengths[:, None]] = ids
+        valid = np.arange(width) < lengths[:, None]
+        out[valid] = ids
+        if oov == "subword":  # unknown keys: -1 here, their composed vectors alongside
+            return FilledIds(out, np.flatnonzero(valid)[unknown],
+                             subword_rows(table, flat[unknown]))
         return out
+
+
+class FilledIds:
+    """The ids of a block of keys (-1: a zero row) and the vectors that go at some of those
+    positions instead (``oov="subword"``: unknown keys composed from their n-grams)."""
+
+    def __init__(self, ids: np.ndarray, at: np.ndarray, rows: np.ndarray):
+        self.ids, self.at, self.rows = ids, at, rows  # at: flat positions in ids
+        self.shape: tuple[int, ...] = ids.shape
+        self.size = int(ids.size)
 
 
 def open_source(job: Job):
@@ -224,7 +238,7 @@ def open_source(job: Job):
     return KeyLines(job.input) if job.keys else NpyIds(job.input)
 
 
-def read_block(job: Job, source, i: int, table) -> np.ndarray:
+def read_block(job: Job, source, i: int, table) -> np.ndarray | FilledIds:
     a, b = job.block(i)
     if job.keys:
         return source.read(job.offsets[i], b - a, job.inner[0], a, table, job.oov, job.unk_id)
@@ -236,8 +250,12 @@ def read_block(job: Job, source, i: int, table) -> np.ndarray:
     return ids
 
 
-def lookup_into(table, ids: np.ndarray, out: np.ndarray, *, pads: bool) -> None:
+def lookup_into(table, ids: np.ndarray | FilledIds, out: np.ndarray, *, pads: bool) -> None:
     """Fill ``out`` with the rows of ``ids``; with ``pads``, id -1 gives a zero row."""
+    if isinstance(ids, FilledIds):
+        lookup_into(table, ids.ids, out, pads=True)
+        out.reshape(-1, out.shape[-1])[ids.at] = ids.rows
+        return
     if pads and ids.size:
         valid = ids >= 0
         if not valid.all():

@@ -27,13 +27,13 @@ import numpy as np
 
 from .dask import run_dask
 from .parquet import is_parquet, lookup_parquet
-from .io import (DEFAULT_CACHE_BYTES, Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into,
+from .io import (DEFAULT_CACHE_BYTES, FilledIds, Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into,
                  open_sink, open_source, open_table, output_kind, read_block)
 from .._types import Bytes, PathLike
 from ..atomic import check_dest, remove, replace, temp_path
-from ..errors import EmbstoreError, KeyNotFoundError
+from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError
 from ..ids import as_ids, one_of, positive_int
-from ..oov import OOV, OOV_MODES
+from ..oov import KEY_OOV_MODES, OOV
 from .remote import RemoteNpyIds, RemoteZarrSink, check_remote_output, is_url, remote_stamp
 from ..optional import require
 from ..progress import Progress, Tally
@@ -79,7 +79,9 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
     longest line, dim)``; padding positions are zero rows; ``lengths`` names a
     ``.npy`` file to receive each line's length).  Unknown keys and
     out-of-range ids follow ``oov``: ``"error"`` (naming the first one and its
-    position), ``"zero"`` (zero rows) or ``"unk"`` (row ``unk_id``).  ``output``
+    position), ``"zero"`` (zero rows), ``"unk"`` (row ``unk_id``) or, for keys of a
+    table with a fastText n-gram matrix, ``"subword"`` (composed from the key's
+    character n-grams, as ``lookup_keys``).  ``output``
     ends in ``.npy`` or ``.zarr``; its shape is ``ids.shape + (dim,)``.
 
     ``batch_rows`` is the number of leading rows of the input per block (by
@@ -97,6 +99,9 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
     named in ``keep``; see :mod:`embstore.batch.parquet` (on Dask the output is a
     directory of part files).
     """
+    if oov == "subword" and (is_parquet(input) or not keys):
+        raise ValueError("oov='subword' composes vectors of unknown keys: it needs keys=True "
+                         "and a text input (not ids, not Parquet)")
     if is_parquet(input):
         return _parquet(table, input, output, column=column, keep=keep, oov=oov,
                         unk_id=unk_id, batch_rows=batch_rows, scheduler=scheduler,
@@ -107,7 +112,7 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
     t0 = time.perf_counter()
     input, output = os.fspath(input), os.fspath(output)
     lengths = None if lengths is None else os.fspath(lengths)
-    one_of(oov, "oov", OOV_MODES)
+    one_of(oov, "oov", KEY_OOV_MODES)
     if lengths is not None and not keys:
         raise ValueError("lengths= needs keys=True (a key file has lines of different lengths)")
     if batch_rows is not None:
@@ -165,6 +170,9 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         if tab.keys is None:
             raise KeyNotFoundError(f"{table_path or 'the table'} has no keys: keys=True needs a "
                                    "table with keys", key=None, position=None)
+        if oov == "subword" and getattr(tab, "subwords", None) is None:
+            raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
+                                     f"(imported from a fastText .bin); {tab!r} has none")
         line_lengths, line_bytes = KeyLines(input).scan(65536)
         shape = (len(line_lengths), int(line_lengths.max()) if len(line_lengths) else 0)
         rows_per_block = batch_rows or _auto_rows(shape, dim, dtype.itemsize)
@@ -296,7 +304,7 @@ def _run_local(job: Job, tab: Table, sink, todo: list[int], bar: Tally, *,
     most = max(job.starts[i + 1] - job.starts[i] for i in todo)
     bufs = [np.empty(most * per_row, dtype=job.dtype) for _ in range(2 if threads else 1)]
 
-    def compute(k: int, ids: np.ndarray) -> np.ndarray:
+    def compute(k: int, ids: np.ndarray | FilledIds) -> np.ndarray:
         out = bufs[k % len(bufs)][: ids.size * job.dim].reshape(ids.shape + (job.dim,))
         lookup_into(tab, ids, out, pads=job.pads)
         return out

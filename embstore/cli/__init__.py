@@ -25,7 +25,7 @@ from .tables import (copy_cmd, demo_cmd, index_cmd, info_cmd, reindex_cmd, repai
 __all__ = ["main", "cli", "flag_terms"]
 
 # The library names parameters (overwrite=True, oov='zero'); the CLI shows flags instead.
-_FLAGS = "overwrite tensor vocab format resume keys oov unicode_errors scheduler".split()
+_FLAGS = "overwrite tensor vocab format resume keys oov unicode_errors scheduler encoding".split()
 _PARAM_RE = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|'[^']*')?")
 
 

@@ -42,13 +42,17 @@ from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, local_for, op
               help="Import only the first N rows.")
 @click.option("--unicode-errors", type=click.Choice(("strict", "replace")), default="strict",
               show_default=True, help="Keys that are not valid UTF-8: an error, or U+FFFD.")
+@click.option("--encoding", default=None, metavar="NAME",
+              help="fasttext-bin: the text encoding of the model's words (default utf-8).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
 @options
 def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, shard_rows, limit,
-               unicode_errors, overwrite, as_json, quiet):
-    """Import SRC (word2vec, fastText .vec, GloVe, npy, safetensors, PyTorch, a Hugging
-    Face model folder) as a table at DEST.  SRC may be gzip, bz2, xz, zstd or zip
-    compressed (told by its first bytes); SRC '-' reads standard input.
+               unicode_errors, encoding, overwrite, as_json, quiet):
+    """Import SRC (word2vec, fastText .vec or .bin model, GloVe, npy, safetensors, PyTorch,
+    a Hugging Face model folder) as a table at DEST.  SRC may be gzip, bz2, xz, zstd or zip
+    compressed (told by its first bytes); SRC '-' reads standard input.  A fastText .bin
+    brings its subword n-grams along: unknown words get vectors (lookup --oov subword,
+    similar).
 
     \b
     Examples:
@@ -67,7 +71,8 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
                               limit=limit, unicode_errors=unicode_errors,
                               compression=compression, chunk_rows=chunk_rows,
                               shard_rows=shard_rows, overwrite=overwrite,
-                              on_progress=on_progress)
+                              on_progress=on_progress,
+                              **({} if encoding is None else {"encoding": encoding}))
     if as_json:
         print_json({"source": src, "path": dest, "format": res.format, "rows": res.rows,
                      "dim": res.dim, "dtype": res.dtype, "duplicates": res.duplicates,
@@ -139,9 +144,10 @@ def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite
 @click.argument("output", type=DEST)
 @click.option("--keys", is_flag=True,
               help="INPUT is a text file of keys: one whitespace-separated sequence a line.")
-@click.option("--oov", type=click.Choice(["error", "zero", "unk"]), default="error",
+@click.option("--oov", type=click.Choice(["error", "zero", "unk", "subword"]), default="error",
               show_default=True,
-              help="Unknown keys and out-of-range ids: fail, zero rows, or row --unk-id.")
+              help="Unknown keys and out-of-range ids: fail, zero rows, row --unk-id, or (--keys, "
+                   "tables imported from a fastText .bin) composed from character n-grams.")
 @click.option("--unk-id", type=int, default=None, help="The row used by --oov unk.")
 @click.option("--lengths", type=click.Path(dir_okay=False), default=None,
               help="With --keys: write each line's length to this .npy file.")
@@ -207,6 +213,8 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         return
     if column is not None or keep:
         raise click.UsageError("--column and --keep need a .parquet INPUT")
+    if oov == "subword" and not keys:
+        raise click.UsageError("--oov subword needs --keys (ids have no characters)")
     if lengths is not None and not keys:
         raise click.UsageError("--lengths needs --keys")
     if resume and output_kind(output) != "zarr":

@@ -54,6 +54,10 @@ def info_cmd(path, as_json, quiet):
     src = info.get("attributes", {}).get("source")
     if src:
         click.echo(f"{'source:':15}{json.dumps(src)}")
+    ng = info.get("ngrams")
+    if ng:  # a fastText model's subword n-grams (lookup --oov subword)
+        click.echo(f"{'ngrams:':15}{ng['rows']} rows (n-grams of {ng['minn']}..{ng['maxn']} "
+                   f"characters, {ng['hash']})")
 
 
 @click.command("verify", short_help="Check every stored chunk's checksum.")
@@ -168,6 +172,8 @@ def repair_cmd(path, as_json, quiet):
 def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
     """The K rows most cosine-similar to each QUERY: a key, or a row id with --ids (or when
     TABLE has no keys).  With --approx, from the approximate index (scores in its metric).
+    On a table imported from a fastText .bin an unknown key is queried by its vector
+    composed from character n-grams.
 
     \b
     Examples:
@@ -186,9 +192,12 @@ def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
             except ValueError:
                 why = "with --ids" if keyed else f"{table} has no keys, so"
                 raise click.UsageError(f"{why} QUERY must be row ids, got {query!r}") from None
+        # keys of a fastText table: unknown ones are queried by their subword vectors
+        sub = keyed and not by_id and t.subwords is not None
+        layer = Embedding(t, oov="subword" if sub else "error")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", StaleIndexWarning)
-            ids, scores = Embedding(t).most_similar(queries, k=k, approx=approx, ef=ef)
+            ids, scores = layer.most_similar(queries, k=k, approx=approx, ef=ef)
         for w in caught:
             say(f"Warning: {w.message}", quiet)
         result = []

@@ -73,6 +73,20 @@ def _torch_pickle(head: bytes, ext: str, size: int) -> bool:
     return head[:1] == b"\x80" and ext in (".pt", ".pth", ".bin", ".ckpt")
 
 
+def _fasttext_old(head: bytes, ext: str, size: int) -> bool:
+    """A fastText ``.bin`` of the old format (no magic number): plausible arguments
+    (``dim, ws, epoch, min_count, neg, word_ngrams, loss, model, bucket, minn, maxn, lr``),
+    then a dictionary header ``size == nwords + nlabels``."""
+    if ext not in (".bin", ".ftz") or len(head) < 68:
+        return False
+    a = struct.unpack_from("<12id", head)
+    size_, nwords, nlabels = struct.unpack_from("<3i", head, 56)
+    return (1 <= a[0] <= 1 << 16 and 1 <= a[1] <= 1 << 10 and 1 <= a[2] < 1 << 20
+            and min(a[3], a[4], a[8], a[9], a[10], nwords, nlabels) >= 0
+            and 1 <= a[5] <= 64 and 1 <= a[6] <= 4 and 1 <= a[7] <= 3 and 0.0 <= a[12] <= 1.0
+            and nwords <= size_ == nwords + nlabels)
+
+
 @dataclass(frozen=True)
 class FormatSpec:
     """One file format: what the pipeline, detection and the command line know of it."""
@@ -107,6 +121,9 @@ SPECS: tuple[FormatSpec, ...] = (
                magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True),
     # a folder (config.json, tokenizer, checkpoint): chosen for a directory, never by bytes
     FormatSpec("hf", "hf", "Hugging Face model folder", has_keys=True, takes_tensor=True),
+    # fastText's native model (word vectors + subword n-grams); before 2017: no magic
+    FormatSpec("fasttext-bin", "fasttext_bin", "fastText .bin model", magic=(b"\xba\x16\x4f\x2f",),
+               sniff=_fasttext_old, has_keys=True),
 )
 _SPEC = {f.name: f for f in SPECS}
 READ_FORMATS = tuple(_SPEC)

@@ -30,6 +30,7 @@ from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .meta import read_table_meta
+from .ngrams import Subwords
 from .objstore import is_url
 from .remote_open import open_remote_source
 from .source import open_source
@@ -63,6 +64,7 @@ class ZarrTable(Table):
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
             os.fspath(path)).absolute()
         self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
+        self._subwords: Subwords | None = None  # opened on first use
         self.mode = mode
         self.lock_timeout = lock_timeout  # seconds a write waits for another writer
         self._lock = threading.RLock()  # writers, vocab opening, refresh
@@ -145,6 +147,7 @@ class ZarrTable(Table):
                 **{k: v for k, v in self.layout.items() if k != "fast_path"},
                 "has_keys": self._has_keys, "nbytes": self.nbytes, "stored_bytes": stored,
                 "saved_bytes": self.nbytes - stored,
+                **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
                     "format", "dim", "dtype", "chunk_rows", "shard_rows", "compression",
                     "has_keys")}}
@@ -198,6 +201,24 @@ class ZarrTable(Table):
         self._check_open()
         ids = as_ids(ids, self.vocab_size).reshape(-1)
         return self._cache.warm(ids, self._source.gather)
+
+    @property
+    def subwords(self) -> Subwords | None:
+        """The n-gram matrix of a fastText model (``lookup_keys(..., oov="subword")``), or
+        None (tables of other sources; tables on object storage do not open it yet)."""
+        self._check_open()
+        info = self._attrs.get("subwords")
+        if info is None or self._remote is not None:
+            return None
+        with self._lock:
+            if self._subwords is None:
+                self._subwords = Subwords(self.path, info, self.dim, self.mode)
+            return self._subwords
+
+    def _drop_subwords(self) -> None:
+        sub, self._subwords = self._subwords, None
+        if sub is not None:
+            sub.close()
 
     # -- keys -------------------------------------------------------------------------------
     def _vocab(self) -> DiskVocab | MemoryKeyIndex | None:
@@ -319,6 +340,7 @@ class ZarrTable(Table):
 
     def _reload(self) -> None:
         self._source.close()
+        self._drop_subwords()
         if self._vocab_obj is not None:
             self._vocab_obj.close()
         self._load_meta()
@@ -344,6 +366,7 @@ class ZarrTable(Table):
         with self._lock:
             self._closed = True
             self._source.close()
+            self._drop_subwords()
             self._cache.clear(keep_stats=True)
             if self._vocab_obj is not None:
                 self._vocab_obj.close(final=True)

@@ -29,6 +29,7 @@ from ..keys.mapped import read_array_meta
 from .codecs import Layout
 from .commit import area_of, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
+from .ngrams import NGRAMS
 from .quant import SCALE_ARRAY
 from .normcalc import NORMS_ARRAY
 from .normsource import check_norms
@@ -187,7 +188,7 @@ def verify(path: PathLike) -> VerifyReport:
         report.add(str(root), None, str(exc))
         return report
     fast = set()
-    for name in ("vectors", SCALE_ARRAY):  # row_scale: the int8 tables' scales
+    for name in ("vectors", SCALE_ARRAY, NGRAMS):  # int8 tables' scales, fastText n-grams
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:

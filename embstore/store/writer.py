@@ -180,6 +180,10 @@ class TableWriter:
             raise
 
     @property
+    def staging(self) -> str:  # the directory written (renamed to path by commit): add arrays
+        return os.fspath(self._tmp)
+
+    @property
     def duplicates(self) -> int:
         return 0 if self._keys is None else int(self._keys.duplicates)
 
@@ -347,7 +351,7 @@ class TableWriter:
             meta = {"format": 1, "dim": self.dim, "dtype": self.storage,
                     "chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
                     "compression": self.compression, "has_keys": self._keys is not None,
-                    "created_by": _created_by()}
+                    "created_by": f"embstore {__version__}"}
             self._group.update_attributes({"embstore": {**self._attrs, **meta}})
             if self.storage == "int8":
                 set_rows(self._tmp, self.rows, SCALE_ARRAY)
@@ -411,6 +415,3 @@ def _fsync_tree(root: str) -> None:
                 os.close(fd)
         _fsync(d, directory=True)
 
-
-def _created_by() -> str:
-    return f"embstore {__version__}"

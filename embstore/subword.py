@@ -1,0 +1,147 @@
+"""fastText subword vectors: the character n-grams of words, their bucket ids, and vectors
+composed from n-gram rows, exactly as fastText and gensim compute them.
+
+A word ``w`` is wrapped as ``<w>`` and encoded as UTF-8; its n-grams are the runs of
+``minn..maxn`` characters (UTF-8 continuation bytes never start or end one), except the
+lone ``<`` and ``>``, listed by start character, then by length (gensim's
+``compute_ngrams_bytes``).  An n-gram's bucket is its 32-bit FNV-1a hash modulo
+``bucket``, where each byte is sign-extended before the XOR (fastText hashes ``char``,
+signed on x86: gensim's ``ft_hash_bytes`` has the same quirk), so bytes >= 0x80 flip the
+high bits too.
+
+- A known word's vector (gensim ``load_facebook_vectors(...).vectors``) is the mean of its
+  own input row and its n-gram rows: ``(row + ngram_1 + ... + ngram_k) / (k + 1)``, summed
+  in that order in float32 (gensim's ``adjust_vectors``).
+- An unknown word's vector is the mean of its n-gram rows (gensim's ``get_vector``), zeros
+  when it has none (a word too short for ``minn``).
+
+Everything is vectorised over a batch of words: the hashes advance one character at a time
+for every start position of every word at once (``maxn`` steps of at most 4 bytes), never a
+Python loop per n-gram.  Row gathers go through a ``take(ids) -> rows`` callable in pieces of
+at most ``budget_rows`` rows, so memory stays bounded whatever the words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["FNV_OFFSET", "FNV_PRIME", "HASH_NAME", "ngram_hashes", "ngram_buckets",
+           "compose", "BUDGET_ROWS"]
+
+FNV_OFFSET = np.uint32(2166136261)
+FNV_PRIME = np.uint32(16777619)
+#: the name recorded in a table's attributes for this scheme (docs/FORMAT.md)
+HASH_NAME = "fasttext-fnv1a32-signed-bytes"
+#: n-gram rows gathered at once while composing vectors (64K rows: 75 MiB at dim 300)
+BUDGET_ROWS = 1 << 16
+
+
+def _wrapped(words: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``<w1><w2>...`` as uint8, and the byte length of each wrapped word."""
+    enc = [w.encode("utf-8", "surrogatepass") for w in words]
+    lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc)) + 2
+    buf = np.frombuffer(b"<" + b"><".join(enc) + b">", dtype=np.uint8)
+    return buf, lens
+
+
+def ngram_hashes(words: Sequence[str], minn: int, maxn: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(hashes, counts)``: the uint32 FNV-1a hashes of every word's n-grams, word after
+    word in gensim's order, and the number of n-grams of each word (int64)."""
+    n = len(words)
+    counts = np.zeros(n, dtype=np.int64)
+    lo, hi = max(1, int(minn)), int(maxn)
+    if n == 0 or hi < lo:
+        return np.zeros(0, dtype=np.uint32), counts
+    buf, lens = _wrapped(words)
+    sbuf = buf.view(np.int8).astype(np.uint32)  # sign-extended, as fastText's char
+    starts = np.flatnonzero((buf & 0xC0) != 0x80)  # byte offset of each character
+    nch = starts.size
+    char_len = np.diff(np.append(starts, buf.size))
+    word_of_byte = np.repeat(np.arange(n, dtype=np.int64), lens)
+    word_of_char = word_of_byte[starts]
+    wlen = np.bincount(word_of_char, minlength=n)  # characters of each wrapped word
+    first = np.concatenate([[0], np.cumsum(wlen)[:-1]])
+    ci = np.arange(nch, dtype=np.int64) - first[word_of_char]  # character index in the word
+    left = wlen[word_of_char] - ci  # characters from this one to the word's end
+    h = np.full(nch, FNV_OFFSET, dtype=np.uint32)
+    width = hi - lo + 1
+    out_h = np.zeros((nch, width), dtype=np.uint32)
+    out_m = np.zeros((nch, width), dtype=bool)
+    for k in range(1, hi + 1):  # a loop per n-gram length: every start position at once
+        valid = left >= k
+        cc = np.minimum(np.arange(nch) + (k - 1), nch - 1)  # the character added now
+        pos, clen = starts[cc], char_len[cc]
+        for b in range(4):  # at most 4 bytes per UTF-8 character
+            m = valid & (clen > b)
+            if not m.any():
+                break
+            byte = sbuf[np.minimum(pos + b, buf.size - 1)]
+            h = np.where(m, (h ^ byte) * FNV_PRIME, h)
+        if k >= lo:
+            emit = valid
+            if k == 1:  # the lone "<" and ">" are no n-grams
+                emit = valid & (ci != 0) & (left != 1)
+            out_h[:, k - lo] = h
+            out_m[:, k - lo] = emit
+    hashes = out_h[out_m]  # C order: by word, start character, then length (gensim's order)
+    counts = np.bincount(word_of_char, weights=out_m.sum(axis=1), minlength=n).astype(np.int64)
+    return hashes, counts
+
+
+def ngram_buckets(words: Sequence[str], minn: int, maxn: int,
+                  bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, counts)``: the n-gram rows (int64 bucket ids) of every word, and their counts."""
+    hashes, counts = ngram_hashes(words, minn, maxn)
+    if bucket <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros_like(counts)
+    return (hashes % np.uint32(bucket)).astype(np.int64), counts
+
+
+def _acc_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def compose(ids: np.ndarray, counts: np.ndarray, take: Callable[[np.ndarray], np.ndarray],
+            dim: int, *, base: np.ndarray | None = None,
+            budget_rows: int = BUDGET_ROWS) -> np.ndarray:
+    """Vectors of words from their n-gram rows (``ids``, ``counts`` of :func:`ngram_buckets`).
+
+    With ``base`` (one row per word: the words' own input rows) each vector is
+    ``(base + sum of its n-gram rows) / (count + 1)`` (a known word); without, the mean of
+    its n-gram rows, zeros for a word with none (an unknown word).  Sums run in float32
+    (float64 for float64 rows) in gensim's order.  ``take(ids)`` gives rows of the n-gram
+    matrix, called with at most ``budget_rows`` ids (or one word's n-grams) at a time.
+    """
+    n = counts.size
+    acc = _acc_dtype(base.dtype if base is not None else np.dtype(np.float32))
+    out = np.zeros((n, dim), dtype=acc)
+    if n == 0:
+        return out
+    ends = np.cumsum(counts)
+    offs = ends - counts
+    # pieces of whole words holding at most budget_rows n-gram rows (a loop per piece)
+    cuts = [0]
+    while cuts[-1] < n:
+        a = cuts[-1]
+        b = int(np.searchsorted(ends, offs[a] + budget_rows, side="right"))
+        cuts.append(max(a + 1, min(n, b)))
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        lo, hi = int(offs[a]), int(ends[b - 1])
+        rows = take(ids[lo:hi]) if hi > lo else np.zeros((0, dim), acc)
+        rows = rows.astype(acc, copy=False)
+        cnt = counts[a:b]
+        seg = offs[a:b] - lo
+        sums = base[a:b].astype(acc) if base is not None else np.zeros((b - a, dim), acc)
+        # one step per n-gram position, every word at once: the rows of each word are added
+        # one after the other, as gensim does (np.add.reduceat sums in another order)
+        for k in range(int(cnt.max()) if cnt.size else 0):
+            w = np.flatnonzero(cnt > k)
+            sums[w] += rows[seg[w] + k]
+        if base is not None:
+            out[a:b] = sums / (cnt + 1).astype(acc)[:, None]
+        else:
+            some = cnt > 0
+            out[a:b][some] = sums[some] / cnt[some].astype(acc)[:, None]
+    return out
