@@ -8,6 +8,7 @@ a peer is missing).  The parent measures the whole process and its peak RSS.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -107,37 +108,57 @@ def batch_ram(table_npy, ids_npy, out_npy):
     return {"seconds": time.perf_counter() - t0, "ids": int(ids.size)}
 
 
+@contextlib.contextmanager
+def _cluster(workers: int):
+    """A Dask LocalCluster of ``workers`` single-threaded worker processes (started before
+    timing) and its client, or ``(None, None)`` for ``workers == 0``."""
+    if not workers:
+        yield None, None
+        return
+    from dask.distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                           dashboard_address=None, host="127.0.0.1")
+    client = Client(cluster)
+    try:
+        yield cluster, client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _timed_job(workers, job) -> dict:
+    """Run ``job(kw)`` (``kw`` names the scheduler when ``workers`` > 0) and time it; the
+    result of ``job`` is merged with ``seconds`` and the workers' peak RSS."""
+    workers = int(workers)
+    if workers:
+        try:
+            import dask.distributed  # noqa: F401 - only to tell whether it is there
+        except ImportError:
+            return {"skip": "dask.distributed not installed"}
+    with _cluster(workers) as (cluster, client):
+        kw = {"scheduler": cluster.scheduler_address} if cluster is not None else {}
+        t0 = time.perf_counter()
+        out = job(kw)
+        out = {"seconds": time.perf_counter() - t0, **out}
+        if client is not None:
+            peaks = client.run(peak_rss_mb)
+            out["worker_peak_rss_mb"] = sorted(round(v, 1) for v in peaks.values())
+    return out
+
+
 def batch_embstore(table, ids_npy, out_npy, workers, batch_rows=0):
     """``embstore.batch.lookup_file``; ``workers`` > 0 runs it on a Dask LocalCluster of
     that many single-threaded worker processes, started before timing."""
     from embstore.batch import lookup_file
 
-    workers = int(workers)
-    kw = {"batch_rows": int(batch_rows)} if int(batch_rows) else {}
-    cluster = client = None
-    if workers:
-        try:
-            from dask.distributed import Client, LocalCluster
-        except ImportError:
-            return {"skip": "dask.distributed not installed"}
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, host="127.0.0.1")
-        client = Client(cluster)
-        kw["scheduler"] = cluster.scheduler_address
-    try:
-        t0 = time.perf_counter()
-        summary = lookup_file(table, ids_npy, out_npy, overwrite=True, **kw)
-        seconds = time.perf_counter() - t0
-        out = {"seconds": seconds, "ids": int(summary.get("ids", 0)) if isinstance(summary, dict)
-               else 0}
-        if client is not None:
-            peaks = client.run(peak_rss_mb)
-            out["worker_peak_rss_mb"] = sorted(round(v, 1) for v in peaks.values())
-    finally:
-        if client is not None:
-            client.close()
-            cluster.close()
-    return out
+    kw0 = {"batch_rows": int(batch_rows)} if int(batch_rows) else {}
+
+    def job(kw):
+        summary = lookup_file(table, ids_npy, out_npy, overwrite=True, **kw0, **kw)
+        return {"ids": int(summary.get("ids", 0)) if isinstance(summary, dict) else 0}
+
+    return _timed_job(workers, job)
 
 
 def batch_parquet(table, in_parquet, out_parquet, workers):
@@ -148,32 +169,12 @@ def batch_parquet(table, in_parquet, out_parquet, workers):
 
     from embstore.batch import lookup_file
 
-    workers = int(workers)
-    kw = {}
-    cluster = client = None
-    if workers:
-        try:
-            from dask.distributed import Client, LocalCluster
-        except ImportError:
-            return {"skip": "dask.distributed not installed"}
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, host="127.0.0.1")
-        client = Client(cluster)
-        kw["scheduler"] = cluster.scheduler_address
-    try:
-        t0 = time.perf_counter()
+    def job(kw):
         summary = lookup_file(table, in_parquet, out_parquet, column="ids", keep=["doc"],
                               overwrite=True, **kw)
-        out = {"seconds": time.perf_counter() - t0, "ids": int(summary["ids"]),
-               "parts": int(summary["parts"])}
-        if client is not None:
-            peaks = client.run(peak_rss_mb)
-            out["worker_peak_rss_mb"] = sorted(round(v, 1) for v in peaks.values())
-    finally:
-        if client is not None:
-            client.close()
-            cluster.close()
-    return out
+        return {"ids": int(summary["ids"]), "parts": int(summary["parts"])}
+
+    return _timed_job(workers, job)
 
 
 KINDS = {"cli": cli, "gensim-w2v": gensim_w2v, "gensim-native": gensim_native,
