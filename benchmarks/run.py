@@ -62,7 +62,7 @@ CONFIGS = {
                 "zstd_table": (1_000_000, 256)},
         "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 7, "slow_reps": 3},
         "search": {"rows": 1_000_000, "dim": 256, "reps": 5, "batch": 32, "ann_rows": 1_000_000,
-                   "ann_dim": 256, "clusters": 1000, "queries": 200, "ef": 128,
+                   "ann_dim": 256, "clusters": 1000, "queries": 200, "ef": 512,
                    "connectivity": 16, "expansion_add": 64, "peer_rows": 50_000,
                    "minilm": True},
     },

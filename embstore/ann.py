@@ -86,7 +86,7 @@ def _local(table) -> tuple[ZarrTable, bool]:
 
 
 def build_index(table: PathLike | ZarrTable, *, metric: str = "cos", connectivity: int = 16,
-                expansion_add: int = 128, expansion_search: int = 64, dtype: str = "f32",
+                expansion_add: int = 128, expansion_search: int = 512, dtype: str = "f32",
                 overwrite: bool = False, threads: int = 0, progress=None) -> dict:
     """Build the approximate index of ``table`` (a path or an open local table) and store it
     in the table's directory; returns its metadata (see :func:`index_info`).

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,26 @@ def test_verify_detects_a_wrong_norm(tmp_path):
     assert len(report.damaged) == 1 and "row 42 has stored norm 1.5" in report.damaged[0].message
     res = CliRunner().invoke(cli, ["verify", str(path)])
     assert res.exit_code == 1 and "row 42" in res.output
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_a_norm_past_float32_max_is_stored_as_inf_and_verifies(tmp_path, dtype):
+    x = np.ones((10, 4), np.float32)
+    x[3] = 3.3e38  # finite in every storage dtype, but its norm (6.6e38) is not in float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning out of save
+        t = embstore.save(tmp_path / "t", x, dtype=dtype)
+    assert np.isinf(_stored(t)[3]) and np.isfinite(np.delete(_stored(t), 3)).all()
+    t.close()
+    assert embstore.verify(tmp_path / "t").ok
+
+
+def test_verify_flags_a_nan_norm(tmp_path):
+    path = tmp_path / "t"
+    embstore.save(path, _rows()).close()
+    _damage_norm(path, 7, float("nan"))
+    report = embstore.verify(path)
+    assert not report.ok and "row 7 has stored norm nan" in report.damaged[0].message
 
 
 def test_a_flipped_bit_in_norms_is_corruption(tmp_path):

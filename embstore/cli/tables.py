@@ -227,7 +227,7 @@ def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
               help="HNSW graph degree (M): more is larger, slower to build, better recall.")
 @click.option("--expansion-add", type=click.IntRange(min=1), default=128, show_default=True,
               help="Build effort (ef_construction): more is slower, better recall.")
-@click.option("--expansion-search", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--expansion-search", type=click.IntRange(min=1), default=512, show_default=True,
               help="Default search effort (similar --ef overrides it).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index.")
 @options

@@ -36,13 +36,15 @@ def row_norms(rows: np.ndarray, dtype=np.float32) -> np.ndarray:
     """``(n, 1)`` norms of ``rows`` (``(n, dim)``), summed in float64, as ``dtype``.
 
     Blocked so that the float64 copy stays small; the sum of each row is the same whatever
-    the block (one row is one reduction)."""
+    the block (one row is one reduction).  A norm past the largest float32 (a row of values
+    near 3.4e38) is stored as inf, quietly: such a row is legal data, its cosine undefined."""
     n, dim = rows.shape
     out = np.empty((n, 1), dtype=dtype)
     step = max(1, _BLOCK_ELEMENTS // max(1, dim))
-    for a in range(0, n, step):  # a loop per block of rows
-        r = np.asarray(rows[a: a + step], dtype=np.float64)
-        out[a: a + step, 0] = np.sqrt(np.einsum("ij,ij->i", r, r))
+    with np.errstate(over="ignore"):
+        for a in range(0, n, step):  # a loop per block of rows
+            r = np.asarray(rows[a: a + step], dtype=np.float64)
+            out[a: a + step, 0] = np.sqrt(np.einsum("ij,ij->i", r, r))
     return out
 
 
