@@ -190,16 +190,14 @@ def _io_counts() -> bool:
     return read_bytes() is not None
 
 
-@needs_linux
-@pytest.mark.skipif(not _io_counts(), reason="/proc/self/io is not available")
-def test_cold_batch_reads_about_a_page_per_id(tmp_path):
-    """64 MiB table (default layout), pages evicted, 1,000 uniform ids: about one page per
-    id is read from disk (the whole table, or 8 MiB a fault, without the cold path)."""
-    rows, dim = 262144, 64
+def _cold_table(tmp_path, rows: int, dim: int, compression: str):
+    """``(table, E, ids)``: a saved table of random rows opened without a row cache (shard
+    indexes read, as in a live process), then its pages evicted; 1,000 uniform ids.  Skips
+    where the file system does not count reads (tmpfs)."""
     E = np.random.default_rng(5).standard_normal((rows, dim)).astype(np.float32)
-    embstore.save(tmp_path / "big", E).close()
+    embstore.save(tmp_path / "big", E, compression=compression).close()
     t = embstore.open(tmp_path / "big", cache_bytes=0)
-    t.lookup(np.arange(0, rows, 4096))  # every shard index read once (as in a live process)
+    t.lookup(np.arange(0, rows, 4096))  # every shard index read once
     probe = tmp_path / "probe"
     probe.write_bytes(os.urandom(1 << 20))
     evict([probe])
@@ -210,6 +208,15 @@ def test_cold_batch_reads_about_a_page_per_id(tmp_path):
         pytest.skip("this file system does not count reads (tmpfs?)")
     ids = np.random.default_rng(6).integers(0, rows, 1000)
     evict([tmp_path / "big"])
+    return t, E, ids
+
+
+@needs_linux
+@pytest.mark.skipif(not _io_counts(), reason="/proc/self/io is not available")
+def test_cold_batch_reads_about_a_page_per_id(tmp_path):
+    """64 MiB table (default layout), pages evicted, 1,000 uniform ids: about one page per
+    id is read from disk (the whole table, or 8 MiB a fault, without the cold path)."""
+    t, E, ids = _cold_table(tmp_path, 262144, 64, "none")
     before = read_bytes()
     out = t.lookup(ids)
     used = read_bytes() - before
@@ -227,21 +234,7 @@ def test_cold_batch_faults_no_page_in_one_at_a_time(tmp_path, compression):
     read, so reading them takes (almost) no major fault, one serial disk read each.  (The
     zstd path read each chunk's stored checksum before its prefetch: a fault per chunk.)"""
     import resource
-    rows, dim = 65536, 256
-    E = np.random.default_rng(5).standard_normal((rows, dim)).astype(np.float32)
-    embstore.save(tmp_path / "big", E, compression=compression).close()
-    t = embstore.open(tmp_path / "big", cache_bytes=0)
-    t.lookup(np.arange(0, rows, 4096))  # every shard index read once (as in a live process)
-    probe = tmp_path / "probe"
-    probe.write_bytes(os.urandom(1 << 20))
-    evict([probe])
-    before = read_bytes()
-    probe.read_bytes()
-    if read_bytes() - before < (1 << 19):
-        t.close()
-        pytest.skip("this file system does not count reads (tmpfs?)")
-    ids = np.random.default_rng(6).integers(0, rows, 1000)
-    evict([tmp_path / "big"])
+    t, E, ids = _cold_table(tmp_path, 65536, 256, compression)
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     out = t.lookup(ids)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - f0
