@@ -1,5 +1,7 @@
-"""The approximate index (embstore/ann.py): recall against the exact scan, exclusions,
-stale detection after write/append, the durable layout, the CLI, the missing extra."""
+"""The approximate index (embstore/ann.py, embstore/ann_ivf.py): recall against the exact
+scan, exclusions, stale detection after write/append, the durable layout, the streamed
+build against FAISS's own in-RAM build, a moved table, a forked child, an index of an older
+embstore (usearch), the CLI, the missing extra."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 import embstore
-from embstore.ann import INDEX_FILE, META_FILE, StaleIndexWarning, index_info, index_path
+from embstore.ann import META_FILE, StaleIndexWarning, index_info, index_path
+from embstore.ann_ivf import DATA_FILE, INDEX_FILE
 from embstore.cli import cli
 
-pytest.importorskip("usearch")
+faiss = pytest.importorskip("faiss")
 REPO = Path(__file__).resolve().parents[1]
 K = 10
 
@@ -36,7 +39,7 @@ def indexed(tmp_path_factory):
     a = _clustered()
     a[17] = 0  # a zero row: no cosine, never a neighbour
     embstore.save(path, a, keys=[f"w{i}" for i in range(len(a))]).close()
-    meta = embstore.build_index(path, connectivity=16, expansion_add=64)
+    meta = embstore.build_index(path)
     return path, a, meta
 
 
@@ -51,11 +54,13 @@ def _numpy_top(a: np.ndarray, q: np.ndarray, k: int = K) -> np.ndarray:
 def test_recall_on_a_clustered_set(indexed):
     path, a, meta = indexed
     assert meta["indexed_rows"] == len(a) - 1 and meta["metric"] == "cos"
+    assert meta["library"] == "faiss" and meta["nlist"] == 55  # about sqrt(rows)
+    assert meta["calibration"]["recall_at_10"] >= 0.99 and 1 <= meta["nprobe"] <= 55
     rng = np.random.default_rng(1)
     qs = a[rng.integers(0, len(a), 100)] + 0.2 * rng.standard_normal((100, a.shape[1]))
     with embstore.open(path) as t:
         ids, scores = embstore.Embedding(t).most_similar(qs.astype(np.float32), k=K,
-                                                         approx=True, ef=64)
+                                                         approx=True)
     recall = np.mean([len(set(ids[j]) & set(_numpy_top(a, qs[j]))) / K for j in range(100)])
     assert recall >= 0.95
     assert 17 not in ids
@@ -86,10 +91,9 @@ def test_other_metrics(tmp_path):
     embstore.save(tmp_path / "t", a).close()
     q = a[3] * 2
     for metric in ("ip", "l2"):
-        embstore.build_index(tmp_path / "t", metric=metric, overwrite=True,
-                             expansion_add=64)
+        embstore.build_index(tmp_path / "t", metric=metric, overwrite=True)
         with embstore.open(tmp_path / "t") as t:
-            ids, scores = embstore.Embedding(t).most_similar(q, k=5, approx=True, ef=128)
+            ids, scores = embstore.Embedding(t).most_similar(q, k=5, approx=True)
         want = np.argsort(-(a @ q))[:5] if metric == "ip" else \
             np.argsort(np.linalg.norm(a - q, axis=1))[:5]
         assert len(set(ids.tolist()) & set(want.tolist())) >= 4, metric
@@ -103,7 +107,7 @@ def test_stale_after_write_and_append_falls_back_to_exact(tmp_path):
     a = _clustered(1000, 8)
     path = tmp_path / "t"
     embstore.save(path, a).close()
-    embstore.build_index(path, expansion_add=32)
+    embstore.build_index(path)
     assert index_info(path)["stale"] is False
     for change in ("write", "append"):
         with embstore.open(path, mode="r+") as t:
@@ -117,7 +121,7 @@ def test_stale_after_write_and_append_falls_back_to_exact(tmp_path):
             exact, _ = embstore.Embedding(t).most_similar(a[9], k=5)
             np.testing.assert_array_equal(ids, exact)
         assert "stale" in str(embstore.verify(path))
-        embstore.build_index(path, expansion_add=32, overwrite=True)
+        embstore.build_index(path, overwrite=True)
         assert index_info(path)["stale"] is False
         assert "up to date" in str(embstore.verify(path))
         with embstore.open(path) as t, warnings.catch_warnings():
@@ -132,17 +136,24 @@ def test_index_files_and_refusals(tmp_path):
     with embstore.open(path) as t:
         with pytest.raises(embstore.IndexNotFoundError, match="has no approximate index"):
             embstore.Embedding(t).most_similar(a[0], approx=True)
-    embstore.build_index(path, expansion_add=32)
+    embstore.build_index(path)
     d = index_path(path)
     assert d == path / "vectors" / ".embstore" / "ann"
-    assert sorted(os.listdir(d)) == [INDEX_FILE, META_FILE]
+    assert sorted(os.listdir(d)) == sorted([INDEX_FILE, DATA_FILE, META_FILE])
     assert [n for n in os.listdir(d.parent) if n.startswith("ann")] == ["ann"]  # no temp
     with pytest.raises(embstore.DestinationExistsError, match="overwrite=True"):
         embstore.build_index(path)
     meta = json.loads((d / META_FILE).read_text())
-    assert meta["table_rows"] == 500 and meta["dim"] == 8 and meta["library"] == "usearch"
+    assert meta["table_rows"] == 500 and meta["dim"] == 8 and meta["library"] == "faiss"
     with pytest.raises(ValueError, match="metric"):
         embstore.build_index(path, metric="hamming", overwrite=True)
+    with pytest.raises(ValueError, match="dtype"):
+        embstore.build_index(path, dtype="i8", overwrite=True)
+    with pytest.raises(ValueError, match="give one"):
+        embstore.build_index(path, nprobe=3, expansion_search=4, overwrite=True)
+    with pytest.warns(DeprecationWarning, match="connectivity: HNSW settings, ignored"):
+        assert embstore.build_index(path, connectivity=32, expansion_search=5,
+                                    overwrite=True)["nprobe"] == 5
     import zarr  # Zarr readers do not see the index
     assert sorted(dict(zarr.open_group(str(path), mode="r").members())) == ["norms", "vectors"]
     (d / META_FILE).write_text("{not json")
@@ -158,12 +169,13 @@ def test_cli_index_and_similar_approx(tmp_path):
     r = CliRunner()
     res = r.invoke(cli, ["similar", str(path), "w1", "--approx"])
     assert res.exit_code == 1 and "has no approximate index" in res.output
-    res = r.invoke(cli, ["index", str(path), "--expansion-add", "64", "--json"])
+    res = r.invoke(cli, ["index", str(path), "--nlist", "20", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["indexed_rows"] == 1500
+    assert json.loads(res.output)["nlist"] == 20
     res = r.invoke(cli, ["index", str(path)])
     assert res.exit_code == 1 and "--overwrite" in res.output
-    res = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--approx", "--ef", "64",
+    res = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--approx", "--ef", "20",
                          "--json"])
     assert res.exit_code == 0, res.output
     got = [n["id"] for n in json.loads(res.output)["neighbours"]]
@@ -179,7 +191,7 @@ def test_cli_index_and_similar_approx(tmp_path):
 
 def test_missing_extra_names_it(tmp_path):
     embstore.save(tmp_path / "t", _clustered(100, 4)).close()
-    code = ("import sys; sys.modules['usearch'] = None; sys.modules['usearch.index'] = None\n"
+    code = ("import sys; sys.modules['faiss'] = None\n"
             "import embstore\n"
             "try:\n    embstore.build_index(sys.argv[1])\n"
             "except embstore.MissingDependencyError as e:\n    print(e.extra, e)\n")
@@ -187,3 +199,100 @@ def test_missing_extra_names_it(tmp_path):
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert out.stdout.startswith("ann "), out.stderr
     assert "pip install 'embstore[ann]'" in out.stdout
+
+
+def _lists(index) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each list of a FAISS IVFFlat index: (ids, vectors), ordered by id."""
+    inv, out = index.invlists, {}
+    for j in range(index.nlist):
+        n = inv.list_size(j)
+        if n:
+            ids = faiss.rev_swig_ptr(inv.get_ids(j), n).copy()
+            vec = faiss.rev_swig_ptr(inv.get_codes(j), n * index.code_size).copy()
+            vec = vec.view(np.float32).reshape(n, index.d)
+            order = np.argsort(ids)
+            out[j] = (ids[order], vec[order])
+    return out
+
+
+def test_streamed_build_equals_faiss_in_ram(tmp_path, monkeypatch):
+    """Many small blocks written at their lists' offsets: the same lists as FAISS's own
+    IndexIVFFlat.add of every row at once, with the index's trained centroids."""
+    import embstore.ann_ivf as ann_ivf
+    monkeypatch.setattr(ann_ivf, "_BLOCK_BYTES", 64 * 4 * 12)  # 64 rows a block
+    a = _clustered(2000, 12, clusters=15, seed=3)
+    a[[4, 900]] = 0
+    path = tmp_path / "t"
+    embstore.save(path, a).close()
+    meta = embstore.build_index(path, nlist=16)
+    assert meta["indexed_rows"] == 1998 and meta["nlist"] == 16
+    with embstore.open(path) as t:
+        from embstore.ann import open_index
+        mapped = open_index(t).ivf.index
+        ref = faiss.IndexIVFFlat(faiss.downcast_index(mapped.quantizer), 12, 16,
+                                 faiss.METRIC_INNER_PRODUCT)
+        keep = np.linalg.norm(a, axis=1) > 0
+        unit = a[keep] / np.linalg.norm(a[keep], axis=1, keepdims=True)
+        ref.add_with_ids(unit, np.flatnonzero(keep).astype(np.int64))
+        got, want = _lists(mapped), _lists(ref)
+        assert got.keys() == want.keys()
+        for j in want:
+            np.testing.assert_array_equal(got[j][0], want[j][0])
+            np.testing.assert_allclose(got[j][1], want[j][1], rtol=1e-6, atol=1e-7)
+        assert os.path.getsize(index_path(t) / DATA_FILE) == 1998 * (12 * 4 + 8)
+
+
+def test_moved_table_still_searches(tmp_path):
+    a = _clustered(1200, 16)
+    embstore.save(tmp_path / "a", a).close()
+    embstore.build_index(tmp_path / "a", nprobe=4)
+    with embstore.open(tmp_path / "a") as t:
+        before, _ = embstore.Embedding(t).most_similar(a[3], k=5, approx=True)
+    os.rename(tmp_path / "a", tmp_path / "b")
+    with embstore.open(tmp_path / "b") as t:
+        after, scores = embstore.Embedding(t).most_similar(a[3], k=5, approx=True)
+    np.testing.assert_array_equal(before, after)
+    want = a[after] @ a[3] / np.linalg.norm(a[after], axis=1) / np.linalg.norm(a[3])
+    np.testing.assert_allclose(scores, want, rtol=1e-5)
+
+
+def test_search_in_a_forked_child(indexed):
+    """FAISS (OpenMP) searched in the parent, then in a forked child (a DataLoader worker)."""
+    import multiprocessing
+    path, a, _ = indexed
+    with embstore.open(path) as t:
+        want, _ = embstore.Embedding(t).most_similar(a[:8], k=5, approx=True)
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply_async(_child_search, (str(path), a[:8])).get(timeout=120)
+    np.testing.assert_array_equal(got, want)
+
+
+def _child_search(path: str, q: np.ndarray) -> np.ndarray:
+    with embstore.open(path) as t:
+        return embstore.Embedding(t).most_similar(q, k=5, approx=True)[0]
+
+
+def test_an_older_usearch_index_still_searches(tmp_path):
+    """An index as embstore <= 0.4 wrote it (usearch HNSW, index.usearch) opens and searches."""
+    usearch = pytest.importorskip("usearch.index")
+    a = _clustered(600, 8)
+    path = tmp_path / "t"
+    embstore.save(path, a).close()
+    embstore.build_index(path)
+    meta = index_info(path)
+    d = index_path(path)
+    for name in (INDEX_FILE, DATA_FILE):
+        os.remove(d / name)
+    old = usearch.Index(ndim=8, metric="cos", connectivity=16, expansion_add=64)
+    old.add(np.arange(600, dtype=np.uint64), a)
+    old.save(str(d / "index.usearch"))
+    meta.pop("stale")
+    meta.update(library="usearch", expansion_search=64, connectivity=16)
+    (d / META_FILE).write_text(json.dumps(meta))
+    with embstore.open(path) as t:
+        ids, scores = embstore.Embedding(t).most_similar(a[7], k=5, approx=True)
+    want = np.argsort(-(a @ a[7]) / np.linalg.norm(a, axis=1))[:6]
+    assert len(set(ids.tolist()) & set(want.tolist())) >= 4 and 7 not in ids
+    np.testing.assert_allclose(scores[0], a[ids[0]] @ a[7] / np.linalg.norm(a[ids[0]])
+                               / np.linalg.norm(a[7]), rtol=1e-4)

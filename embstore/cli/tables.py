@@ -167,7 +167,8 @@ def repair_cmd(path, as_json, quiet):
               help="Ask the table's approximate index (built by `embstore index`); a stale "
                    "index warns and the search runs exactly.")
 @click.option("--ef", type=click.IntRange(min=1), default=None,
-              help="Search effort of --approx (default: the index's expansion_search).")
+              help="Search effort of --approx: lists scanned per query (default: the index's "
+                   "nprobe, chosen when it was built).")
 @options
 def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
     """The K rows most cosine-similar to each QUERY: a key, or a row id with --ids (or when
@@ -223,33 +224,41 @@ def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
 @click.argument("table", type=TABLE)
 @click.option("--metric", type=click.Choice(METRICS), default="cos", show_default=True,
               help="cos (cosine), ip (inner product) or l2 (Euclidean).")
-@click.option("--connectivity", type=click.IntRange(min=2), default=16, show_default=True,
-              help="HNSW graph degree (M): more is larger, slower to build, better recall.")
-@click.option("--expansion-add", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Build effort (ef_construction): more is slower, better recall.")
-@click.option("--expansion-search", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Default search effort (similar --ef overrides it).")
+@click.option("--nlist", type=click.IntRange(min=1), default=None,
+              help="Lists (k-means centroids) of the IVF index [default: about sqrt(rows)].")
+@click.option("--nprobe", "--expansion-search", "nprobe", type=click.IntRange(min=1),
+              default=None, help="Default search effort, lists scanned per query (similar "
+              "--ef overrides it) [default: the smallest reaching --recall on a sample].")
+@click.option("--recall", type=click.FloatRange(min=0, max=1, min_open=True), default=0.99,
+              show_default=True, help="recall@10 the default search effort is chosen for.")
+@click.option("--connectivity", type=click.IntRange(min=2), default=None, hidden=True,
+              help="HNSW setting of embstore <= 0.4: ignored.")
+@click.option("--expansion-add", type=click.IntRange(min=1), default=None, hidden=True,
+              help="HNSW setting of embstore <= 0.4: ignored.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index.")
 @options
-def index_cmd(table, metric, connectivity, expansion_add, expansion_search, overwrite,
+def index_cmd(table, metric, nlist, nprobe, recall, connectivity, expansion_add, overwrite,
               as_json, quiet):
-    """Build the approximate index of TABLE (usearch HNSW, stored inside the table at
-    vectors/.embstore/ann/, opened memory-mapped by `similar --approx`).  Rows are read in
-    blocks; after a write or append the index is stale until built again.
+    """Build the approximate index of TABLE (a FAISS IVF index stored inside the table at
+    vectors/.embstore/ann/; `similar --approx` maps its lists, reading only the centroids).
+    Rows are read in blocks, twice; after a write or append the index is stale until built
+    again.
 
     \b
     Example:
-      embstore index news.emb --connectivity 32 --overwrite
+      embstore index news.emb --nlist 4096 --overwrite
     """
+    if connectivity is not None or expansion_add is not None:
+        say("Warning: --connectivity and --expansion-add are HNSW settings, ignored (the "
+            "index is an IVF index: --nlist, --nprobe)", quiet)
     with open_table(table) as t, progress("indexing", quiet=quiet or as_json) as tick:
-        meta = build_index(t, metric=metric, connectivity=connectivity,
-                           expansion_add=expansion_add, expansion_search=expansion_search,
+        meta = build_index(t, metric=metric, nlist=nlist, nprobe=nprobe, recall=recall,
                            overwrite=overwrite, progress=tick)
     if as_json:
         print_json(meta)
     else:
-        say(f"indexed {meta['indexed_rows']} rows of {table} ({metric}, "
-            f"{meta['build_seconds']:.1f} s)", quiet)
+        say(f"indexed {meta['indexed_rows']} rows of {table} ({metric}, {meta['nlist']} "
+            f"lists, search effort {meta['nprobe']}, {meta['build_seconds']:.1f} s)", quiet)
 
 
 @click.command("demo", short_help="Run the main job end to end (a tour).")
