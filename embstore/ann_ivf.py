@@ -147,7 +147,8 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         index.cp.niter = 10
         index.cp.spherical = metric == "cos"
         index.cp.seed = 1
-        index.cp.max_points_per_centroid = 64  # the sample is the training set: no warning
+        index.cp.max_points_per_centroid = 64  # the sample is the training set
+        index.cp.min_points_per_centroid = 1  # a small table: fewer rows a list, no warning
         index.train(train)
         train_s = time.perf_counter() - t0
         block = max(256, _BLOCK_BYTES // (4 * max(dim, 1)))
@@ -270,6 +271,11 @@ class IvfIndex:
             raise IndexNotFoundError(f"{name}: not a readable FAISS index "
                                      f"({str(exc).splitlines()[0][:200]})",
                                      path=str(name)) from None
+        lists = faiss.downcast_InvertedLists(self.index.invlists)
+        if isinstance(lists, faiss.OnDiskInvertedLists):
+            # no prefetch threads: page faults bring the probed lists in; and its threads
+            # and locks do not survive fork (a search in a forked child crashed)
+            lists.prefetch_nthread = 0
         self.nlist = int(self.index.nlist)
         self.ntotal = int(self.index.ntotal)
         self.dim = int(self.index.d)

@@ -291,7 +291,7 @@ def test_an_older_usearch_index_still_searches(tmp_path):
     meta.update(library="usearch", expansion_search=64, connectivity=16)
     (d / META_FILE).write_text(json.dumps(meta))
     with embstore.open(path) as t:
-        ids, scores = embstore.Embedding(t).most_similar(a[7], k=5, approx=True)
+        ids, scores = embstore.Embedding(t).most_similar(7, k=5, approx=True)
     want = np.argsort(-(a @ a[7]) / np.linalg.norm(a, axis=1))[:6]
     assert len(set(ids.tolist()) & set(want.tolist())) >= 4 and 7 not in ids
     np.testing.assert_allclose(scores[0], a[ids[0]] @ a[7] / np.linalg.norm(a[ids[0]])
