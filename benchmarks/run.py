@@ -62,7 +62,7 @@ CONFIGS = {
                 "zstd_table": (1_000_000, 256)},
         "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 7, "slow_reps": 3},
         "search": {"rows": 1_000_000, "dim": 256, "reps": 5, "batch": 32, "ann_rows": 1_000_000,
-                   "ann_dim": 256, "clusters": 1000, "queries": 200, "ef": 512,
+                   "ann_dim": 256, "clusters": 1000, "queries": 200, "ef": None,
                    "connectivity": 16, "expansion_add": 64, "peer_rows": 50_000,
                    "minilm": True},
     },
@@ -85,7 +85,7 @@ CONFIGS = {
                 "zstd_table": (65_536, 256)},
         "remote": {"rows": 100_000, "dim": 256, "ids": [32, 128], "reps": 3, "slow_reps": 1},
         "search": {"rows": 50_000, "dim": 256, "reps": 3, "batch": 32, "ann_rows": 10_000,
-                   "ann_dim": 32, "clusters": 50, "queries": 50, "ef": 64, "connectivity": 16,
+                   "ann_dim": 32, "clusters": 50, "queries": 50, "ef": None, "connectivity": 16,
                    "expansion_add": 64, "peer_rows": 2_000, "minilm": False},
     },
     "smoke": {  # the test suite's run: every code path, tiny sizes, not a measurement
@@ -106,7 +106,7 @@ CONFIGS = {
                 "zstd_table": (4_000, 16)},
         "remote": {"rows": 5_000, "dim": 16, "ids": [4, 64], "reps": 2, "slow_reps": 1},
         "search": {"rows": 5_000, "dim": 16, "reps": 2, "batch": 4, "ann_rows": 2_000,
-                   "ann_dim": 16, "clusters": 20, "queries": 10, "ef": 32, "connectivity": 8,
+                   "ann_dim": 16, "clusters": 20, "queries": 10, "ef": None, "connectivity": 8,
                    "expansion_add": 32, "peer_rows": 500, "minilm": False},
     },
 }

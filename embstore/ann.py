@@ -40,6 +40,7 @@ import time
 import uuid
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -212,7 +213,7 @@ class AnnIndex:
         self.path, self.meta = path, meta
         self.metric = meta["metric"]
         self.ivf: IvfIndex | None = None
-        self.hnsw = None
+        self.hnsw: Any = None
         if meta.get("library", "usearch") == "faiss":
             self.ivf = IvfIndex(path)
             size = len(self.ivf)

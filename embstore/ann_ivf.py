@@ -113,11 +113,17 @@ class _Truth:
         return float(hit.sum() / total) if total else 1.0
 
 
-def _sample(t: ZarrTable, metric: str, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, vectors)`` of up to ``count`` random rows (prepared as the index stores)."""
+def _sample(t: ZarrTable, metric: str, count: int, seed: int, block: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, vectors)`` of up to ``count`` random rows (prepared as the index stores),
+    picked from the scan's blocks (the mapping the passes read: its pages count once)."""
     n = t.vocab_size
     ids = np.sort(np.random.default_rng(seed).choice(n, min(n, count), replace=False))
-    vec, keep = _prepare(metric, t.lookup(ids), None)
+    out = np.empty((len(ids), t.dim), np.float32)
+    for start, rows, _ in scan_blocks(t, block):  # a loop per block
+        a, z = np.searchsorted(ids, [start, start + len(rows)])
+        out[a:z] = rows[ids[a:z] - start]
+    vec, keep = _prepare(metric, out, None)
     return ids[keep], vec
 
 
@@ -135,7 +141,10 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
     try:
         t0 = time.perf_counter()
         cap = max(4 * nlist, _SAMPLE_BYTES // (4 * max(dim, 1)))
-        _, train = _sample(t, metric, min(64 * nlist, cap), seed=0)
+        block = max(256, _BLOCK_BYTES // (4 * max(dim, 1)))
+        s_ids, train = _sample(t, metric, min(40 * nlist, cap), seed=0, block=block)
+        pick = np.sort(np.random.default_rng(2).permutation(len(s_ids))[:_CALIBRATION_QUERIES])
+        q_ids, q_vec = s_ids[pick], train[pick]  # calibration queries: rows of the sample
         if len(train) == 0:  # no row to index (an empty table, or only zero rows)
             train = np.zeros((1, dim), np.float32)
         nlist = min(nlist, len(train))
@@ -151,7 +160,6 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         index.cp.min_points_per_centroid = 1  # a small table: fewer rows a list, no warning
         index.train(train)
         train_s = time.perf_counter() - t0
-        block = max(256, _BLOCK_BYTES // (4 * max(dim, 1)))
         labels = np.full(rows, -1, np.int32)
         for start, vec, norms in scan_blocks(t, block):  # pass 1: a loop per block
             x, keep = _prepare(metric, vec, norms)
@@ -168,7 +176,6 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         offsets = np.concatenate([[0], np.cumsum(sizes * np.uint64(code + 8))[:-1]])
         if nlist and int(lists.lists.at(nlist - 1).offset) != int(offsets[-1]):
             raise RuntimeError("faiss laid the lists out unexpectedly")  # a faiss change
-        q_ids, q_vec = _sample(t, metric, _CALIBRATION_QUERIES, seed=2)
         truth = _Truth(metric, q_ids, q_vec)
         fill = np.zeros(nlist, np.uint64)
         fd = os.open(dest / DATA_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)

