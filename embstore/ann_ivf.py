@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import IndexNotFoundError
+from .errors import EmbstoreError, IndexNotFoundError
 from .optional import require
 from .store.scan import scan_blocks
 from .store.table import ZarrTable
@@ -47,6 +47,10 @@ _CALIBRATION_QUERIES = 128
 _SAMPLE_BYTES = 256 << 20  # the k-means sample: at most this many bytes (or 4 rows a list)
 _K = 10
 _forked_hook = False
+
+
+class TableChangedError(EmbstoreError, RuntimeError):
+    """The table was written while its index was being built (build it again)."""
 
 
 def faiss_module():
@@ -172,7 +176,7 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         lists = faiss.OnDiskInvertedLists(nlist, code, DATA_FILE)
         lists.set_all_lists_sizes(faiss.swig_ptr(sizes))
         total = int((sizes * np.uint64(code + 8)).sum())
-        lists.totsize = total
+        lists.totsize = max(total, 8)  # FAISS cannot map an empty file
         offsets = np.concatenate([[0], np.cumsum(sizes * np.uint64(code + 8))[:-1]])
         if nlist and int(lists.lists.at(nlist - 1).offset) != int(offsets[-1]):
             raise RuntimeError("faiss laid the lists out unexpectedly")  # a faiss change
@@ -180,7 +184,7 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         fill = np.zeros(nlist, np.uint64)
         fd = os.open(dest / DATA_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.ftruncate(fd, total)
+            os.ftruncate(fd, max(total, 8))
             for start, vec, norms in scan_blocks(t, block):  # pass 2: a loop per block
                 x, keep = _prepare(metric, vec, norms)
                 ids = np.flatnonzero(keep).astype(np.int64) + start
@@ -202,7 +206,9 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         finally:
             os.close(fd)
         if not np.array_equal(fill, sizes):
-            raise RuntimeError(f"{t.path}: the table changed while its index was built")
+            raise TableChangedError(f"{t.path}: the table changed while its index was built "
+                                    f"(rows kept in pass 1: {int(sizes.sum())}, in pass 2: "
+                                    f"{int(fill.sum())}); build it again")
         index.replace_invlists(lists, True)
         lists.this.disown()
         index.ntotal = int(sizes.sum())
@@ -217,7 +223,7 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
                                 "target": recall},
                 "indexed_rows": int(sizes.sum()), "train_rows": int(len(train)),
                 "train_seconds": round(train_s, 3),
-                "index_bytes": os.path.getsize(dest / INDEX_FILE) + total}
+                "index_bytes": os.path.getsize(dest / INDEX_FILE) + max(total, 8)}
     finally:
         faiss.omp_set_num_threads(before)
 

@@ -296,3 +296,17 @@ def test_an_older_usearch_index_still_searches(tmp_path):
     assert len(set(ids.tolist()) & set(want.tolist())) >= 4 and 7 not in ids
     np.testing.assert_allclose(scores[0], a[ids[0]] @ a[7] / np.linalg.norm(a[ids[0]])
                                / np.linalg.norm(a[7]), rtol=1e-4)
+
+
+def test_tiny_and_all_zero_tables(tmp_path):
+    """One row; only zero rows (a cosine index of nothing: every place empty)."""
+    embstore.save(tmp_path / "one", np.ones((1, 4), np.float32)).close()
+    assert embstore.build_index(tmp_path / "one")["indexed_rows"] == 1
+    with embstore.open(tmp_path / "one") as t:
+        ids, scores = embstore.Embedding(t).most_similar(np.ones(4), k=3, approx=True)
+    assert ids.tolist() == [0] and np.allclose(scores, [1.0])
+    embstore.save(tmp_path / "zeros", np.zeros((5, 4), np.float32)).close()
+    assert embstore.build_index(tmp_path / "zeros")["indexed_rows"] == 0
+    with embstore.open(tmp_path / "zeros") as t:
+        ids, scores = embstore.Embedding(t).most_similar(np.ones(4), k=3, approx=True)
+    assert (ids == -1).all() and (scores == -np.inf).all()
