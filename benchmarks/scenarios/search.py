@@ -131,7 +131,7 @@ def clustered_npy(data_dir: Path, rows: int, dim: int, clusters: int, *, seed: i
 
 
 _BUILD = """
-import json, resource, sys, time
+import json, sys, time
 import faiss  # imports are not the build
 from embstore.ann import build_index
 def status(name):
@@ -141,8 +141,9 @@ def tick(done, total):  # the process's own memory, not the table's mapped file 
     anon[0] = max(anon[0], status("RssAnon"))
 t0 = time.perf_counter()
 meta = build_index(sys.argv[1], overwrite=True, progress=tick)
-print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss": resource.getrusage(
-    resource.RUSAGE_SELF).ru_maxrss * 1024, "baseline_rss": base, "peak_anon": anon[0],
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork + exec from the (large) parent
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss": status("VmHWM"),
+    "baseline_rss": base, "peak_anon": anon[0],
     "indexed": meta["indexed_rows"], "index_bytes": meta["index_bytes"]}))
 """
 
@@ -221,9 +222,10 @@ def _approx_case(ctx, res, cfg, label: str, path: Path, queries: np.ndarray, own
     ex = exact_one if exact_one is not None else m.get("embstore exact, 1 query")
     compare(res, f"approximate vs exact, 1 query, {label}", m.get(methods[0].name), ex,
             target=("faster", 50))
-    o = _child(_OPEN, path)
+    opens = [_child(_OPEN, path) for _ in range(3)]  # three fresh processes, cold
+    o = max(opens, key=lambda x: x["read_bytes"])
     res.measurements.append(Measurement(label, "index open (fresh process)", "embstore", "ms",
-                                        [o["seconds"] * 1e3], extra=o))
+                                        [x["seconds"] * 1e3 for x in opens], extra=o))
     c = absolute(res, f"index open, {label}", res.measurements[-1], at_most=100)
     if c is not None:
         c.embstore += f"; read {o['read_bytes']:,} B of a {o['index_bytes']:,} B index"
