@@ -35,20 +35,19 @@ from .topk import sort_desc, top_k_columns
 
 __all__ = ["cosine_top_k", "SCAN_BLOCK_BYTES", "scan_block_rows"]
 
-#: bytes of rows (and their scores) per block of a single query: a few MiB, so that the
-#: scores of a block are still in cache for the division and the comparison that follow
-SCAN_BLOCK_BYTES = 8 << 20
-#: the same for a batch of queries: larger, as the product runs closer to BLAS's best on
-#: more rows (1M x 256 f32, 32 queries: 32 MiB blocks ~15% faster than 8 MiB)
-BATCH_BLOCK_BYTES = 32 << 20
+#: bytes of rows per block: large enough that the per-block work (a few NumPy calls, a
+#: merge) is small against the product (1M x 256 f32: 32 MiB blocks measured ~15% faster
+#: than 8 MiB for 32 queries, ~30% for one), small enough that the scores of a block
+#: (``4 * rows * queries`` bytes) stay in cache for the division and comparison after it
+SCAN_BLOCK_BYTES = 32 << 20
+_MIN_PART_ROWS = 4096  # a block is split between the cores in parts of at least this
+_PARTS = min(4, os.cpu_count() or 1)  # parts a block is split in (one per core)
 
 
 def scan_block_rows(table: Table, n_queries: int) -> int:
-    """Rows per block: about ``SCAN_BLOCK_BYTES`` (``BATCH_BLOCK_BYTES`` for a batch of
-    queries) of rows plus their scores."""
+    """Rows per block: about ``SCAN_BLOCK_BYTES`` of rows plus their scores."""
     row_bytes = table.dim * table.dtype.itemsize + 4 * max(1, n_queries)
-    budget = SCAN_BLOCK_BYTES if n_queries <= 1 else BATCH_BLOCK_BYTES
-    return int(max(256, min(budget // row_bytes, max(1, table.vocab_size))))
+    return int(max(256, min(SCAN_BLOCK_BYTES // row_bytes, max(1, table.vocab_size))))
 
 
 _blas: threadpoolctl.ThreadpoolController | None = None
@@ -66,9 +65,13 @@ def _one_blas_thread():
 
 
 def _part(rows: np.ndarray, qt: np.ndarray, norms: np.ndarray, out: np.ndarray) -> None:
-    """``out = (rows @ qt) / norms`` (a zero row: 0 / 0, overwritten by the caller)."""
+    """``out = (rows @ qt) / norms`` (a zero row: 0 / 0, overwritten by the caller).
+    One query (``qt`` 1-D): ``einsum`` (memory speed from the strided view, one thread)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        np.matmul(rows, qt, out=out)
+        if qt.ndim == 1:
+            np.einsum("ij,j->i", rows, qt, out=out[:, 0])
+        else:
+            np.matmul(rows, qt, out=out)
         out /= norms[:, None]
 
 
@@ -77,9 +80,10 @@ def _scores(rows: np.ndarray, qt: np.ndarray, norms: np.ndarray, out: np.ndarray
     """``(rows @ qt) / norms`` into ``out`` (``(b, n)``), the rows split in ``parts``
     ranges computed at once (one on this thread, the others on the shared pool)."""
     b = rows.shape[0]
+    parts = max(1, min(parts, b // _MIN_PART_ROWS))
     cuts = [b * i // parts for i in range(parts + 1)]
     todo = [pool().submit(_part, rows[a:z], qt, norms[a:z], out[a:z])
-            for a, z in zip(cuts[1:-1], cuts[2:]) if z > a]
+            for a, z in zip(cuts[1:-1], cuts[2:])]
     _part(rows[:cuts[1]], qt, norms[:cuts[1]], out[:cuts[1]])
     for f in todo:
         f.result()
@@ -159,14 +163,13 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
     dtype = q.dtype
     low = -np.finfo(dtype).max  # an undefined cosine (reported as NaN)
     bad_q = np.flatnonzero(~(np.isfinite(q).all(axis=1) & q.any(axis=1)))
-    one = q[0] if n == 1 else None
-    qt = q.T
+    qt = q[0] if n == 1 else q.T
     best = _Best(n, k, dtype)
     buf: np.ndarray | None = None
     rows_per = block_rows or scan_block_rows(table, n)
-    parts = min(4, os.cpu_count() or 1) if n > 1 and rows_per >= 2048 else 1
-    sbuf = np.empty((rows_per, n), dtype) if n > 1 else None
-    with (_one_blas_thread() if parts > 1 else contextlib.nullcontext()), \
+    parts = _PARTS
+    sbuf = np.empty((rows_per, n), dtype)
+    with (_one_blas_thread() if parts > 1 and n > 1 else contextlib.nullcontext()), \
             np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for start, rows, norms in scan_blocks(table, rows_per, reuse=True):
             b = rows.shape[0]
@@ -177,11 +180,7 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
                 rows = buf[:b]
             if norms is None:
                 norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
-            if sbuf is None:
-                s = np.einsum("ij,j->i", rows, one).reshape(b, 1)
-                s /= norms[:, None]
-            else:  # (b, n), C-contiguous
-                s = _scores(rows, qt, norms, sbuf[:b], parts)
+            s = _scores(rows, qt, norms, sbuf[:b], parts)  # (b, n), C-contiguous
             undefined = np.flatnonzero(~((norms > 0) & (norms < np.inf)))
             if undefined.size:  # zero rows (0 / 0), rows of inf or NaN
                 s[undefined] = low

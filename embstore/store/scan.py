@@ -34,10 +34,10 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
     L = reader.layout
     cr = L.chunk_rows
     c0, c1 = a // cr, (b - 1) // cr + 1
-    off = sf.offsets[c0:c1]
     step = L.chunk_bytes + (4 if L.has_crc else 0)
-    if sf.mm is None or (off < 0).any() or (c1 - c0 > 1 and (np.diff(off) != step).any()):
+    if not sf.back_to_back(c0, c1, step):
         return None
+    off = sf.offsets[c0:c1]
     if not sf.all_verified:
         todo = c0 + np.flatnonzero(~sf.verified[c0:c1])
         if todo.size:
