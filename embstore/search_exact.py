@@ -90,6 +90,19 @@ def _scores(rows: np.ndarray, qt: np.ndarray, norms: np.ndarray, out: np.ndarray
     return out
 
 
+def _odd_rows(rows: np.ndarray, q: np.ndarray, low) -> np.ndarray:
+    """Cosines ``(r, n)`` of rows whose norm is 0 or does not fit their dtype (a float32
+    row past 1.8e19 in every element): scaled by their largest element in float64 first;
+    ``low`` where undefined (a zero row)."""
+    r = rows.astype(np.float64)
+    top = np.abs(r).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r /= top
+        s = (r @ q.T.astype(np.float64)) / np.sqrt(np.einsum("ij,ij->i", r, r))[:, None]
+    s[~np.isfinite(s)] = low
+    return s.astype(q.dtype)
+
+
 def _block_top(s: np.ndarray, k: int) -> np.ndarray:
     """Columns ``(n, min(k, b))``, ascending, of the ``k`` best rows of each column of the
     scores ``s`` (``(b, n)``; lowest rows among ties)."""
@@ -181,9 +194,9 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
             if norms is None:
                 norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
             s = _scores(rows, qt, norms, sbuf[:b], parts)  # (b, n), C-contiguous
-            undefined = np.flatnonzero(~((norms > 0) & (norms < np.inf)))
-            if undefined.size:  # zero rows (0 / 0), rows of inf or NaN
-                s[undefined] = low
+            odd = np.flatnonzero(~((norms > 0) & (norms < np.inf)))
+            if odd.size:  # zero rows (0 / 0), rows whose norm overflows
+                s[odd] = _odd_rows(rows[odd], q, low)
             if bad_q.size:
                 s[:, bad_q] = low
             lo, hi = np.searchsorted(exclude, (start, start + b))
