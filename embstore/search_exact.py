@@ -131,14 +131,19 @@ class _Best:
         self.thr = np.full(n, -np.inf, dtype)
         self.cap = 4 * n * k + 256  # more rows above the thresholds: partition the block
 
-    def add(self, s: np.ndarray, start: int) -> None:
+    def add(self, s: np.ndarray, start: int, head: bool = True) -> None:
         """Merge the scores ``s`` (``(b, n)``, C-contiguous) of rows ``start..``."""
         above = s > self.thr
         count = np.count_nonzero(above)
         if not count:
             return
-        n = s.shape[1]
+        b, n = s.shape
         if count > self.cap:
+            h = b // 4
+            if head and h * n > 4 * self.cap:  # (the first block) thresholds from a quarter
+                self.add(s[:h], start, False)
+                self.add(s[h:], start + h, False)
+                return
             cols = _block_top(s, self.k)
             self._merge(np.take_along_axis(s.T, cols, axis=1), cols + start)
             return

@@ -127,16 +127,17 @@ def split_small(monkeypatch):
     monkeypatch.setattr(se, "_PARTS", 3)
 
 
-@pytest.mark.parametrize("layout", ["one-row-chunks", "chunks-of-8"])
-@pytest.mark.parametrize("n", [1, 7])
-def test_split_scan_equals_numpy(tmp_path, rows, split_small, layout, n):
+@pytest.mark.parametrize("layout", ["one-row-chunks", "chunks-of-8", "default"])
+@pytest.mark.parametrize("n,k,block", [(1, 12, 250), (7, 12, 250), (8, 5, 2000)],
+                         ids=["one", "batch", "first-block-from-its-head"])
+def test_split_scan_equals_numpy(tmp_path, rows, split_small, layout, n, k, block):
     path = tmp_path / "t"
     embstore.save(path, rows, **LAYOUTS[layout]).close()
     qs = np.random.default_rng(3).standard_normal((n, D)).astype(np.float32)
     with embstore.open(path) as t:
-        ids, scores = most_similar(t, qs, k=12, block_rows=250, exclude=[5, 1999])
+        ids, scores = most_similar(t, qs, k=k, block_rows=block, exclude=[5, 1999])
     for j in range(n):
-        want, want_s = _ref(rows, qs[j], 12, skip=(5, 1999))
+        want, want_s = _ref(rows, qs[j], k, skip=(5, 1999))
         np.testing.assert_array_equal(ids[j], want)
         np.testing.assert_allclose(scores[j], want_s, rtol=1e-5, atol=1e-6)
 
