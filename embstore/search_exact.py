@@ -129,6 +129,7 @@ class _Best:
         self.vals = np.full((n, k), -np.inf, dtype)
         self.ids = np.full((n, k), -1, np.int64)
         self.thr = np.full(n, -np.inf, dtype)
+        self.empty = True  # nothing kept yet
         self.cap = 4 * n * k + 256  # more rows above the thresholds: partition the block
 
     def add(self, s: np.ndarray, start: int, head: bool = True) -> None:
@@ -161,6 +162,11 @@ class _Best:
         self._merge(v, i)
 
     def _merge(self, v: np.ndarray, i: np.ndarray) -> None:
+        if self.empty and v.shape[1] == self.k:  # the first block's best: nothing to merge
+            self.vals, self.ids, self.empty = v, np.ascontiguousarray(i), False
+            self.thr = v.min(axis=1)
+            return
+        self.empty = False
         vals = np.concatenate([self.vals, v], axis=1)  # kept (lower ids) first
         ids = np.concatenate([self.ids, i], axis=1)
         cols = top_k_columns(vals, self.k)
