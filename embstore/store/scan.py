@@ -6,7 +6,8 @@ chunk's 4-byte crc32c; zarr writes the chunks of a shard back to back.  A run of
 then one strided view of the shard's memory map: ``(rows, dim)`` with a row stride of
 ``row_bytes + 4`` when a chunk holds one row (BLAS takes such a matrix as is: a leading
 dimension larger than ``dim``), or ``(chunks, chunk_rows, dim)`` copied into one block
-(in cache) otherwise.  Each chunk's crc32c is checked on its first touch, as lookups do.
+otherwise (into one buffer reused from block to block with ``reuse=True``: no fresh pages
+to fault in per block).  Each chunk's crc32c is checked on its first touch, as lookups do.
 Anything else (compressed, quantised, another tool's layout, remote, in memory) reads its
 blocks through :meth:`Table.iter_blocks` (a copy).
 """
