@@ -127,6 +127,25 @@ class Subwords:
     def _take(self, ids: np.ndarray) -> np.ndarray:
         return self.source.take(np.ascontiguousarray(ids, dtype=np.int64))
 
+    def blocks(self, rows: int):
+        """The n-gram rows in order, ``rows`` at a time (checked reads)."""
+        for start in range(0, self.bucket, rows):
+            yield self._take(np.arange(start, min(self.bucket, start + rows)))
+
+    def copy_into(self, staging: str | os.PathLike[str], dtype: str, compression: str,
+                  block_bytes: int) -> None:
+        """Stream the n-gram matrix into the table being written at ``staging`` (stored
+        as ``dtype`` when it is a float an n-gram matrix takes, else as float32)."""
+        writer = NgramWriter(staging, dim=self.dim, rows=self.bucket, compression=compression,
+                             dtype=dtype if dtype in _DTYPES else "float32")
+        try:
+            for block in self.blocks(max(1, block_bytes // (8 * self.dim))):
+                writer.add(block)
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+
     def info(self) -> dict:
         return {"array": NGRAMS, "rows": self.bucket, "minn": self.minn, "maxn": self.maxn,
                 "hash": HASH_NAME}
