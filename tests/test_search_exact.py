@@ -204,3 +204,27 @@ def test_rising_scores_ties_across_blocks_and_odd_rows(tmp_path, split_small):
         np.testing.assert_array_equal(ids[0], want[:4])
         np.testing.assert_array_equal(ids[1:], [[0, 2, 3, 4]] * 2)
         assert np.isnan(scores[1:]).all()
+
+
+def test_concurrent_batches_restore_blas_threads(tmp_path, rows, split_small):
+    """Overlapping scans in several threads share one BLAS limit: the last one to end
+    restores the number of threads BLAS had before."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from concurrent.futures import ThreadPoolExecutor
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    path = tmp_path / "t"
+    embstore.save(path, rows).close()
+    qs = np.random.default_rng(9).standard_normal((6, D)).astype(np.float32)
+    want = [_ref(rows, q, 7)[0] for q in qs]
+    with embstore.open(path) as t, ThreadPoolExecutor(4) as ex:
+        runs = [ex.submit(most_similar, t, qs, k=7, block_rows=100) for _ in range(12)]
+        for r in runs:
+            ids, _ = r.result()
+            for j in range(6):
+                np.testing.assert_array_equal(ids[j], want[j])
+    assert blas_threads() == before
