@@ -116,3 +116,115 @@ def test_exclusions_ties_zero_rows_and_k_beyond_the_table(tmp_path):
         z_ids, z_scores = most_similar(t, np.zeros(4), k=3)  # a zero query: all undefined
     np.testing.assert_array_equal(z_ids, [0, 1, 2])
     assert np.isnan(z_scores).all()
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    """Blocks split between 3 threads in parts of 16 rows (the scan's parallel product
+    runs on the small tables of these tests)."""
+    import embstore.search_exact as se
+    monkeypatch.setattr(se, "_MIN_PART_ROWS", 16)
+    monkeypatch.setattr(se, "_PARTS", 3)
+
+
+@pytest.mark.parametrize("layout", ["one-row-chunks", "chunks-of-8", "default"])
+@pytest.mark.parametrize("n,k,block", [(1, 12, 250), (7, 12, 250), (8, 5, 2000)],
+                         ids=["one", "batch", "first-block-from-its-head"])
+def test_split_scan_equals_numpy(tmp_path, rows, split_small, layout, n, k, block):
+    path = tmp_path / "t"
+    embstore.save(path, rows, **LAYOUTS[layout]).close()
+    qs = np.random.default_rng(3).standard_normal((n, D)).astype(np.float32)
+    with embstore.open(path) as t:
+        ids, scores = most_similar(t, qs, k=k, block_rows=block, exclude=[5, 1999])
+    for j in range(n):
+        want, want_s = _ref(rows, qs[j], k, skip=(5, 1999))
+        np.testing.assert_array_equal(ids[j], want)
+        np.testing.assert_allclose(scores[j], want_s, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_holds_blas_to_one_thread_and_restores_it(tmp_path, rows, split_small,
+                                                        monkeypatch):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import embstore.search_exact as se
+    before = [i["num_threads"] for i in threadpoolctl.threadpool_info()
+              if i["user_api"] == "blas"]
+    seen = []
+    real = se._part
+
+    def spy(*args):
+        seen.extend(i["num_threads"] for i in threadpoolctl.threadpool_info()
+                    if i["user_api"] == "blas")
+        real(*args)
+
+    monkeypatch.setattr(se, "_part", spy)
+    path = tmp_path / "t"
+    embstore.save(path, rows).close()
+    with embstore.open(path) as t:
+        most_similar(t, rows[:4], k=3)
+    assert seen and set(seen) == {1}
+    assert [i["num_threads"] for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas"] == before
+
+
+def test_rising_scores_ties_across_blocks_and_odd_rows(tmp_path, split_small):
+    """Rows in rising cosine order (every block beats the running threshold: the block is
+    partitioned), runs of ties across block boundaries (lower ids win), zero rows (below
+    every real neighbour), a row whose norm overflows float32 (stored as inf: still its
+    true cosine), queries that are zero or NaN (every score undefined)."""
+    n, d = 600, 8
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal(d).astype(np.float32)
+    q /= np.linalg.norm(q)
+    base = rng.standard_normal(d).astype(np.float32)
+    base -= (base @ q) * q  # orthogonal to q
+    base /= np.linalg.norm(base)
+    c = np.repeat(np.linspace(-0.9, 0.9, n // 20), 20).astype(np.float32)  # runs of 20 ties
+    a = (c[:, None] * q + np.sqrt(1 - c[:, None] ** 2) * base).astype(np.float32)
+    a[[590, 595, 597]] = 0
+    a[593] = (q / np.abs(q).max() * 3e38).astype(np.float32)  # cosine 1, norm > f32 max
+    path = tmp_path / "t"
+    embstore.save(path, a, chunk_rows=1, shard_rows=128).close()
+    with embstore.open(path) as t:
+        stored = t.to_numpy().astype(np.float64)
+        norm = np.linalg.norm(stored, axis=1)
+        key = np.where(norm == 0, -np.inf, (stored @ q) / np.where(norm == 0, 1, norm))
+        want = np.lexsort((np.arange(n), -key))  # descending score, lower id first
+        assert want[0] == 593
+        for k in (5, 30, 600):
+            ids, scores = most_similar(t, np.stack([q, q]), k=k, block_rows=64)
+            np.testing.assert_array_equal(ids[0], want[:k])
+            np.testing.assert_array_equal(ids[1], want[:k])
+        ids, scores = most_similar(t, q, k=600, block_rows=64)
+        np.testing.assert_array_equal(ids, want)
+        assert scores[0] == pytest.approx(1.0, abs=1e-6)
+        np.testing.assert_array_equal(ids[-3:], [590, 595, 597])  # undefined, by id
+        assert np.isnan(scores[-3:]).all() and np.isfinite(scores[:-3]).all()
+        qs = np.stack([q, np.zeros(d, np.float32), np.full(d, np.nan, np.float32)])
+        ids, scores = most_similar(t, qs, k=4, block_rows=64, exclude=[1])
+        np.testing.assert_array_equal(ids[0], want[:4])
+        np.testing.assert_array_equal(ids[1:], [[0, 2, 3, 4]] * 2)
+        assert np.isnan(scores[1:]).all()
+
+
+def test_concurrent_batches_restore_blas_threads(tmp_path, rows, split_small):
+    """Overlapping scans in several threads share one BLAS limit: the last one to end
+    restores the number of threads BLAS had before."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from concurrent.futures import ThreadPoolExecutor
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    path = tmp_path / "t"
+    embstore.save(path, rows).close()
+    qs = np.random.default_rng(9).standard_normal((6, D)).astype(np.float32)
+    want = [_ref(rows, q, 7)[0] for q in qs]
+    with embstore.open(path) as t, ThreadPoolExecutor(4) as ex:
+        runs = [ex.submit(most_similar, t, qs, k=7, block_rows=100) for _ in range(12)]
+        for r in runs:
+            ids, _ = r.result()
+            for j in range(6):
+                np.testing.assert_array_equal(ids[j], want[j])
+    assert blas_threads() == before

@@ -6,7 +6,8 @@ chunk's 4-byte crc32c; zarr writes the chunks of a shard back to back.  A run of
 then one strided view of the shard's memory map: ``(rows, dim)`` with a row stride of
 ``row_bytes + 4`` when a chunk holds one row (BLAS takes such a matrix as is: a leading
 dimension larger than ``dim``), or ``(chunks, chunk_rows, dim)`` copied into one block
-(in cache) otherwise.  Each chunk's crc32c is checked on its first touch, as lookups do.
+otherwise (into one buffer reused from block to block with ``reuse=True``: no fresh pages
+to fault in per block).  Each chunk's crc32c is checked on its first touch, as lookups do.
 Anything else (compressed, quantised, another tool's layout, remote, in memory) reads its
 blocks through :meth:`Table.iter_blocks` (a copy).
 """
@@ -26,16 +27,18 @@ from .table import ZarrTable
 __all__ = ["scan_blocks"]
 
 
-def _view(reader: ShardReader, sf: ShardFile, a: int, b: int) -> np.ndarray | None:
+def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
+          buf: list | None) -> np.ndarray | None:
     """Rows ``a..b-1`` of shard ``sf`` (shard-relative) without a copy when the chunks lie
-    back to back (else None: the caller reads them)."""
+    back to back (else None: the caller reads them).  Chunks of several rows are copied
+    into one block (into ``buf[0]``, reused from block to block, when ``buf`` is given)."""
     L = reader.layout
     cr = L.chunk_rows
     c0, c1 = a // cr, (b - 1) // cr + 1
-    off = sf.offsets[c0:c1]
     step = L.chunk_bytes + (4 if L.has_crc else 0)
-    if sf.mm is None or (off < 0).any() or (c1 - c0 > 1 and (np.diff(off) != step).any()):
+    if not sf.back_to_back(c0, c1, step):
         return None
+    off = sf.offsets[c0:c1]
     if not sf.all_verified:
         todo = c0 + np.flatnonzero(~sf.verified[c0:c1])
         if todo.size:
@@ -48,17 +51,24 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int) -> np.ndarray | No
     v3 = np.ndarray((c1 - c0, cr, L.dim), dtype=L.dtype, buffer=sf.mm, offset=int(off[0]),
                     strides=(step, L.row_bytes, item))
     first = a - c0 * cr
-    return v3.reshape(-1, L.dim)[first: first + b - a]  # (a copy of the chunks, in cache)
+    if buf is None:
+        return v3.reshape(-1, L.dim)[first: first + b - a]  # (a copy of the chunks)
+    need = (c1 - c0) * cr
+    if buf[0] is None or buf[0].shape[0] < need or buf[0].dtype != L.dtype or \
+            buf[0].shape[1] != L.dim:
+        buf[0] = np.empty((need, L.dim), L.dtype)
+    np.copyto(buf[0][:need].reshape(c1 - c0, cr, L.dim), v3)
+    return buf[0][first: first + b - a]
 
 
-def _read(source, start: int, stop: int) -> np.ndarray:
+def _read(source, start: int, stop: int, buf: list | None = None) -> np.ndarray:
     """Rows ``start..stop-1`` of ``source``: a view when it can be one, else a copy."""
     if type(source) is ShardSource and source.layout["compression"] == "none":
         reader = source.reader
         sr = reader.layout.shard_rows
         k = start // sr
         if stop <= (k + 1) * sr:
-            rows = _view(reader, reader.shard(k), start - k * sr, stop - k * sr)
+            rows = _view(reader, reader.shard(k), start - k * sr, stop - k * sr, buf)
             if rows is not None:
                 return rows
     return source.read(start, stop)
@@ -74,16 +84,20 @@ def _bounds(n: int, block_rows: int, *sources) -> Iterator[tuple[int, int]]:
         start = stop
 
 
-def scan_blocks(table: Table, block_rows: int) -> Iterator[tuple[int, np.ndarray,
-                                                                 np.ndarray | None]]:
+def scan_blocks(table: Table, block_rows: int, *, reuse: bool = False
+                ) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
     """``(start, rows, norms)`` for consecutive blocks of at most ``block_rows`` rows of
     ``table``; ``norms`` (1-D) are the rows' stored norms (None when the table stores
-    none).  ``rows`` and ``norms`` may be read-only views of the table's files."""
+    none).  ``rows`` and ``norms`` may be read-only views of the table's files; with
+    ``reuse``, rows copied out of chunks of several rows go to one buffer reused from block
+    to block (a block is then valid until the next one is asked for)."""
     if not isinstance(table, ZarrTable):
         for start, rows in table.iter_blocks(block_rows):
             yield start, rows, None
         return
     src, norms = table.row_source, table.norms_source
+    rbuf: list | None = [None] if reuse else None
     for start, stop in _bounds(table.vocab_size, block_rows, src, norms):
-        rows = _read(src, start, stop) if type(src) is ShardSource else table[start:stop]
+        rows = _read(src, start, stop, rbuf) if type(src) is ShardSource else \
+            table[start:stop]
         yield start, rows, None if norms is None else _read(norms, start, stop)[:, 0]

@@ -29,6 +29,7 @@ class ShardFile:
         self.verified = np.zeros(n, dtype=bool)
         self.all_verified = False
         self.ident = None
+        self._whole: tuple[int, bool] | None = None  # back_to_back of the whole shard
         # size, index and map all from one open file: a writer may rename a new shard into
         # place at any moment, and the size of one file with the bytes of another is garbage.
         # The mapping keeps no descriptor (a table of 10,000 shards under ulimit -n 1024).
@@ -95,6 +96,21 @@ class ShardFile:
         if layout.compression == "none" and data_len >= rb:
             self.rowview = np.ndarray(shape=(data_len - rb + 1,), dtype=np.dtype((np.void, rb)),
                                       buffer=mm, offset=0, strides=(1,))
+
+    def back_to_back(self, c0: int, c1: int, step: int) -> bool:
+        """Whether inner chunks ``c0..c1-1`` are all present and stored back to back,
+        ``step`` bytes apart (the whole shard is checked once, then remembered)."""
+        whole = self._whole
+        if whole is None or whole[0] != step:
+            off = self.offsets
+            whole = (step, bool(self.mm is not None and (off >= 0).all()
+                                and (np.diff(off) == step).all()))
+            self._whole = whole
+        if whole[1]:
+            return True
+        off = self.offsets[c0:c1]
+        return self.mm is not None and bool((off >= 0).all()) and \
+            bool((np.diff(off) == step).all())
 
     def willneed(self, lo: int, hi: int) -> None:
         """Start reading bytes ``lo:hi`` of the file (before a sequential copy of them)."""
