@@ -177,6 +177,23 @@ def test_oov_subword_lookup(model):
         np.testing.assert_array_equal(emb([0, 1]), t.lookup([0, 1]))  # ids still work
 
 
+@pytest.mark.parametrize("dtype", [None, "float16", "int8"])
+def test_save_copies_ngrams(model, dtype):
+    """A saved copy of a fastText table keeps its n-grams: unknown words still get vectors."""
+    path, _, ngrams = model
+    src, copy = path.parent / "t.emb", path.parent / "copy.emb"
+    embstore.import_file(path, src, format="fasttext-bin")
+    unknown = ["thee", "königsberger", "naive", "o"]
+    with embstore.open(src) as t, embstore.save(copy, t, dtype=dtype, shard_rows=8) as c:
+        assert c.subwords is not None and c.subwords.bucket == 97
+        assert list(c.keys) == list(t.keys)
+        want = np.stack([ref_vector(u, None, ngrams, 2, 5) for u in unknown])
+        tol = 2e-3 if dtype == "float16" else 1e-6  # int8 rows: n-grams stay float32
+        np.testing.assert_allclose(c.lookup_keys(unknown, oov="subword"), want, atol=tol)
+        np.testing.assert_allclose(c.subwords.vectors(unknown), want, atol=tol)
+    assert embstore.verify(copy).ok and "ngrams" in embstore.verify(copy).arrays
+
+
 def test_subword_needs_ngrams(tmp_path):
     mem = embstore.MemoryTable(np.ones((2, 3), np.float32), keys=["a", "b"])
     with pytest.raises(InvalidOptionError, match="subword n-grams"):

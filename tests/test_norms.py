@@ -4,11 +4,9 @@ checked by verify; tables without them still search (and can get them later)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -20,8 +18,8 @@ import embstore
 from embstore.cli import cli
 from embstore.store.commit import Transaction
 from embstore.store.normsource import has_norms, store_norms
+from killchild import child_script, run_child
 
-REPO = Path(__file__).resolve().parents[1]
 DTYPES = ["float32", "float16", "float64", "bfloat16", "int8"]
 
 
@@ -152,35 +150,17 @@ def test_tables_without_norms_search_and_get_them_later(tmp_path):
     assert embstore.verify(path).ok
 
 
-CHILD = r"""
-import os, signal, sys
-import numpy as np
-path, op, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
-calls = [0]
-def wrap(fn):
-    def inner(*a, **k):
-        calls[0] += 1
-        if calls[0] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return fn(*a, **k)
-    return inner
-import embstore
-with embstore.open(path, mode="r+") as t:
-    for name in ("replace", "rename", "fsync", "mkdir"):
-        setattr(os, name, wrap(getattr(os, name)))
+CHILD = child_script("""
     if op == "append":
         t.append(np.full((150, 8), 7.0, np.float32))
     else:
         ids = np.arange(5, 300, 41)
         t.write(ids, np.repeat(ids[:, None].astype(np.float32), 8, 1) + 100)
-print(calls[0])
-"""
+""")
 
 
 def _run(path, op, kill_at) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-c", CHILD, str(path), op, str(kill_at)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_child(CHILD, path, op, kill_at)
 
 
 def _kill_points(steps: int, every: bool) -> list[int]:

@@ -82,12 +82,18 @@ def verify_cmd(path, as_json, quiet):
     elif not report.damaged and not report.checksummed:
         raise click.ClickException(f"{report.path} cannot be verified: "
                                    f"{report.unchecked_line()}")
-    elif not report.ok:
+    else:
+        _echo_report(report, quiet)
+    if not report.ok:
+        sys.exit(1)
+
+
+def _echo_report(report, quiet: bool) -> None:
+    """A verify report: on stderr when it found damage, else on stdout unless quiet."""
+    if not report.ok:
         click.echo(str(report), err=True)
     elif not quiet:
         click.echo(str(report))
-    if not report.ok:
-        sys.exit(1)
 
 
 @click.command("reindex", short_help="Build a table's key index (or row norms) again.")
@@ -148,10 +154,7 @@ def repair_cmd(path, as_json, quiet):
         if not quiet:
             click.echo(f"removed {len(removed)} leftover(s) of interrupted writes"
                        + "".join(f"\n  {name}" for name in removed))
-        if not report.ok:
-            click.echo(str(report), err=True)
-        elif not quiet:
-            click.echo(str(report))
+        _echo_report(report, quiet)
     if not report.ok:
         sys.exit(1)
 

@@ -14,6 +14,7 @@ from ..errors import ReadOnlyError, ShapeMismatchError
 from ..memory import check_table_array
 from ..table import Table, as_key_array
 from .codecs import Compression
+from .ngrams import subword_attrs
 from .objstore import is_url
 from .quant import logical_dtype
 from .table import ZarrTable
@@ -71,11 +72,15 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
                  compression=compression, dtype=dtype, cache_bytes=0).close()
         return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
     src = array_or_table
+    sub, attrs = None, None
     if isinstance(src, Table):
         rows, dim = src.shape
         src_dtype = getattr(src, "storage_dtype", src.dtype)
         if keys is None and src.keys is not None:
             keys = src.keys
+        sub = getattr(src, "subwords", None)  # a fastText table's n-grams go along
+        if sub is not None:
+            attrs = {"subwords": subword_attrs(minn=sub.minn, maxn=sub.maxn, bucket=sub.bucket)}
         blocks = lambda n: src.iter_blocks(n)  # noqa: E731
     else:
         arr = np.asarray(src)
@@ -90,7 +95,10 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
     block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error",
+                     attrs=attrs) as w:
+        if sub is not None:
+            sub.copy_into(w.staging, dt, compression, _SAVE_BLOCK_BYTES)
         for start, part in blocks(block):
             if keys is None:
                 w.add(part)

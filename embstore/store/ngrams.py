@@ -16,7 +16,7 @@ the table); :class:`Subwords` reads it through the same shard reader as ``vector
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..subword import HASH_NAME, compose, ngram_buckets
 from .codecs import Layout, make_codec
 from .meta import check_vectors_meta, read_json
 from .shardwrite import BackgroundSync, RowStream
-from .source import ShardSource, ZarrSource
+from .source import RowSource, ShardSource, ZarrSource
 from .writer import choose_layout, set_rows
 
 __all__ = ["NGRAMS", "NgramWriter", "Subwords", "subword_attrs"]
@@ -96,6 +96,23 @@ class Subwords:
 
     def __init__(self, root: Path, attrs: dict, dim: int, mode: str = "r"):
         where = root / NGRAMS / "zarr.json"
+        self._check_attrs(attrs, str(root))
+        meta = read_json(where, f"{NGRAMS}/zarr.json (the table's subword n-grams)", root=root)
+        layout = self._check_meta(meta, str(where), dim, str(root))
+        self.source: RowSource = (ShardSource(root, layout, NGRAMS) if layout is not None
+                                  else ZarrSource(root, mode, NGRAMS))
+
+    @classmethod
+    def over(cls, attrs: dict, dim: int, meta: dict, where: str,
+             make_source: Callable[[Layout | None], RowSource]) -> Subwords:
+        """The n-grams of a table read elsewhere (object storage): ``meta`` is the array's
+        ``zarr.json`` (from ``where``), ``make_source(layout)`` its row source."""
+        self = cls.__new__(cls)
+        self._check_attrs(attrs, where)
+        self.source = make_source(self._check_meta(meta, where, dim, where))
+        return self
+
+    def _check_attrs(self, attrs: dict, root: str) -> None:
         try:
             self.minn, self.maxn, self.bucket = (int(attrs[k]) for k in ("minn", "maxn",
                                                                            "bucket"))
@@ -106,17 +123,16 @@ class Subwords:
         if not ok:
             raise CorruptStoreError(f"{root}/zarr.json: expected attributes embstore.subwords "
                                     f"with array {NGRAMS!r}, minn, maxn, bucket >= 0 and hash "
-                                    f"{HASH_NAME!r}, got {attrs!r}", path=str(root))
-        meta = read_json(where, f"{NGRAMS}/zarr.json (the table's subword n-grams)", root=root)
+                                    f"{HASH_NAME!r}, got {attrs!r}", path=root)
+
+    def _check_meta(self, meta: dict, where: str, dim: int, root: str) -> Layout | None:
         check_vectors_meta(meta, where)
         if meta["shape"] != [self.bucket, dim] or meta["data_type"] not in _DTYPES:
             raise CorruptStoreError(f"{where}: expected {', '.join(_DTYPES)} of shape "
                                     f"[{self.bucket}, {dim}] (bucket x dim), got "
-                                    f"{meta['data_type']} {meta['shape']}", path=str(root))
-        layout = Layout.from_metadata(meta)
+                                    f"{meta['data_type']} {meta['shape']}", path=root)
         self.dim = dim
-        self.source = (ShardSource(root, layout, NGRAMS) if layout is not None
-                       else ZarrSource(root, mode, NGRAMS))
+        return Layout.from_metadata(meta)
 
     def vectors(self, words: Sequence[str]) -> np.ndarray:
         """``(len(words), dim)`` float vectors of words, each the mean of its n-gram rows
@@ -126,6 +142,25 @@ class Subwords:
 
     def _take(self, ids: np.ndarray) -> np.ndarray:
         return self.source.take(np.ascontiguousarray(ids, dtype=np.int64))
+
+    def blocks(self, rows: int):
+        """The n-gram rows in order, ``rows`` at a time (checked reads)."""
+        for start in range(0, self.bucket, rows):
+            yield self._take(np.arange(start, min(self.bucket, start + rows)))
+
+    def copy_into(self, staging: str | os.PathLike[str], dtype: str, compression: str,
+                  block_bytes: int) -> None:
+        """Stream the n-gram matrix into the table being written at ``staging`` (stored
+        as ``dtype`` when it is a float an n-gram matrix takes, else as float32)."""
+        writer = NgramWriter(staging, dim=self.dim, rows=self.bucket, compression=compression,
+                             dtype=dtype if dtype in _DTYPES else "float32")
+        try:
+            for block in self.blocks(max(1, block_bytes // (8 * self.dim))):
+                writer.add(block)
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
 
     def info(self) -> dict:
         return {"array": NGRAMS, "rows": self.bucket, "minn": self.minn, "maxn": self.maxn,

@@ -13,12 +13,13 @@ from ..errors import CorruptStoreError, FormatError, ReadOnlyError
 from .chunkcache import ChunkCache
 from .codecs import Layout
 from .meta import check_group_meta, check_vectors_meta
+from .ngrams import NGRAMS, Subwords
 from .objstore import ObjectClient
 from .quant import SCALE_ARRAY
 from .remote import RemoteShardSource
 from .source import Bf16Source, Int8Source, RowSource
 
-__all__ = ["open_remote_source", "read_remote_meta"]
+__all__ = ["open_remote_source", "read_remote_meta", "open_remote_ngrams"]
 
 
 def _parse_json(raw: bytes | None, where: str, what: str, url: str) -> dict:
@@ -92,3 +93,19 @@ def _layout(meta: dict, url: str) -> Layout:
                           "(crc32c-checked chunks in shards), which remote reads need; "
                           "copy the table to a local folder to read it", path=url)
     return layout
+
+
+def open_remote_ngrams(vectors: RemoteShardSource, attrs: dict, dim: int) -> Subwords:
+    """The n-gram matrix of a fastText table on object storage (one GET; rows read by range,
+    through the table's chunk cache, like ``vectors``)."""
+    client, rel = vectors.client, f"{NGRAMS}/zarr.json"
+    where = client.where(rel)
+    meta = _parse_json(client.get(rel), where, f"{rel} (the table's subword n-grams)",
+                       client.url)
+
+    def source(layout: Layout | None) -> RemoteShardSource:
+        if layout is None:
+            raise FormatError(f"{where}: the n-grams are not in the sharded layout of format "
+                              "v1, which remote reads need", path=client.url)
+        return RemoteShardSource(client, layout, cache=vectors.cache, name=NGRAMS)
+    return Subwords.over(attrs, dim, meta, where, source)

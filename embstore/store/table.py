@@ -32,7 +32,7 @@ from ..keys.mapped import read_array_meta
 from .meta import read_table_meta
 from .ngrams import Subwords
 from .objstore import is_url
-from .remote_open import open_remote_source
+from .remote_open import open_remote_ngrams, open_remote_source
 from .source import open_source
 from .normsource import NormsSource, attach_norms
 from ..table import Table
@@ -205,14 +205,16 @@ class ZarrTable(Table):
     @property
     def subwords(self) -> Subwords | None:
         """The n-gram matrix of a fastText model (``lookup_keys(..., oov="subword")``), or
-        None (tables of other sources; tables on object storage do not open it yet)."""
+        None (tables of other sources)."""
         self._check_open()
         info = self._attrs.get("subwords")
-        if info is None or self._remote is not None:
+        if info is None:
             return None
         with self._lock:
             if self._subwords is None:
-                self._subwords = Subwords(self.path, info, self.dim, self.mode)
+                self._subwords = (Subwords(self.path, info, self.dim, self.mode)
+                                  if self._remote is None else
+                                  open_remote_ngrams(self._objects, info, self.dim))
             return self._subwords
 
     def _drop_subwords(self) -> None:

@@ -15,34 +15,19 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from relhelpers import KILL_POINTS, REPO, TRIED
+from killchild import child_args, child_script, run_child
+from relhelpers import KILL_POINTS, TRIED
 
 import embstore
 
 ROWS, DIM, SHARD = 1000, 8, 128
 
-CHILD = r"""
-import os, signal, sys
-import numpy as np
-path, op, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
-calls = [0]
-def wrap(fn):
-    def inner(*a, **k):
-        calls[0] += 1
-        if calls[0] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return fn(*a, **k)
-    return inner
-import embstore
-with embstore.open(path, mode="r+") as t:
-    for name in ("replace", "rename", "fsync", "mkdir"):
-        setattr(os, name, wrap(getattr(os, name)))
+CHILD = child_script(r"""
     if op == "append":
         n = 300  # grows the last shard and adds three
         t.append(np.full((n, %(dim)d), 5000, np.float32) + np.arange(n)[:, None],
@@ -50,8 +35,7 @@ with embstore.open(path, mode="r+") as t:
     else:
         ids = np.arange(5, %(rows)d, 97)  # every shard
         t.write(ids, -np.repeat(ids[:, None].astype(np.float32), %(dim)d, 1))
-print(calls[0])
-""" % {"dim": DIM, "rows": ROWS}
+""" % {"dim": DIM, "rows": ROWS})
 
 
 def _old() -> np.ndarray:
@@ -75,9 +59,7 @@ def base(tmp_path_factory, request) -> Path:
 
 
 def _run(path: Path, op: str, kill_at: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-c", CHILD, str(path), op, str(kill_at)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return run_child(CHILD, path, op, kill_at)
 
 
 def _temp_files(path: Path) -> list[str]:
@@ -147,12 +129,12 @@ def test_killed_at_random_moments(tmp_path, base, op):
     horizon = time.monotonic() - t0
     old, new = _contents(base), _contents(probe)
     rng = random.Random(op)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     for i in range(KILL_POINTS * 5):
         path = tmp_path / f"r{i}"
         shutil.copytree(base, path)
-        p = subprocess.Popen([sys.executable, "-c", CHILD, str(path), op, "0"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        argv, env = child_args(CHILD, path, op, 0)
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.3 * horizon, 1.0 * horizon))
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=60)

@@ -82,11 +82,6 @@ def make_table(request, s3, tmp_path):
         t.close()
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(12345)
-
-
 class _FakeEndpoint:
     """A loopback TCP server standing in for a broken object store: ``deny`` answers every
     request 403 InvalidAccessKeyId (refused credentials), ``hang`` accepts connections and
