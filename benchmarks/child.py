@@ -129,7 +129,8 @@ def _cluster(workers: int):
 
 def _timed_job(workers, job) -> dict:
     """Run ``job(kw)`` (``kw`` names the scheduler when ``workers`` > 0) and time it; the
-    result of ``job`` is merged with ``seconds`` and the workers' peak RSS."""
+    result of ``job`` is merged with ``seconds``, the CPU time of a local job
+    (``cpu_seconds``) and the workers' peak RSS."""
     workers = int(workers)
     if workers:
         try:
@@ -138,9 +139,11 @@ def _timed_job(workers, job) -> dict:
             return {"skip": "dask.distributed not installed"}
     with _cluster(workers) as (cluster, client):
         kw = {"scheduler": cluster.scheduler_address} if cluster is not None else {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = job(kw)
         out = {"seconds": time.perf_counter() - t0, **out}
+        if client is None:  # this process did all the work: its CPU time, every thread
+            out["cpu_seconds"] = time.process_time() - c0
         if client is not None:
             peaks = client.run(peak_rss_mb)
             out["worker_peak_rss_mb"] = sorted(round(v, 1) for v in peaks.values())

@@ -102,7 +102,8 @@ def child_method_runs(res: ScenarioResult, case: str, runs: dict[str, tuple[str,
             continue
         kind = runs[name][0]
         extra = {k: v for k, v in datas[-1].items()
-                 if k not in ("seconds", "wall_s", "peak_rss_mb", "checksum", "rows", "ids")}
+                 if k not in ("seconds", "wall_s", "peak_rss_mb", "checksum", "rows", "ids",
+                              "cpu_seconds")}
         for suffix, key, unit in (("", "seconds", "s"), (" [whole process]", "wall_s", "s"),
                                   (" [peak RSS]", "peak_rss_mb", "MB")):
             meas = Measurement(case, name + suffix, kind, unit, [float(d[key]) for d in datas],

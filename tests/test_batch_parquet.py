@@ -339,3 +339,70 @@ def test_arrow_memory_does_not_grow_with_the_row_groups(weights, tmp_path):
         assert out.returncode == 0, out.stderr
         peaks.append(int(out.stdout.split()[-1]))
     assert peaks[1] < 2 * peaks[0], peaks  # 12x the row groups; pre-buffered: about 10x
+
+
+@pytest.mark.parametrize("itype", ["int8", "uint16", "int64", "uint64"])
+@pytest.mark.parametrize("batch_rows", [1, 3], ids=["1-row", "3-rows"])
+def test_integer_types_nulls_and_sliced_batches(table, weights, tmp_path, itype, batch_rows):
+    """Ids and list offsets are read from the Arrow buffers (sliced batches start at an
+    offset into them; null lists and null ids give null vectors)."""
+    lists = [[1, 2], None, [], [5, None, 59], [0], None, [7, 7, 7, 3]]
+    src = _write(tmp_path, {"ids": pa.array(lists, pa.list_(getattr(pa, itype)())),
+                            "doc": list(range(len(lists)))}, row_group_size=4)
+    out = tmp_path / "out.parquet"
+    res = embstore.lookup_file(table, src, out, column="ids", keep=["doc"],
+                               batch_rows=batch_rows)
+    assert res["ids"] == 10 and res["rows"] == len(lists)
+    assert _vectors(out) == [None if x is None else _rows(weights, x) for x in lists]
+    assert pq.read_table(out).column("doc").to_pylist() == list(range(len(lists)))
+
+
+def test_uint64_ids_past_int64_are_out_of_range(table, tmp_path):
+    src = _write(tmp_path, {"id": pa.array([3, 2**63 + 5], pa.uint64())})
+    with pytest.raises(embstore.InvalidIdError, match=rf"row 1: id {2**63 + 5} is out of range"):
+        embstore.lookup_file(table, src, tmp_path / "out.parquet", column="id")
+
+
+def test_what_lies_under_a_null_id_is_not_looked_up(table, weights):
+    """A null id's slot may hold any value (Arrow leaves it undefined): never an error,
+    always a null vector."""
+    from embstore.batch import arrowio
+
+    data = np.array([4, 10**9, 7, -3], dtype=np.int64)  # 10**9 and -3 under nulls
+    valid = np.packbits(np.array([1, 0, 1, 0], bool), bitorder="little")
+    ids = pa.Array.from_buffers(pa.int64(), 4, [pa.py_buffer(valid), pa.py_buffer(data)])
+    job = arrowio.PartJob(input="in.parquet", column="id", keep=(), vector_column="vector",
+                          oov="error", unk_id=None, batch_rows=4, dim=D, dtype="<f4",
+                          is_list=False, keys=False)
+    schema = arrowio.output_schema(pa, pa.schema([pa.field("id", pa.int64())]), job)
+    buf = np.full(4 * D, np.nan, np.float32)
+    for sl in (ids, ids.slice(1, 3)):  # a slice starts its bitmap mid-byte
+        vec = arrowio.vectors(pa, table, sl, job, 0, buf, path="in.parquet", schema=schema)
+        want = [4, None, 7, None][4 - len(sl):]
+        assert vec.to_pylist() == _rows(weights, want)
+
+
+_NO_PANDAS = """
+import sys, embstore
+embstore.lookup_file(sys.argv[1], sys.argv[2], sys.argv[3], column="ids", keep=["doc"])
+print("pandas" in sys.modules)
+"""
+
+
+def test_an_id_job_does_not_import_pandas(weights, tmp_path):
+    """pyarrow's ``to_numpy``/``np.asarray`` import pandas (about a second a process,
+    a Dask worker each); ids and offsets are read from the Arrow buffers (regression)."""
+    import subprocess
+    import sys
+
+    embstore.save(tmp_path / "t", weights, keys=KEYS).close()
+    src = _write(tmp_path, {"ids": [[1, None], None, [3, 59]], "doc": [0, 1, 2]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(embstore.__file__))] +
+        os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+    out = subprocess.run([sys.executable, "-c", _NO_PANDAS, str(tmp_path / "t"), str(src),
+                          str(tmp_path / "out.parquet")], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "False"
+    assert _vectors(tmp_path / "out.parquet") == [
+        [weights[1].tolist(), None], None, _rows(weights, [3, 59])]

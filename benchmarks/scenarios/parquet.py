@@ -8,7 +8,14 @@ uniform over the table, row groups of 65,536 rows), against ``lookup_file(table,
 ids.npy, out.npy)`` over the same ids flattened into a 1-D ``.npy``.  The output is
 ``list<fixed_size_list<float>[dim]>`` plus the kept column.  Optionally the Parquet
 job on a Dask ``LocalCluster`` (part files; peak RSS per worker in the JSON).
-Every output is checked against ``table[ids]`` before its time counts.
+Every output is checked against ``table[ids]`` before its time counts.  Each local
+job also reports its CPU time (all threads): on a shared machine the wall-time
+ratio drifts toward the CPU-time ratio.
+
+A second case times pyarrow's encoding alone (CPU time of the writing thread, the
+same vectors in memory, written to the scratch directory) under embstore's writer
+options and the variants that might make it cheaper: the number that bounds the
+Parquet job, since the encoding runs in one thread per file.
 """
 
 from __future__ import annotations
@@ -80,6 +87,95 @@ def _check_parquet(path: Path, table_npy: Path, ids_npy: Path) -> None:
         raise AssertionError(f"{path}: {at} vectors, expected {ids.size}")
 
 
+ENC = "pyarrow encode, {}"
+ENC_BASE = "embstore's options"
+
+
+def _encode_variants(job):
+    """Writer option sets to time: ``name -> (schema change, writer options)``."""
+    from embstore.batch.arrowio import writer_options
+
+    base = writer_options(job)
+    return {ENC_BASE: (False, base),
+            "pyarrow defaults (dictionary, snappy, statistics)": (False, {}),
+            "non-nullable vectors and floats": (True, base),
+            "data_page_version 2.0": (False, {**base, "data_page_version": "2.0"}),
+            "write_batch_size 1Mi": (False, {**base, "write_batch_size": 1 << 20}),
+            "data_page_size 128 KiB": (False, {**base, "data_page_size": 128 << 10}),
+            "byte_stream_split floats": (False, {**base, "use_dictionary": list(job.keep),
+                                                 "column_encoding": {job.vector_column:
+                                                                     "BYTE_STREAM_SPLIT"}}),
+            "all dictionaries and statistics off": (False, {**base, "use_dictionary": False,
+                                                            "write_statistics": False})}
+
+
+def encode_options(ctx, res, table_npy: Path, n: int, reps: int) -> None:
+    """CPU time of pyarrow's writer for ``n`` vectors in list columns (as the job writes
+    them: row groups of one batch) under each option set of :func:`_encode_variants`."""
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from embstore.batch.arrowio import PartJob
+
+    table = np.load(table_npy, mmap_mode="r", allow_pickle=False)
+    dim = table.shape[1]
+    rng = np.random.default_rng([n, 21, 1])
+    lens = rng.integers(1, 64, size=n // 16 + 64)
+    lens = lens[: int(np.searchsorted(np.cumsum(lens), n)) + 1]
+    lens[-1] -= int(lens.sum()) - n
+    ids = rng.integers(0, table.shape[0], size=n)
+    vecs = np.ascontiguousarray(table[ids], dtype=np.float32)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    job = PartJob(input="", column="ids", keep=("doc",), vector_column="vector", oov="error",
+                  unk_id=None, batch_rows=2048, dim=dim, dtype="<f4", is_list=True, keys=False)
+
+    def arrow_table(required: bool):
+        item = pa.field("item", pa.float32(), nullable=not required)
+        vt = pa.list_(item, dim)
+        flat = pa.Array.from_buffers(pa.float32(), vecs.size, [None, pa.py_buffer(vecs)])
+        vec = pa.Array.from_buffers(vt, n, [None], children=[flat])
+        lt = pa.list_(pa.field("item", vt, nullable=not required))
+        schema = pa.schema([pa.field("vector", lt, nullable=not required),
+                            pa.field("doc", pa.int64())])
+        return pa.Table.from_arrays([pa.ListArray.from_arrays(offsets, vec, type=lt),
+                                     pa.array(np.arange(lens.size, dtype=np.int64))],
+                                    schema=schema)
+
+    tables = {False: arrow_table(False), True: arrow_table(True)}
+    variants = _encode_variants(job)
+    dest = ctx.scratch / "pq-encode.parquet"
+    rows = max(1, int(np.ceil(lens.size * (16 << 20) / (n * dim * 4))))  # the job's batches
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
+    try:
+        for r in range(reps):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                required, opts = variants[name]
+                t = tables[required]
+                c0 = time.thread_time()
+                with pq.ParquetWriter(dest, t.schema, **opts) as w:
+                    for start in range(0, t.num_rows, rows):
+                        w.write_table(t.slice(start, rows))
+                times[name].append(time.thread_time() - c0)
+                if r == 0:
+                    got = pq.read_table(dest, columns=["vector"]).column(0)
+                    got = got.combine_chunks().flatten().flatten().to_numpy()
+                    if not np.array_equal(got.reshape(n, dim), vecs):
+                        raise AssertionError(f"{name}: vectors read back differ")
+    finally:
+        dest.unlink(missing_ok=True)
+    case = f"encode {n:,} vectors of dim {dim} in list columns (CPU of the writing thread)"
+    res.params.update(encode_ids=n, encode_reps=reps)
+    for name, values in times.items():
+        res.measurements.append(Measurement(case, ENC.format(name), "embstore", "s", values))
+    for name in names[1:]:
+        compare(res, f"Parquet encoding CPU: {name} vs {ENC_BASE}",
+                res.find(case, ENC.format(name)), res.find(case, ENC.format(ENC_BASE)))
+
+
 def run(ctx, res) -> None:
     from .batch import _check_output
 
@@ -112,10 +208,15 @@ def run(ctx, res) -> None:
 
     case = f"{n:,} ids in list columns, dim {dim}"
     try:
-        child_method_runs(res, case, runs, reps=reps, warmer=Warmer([store, pq_in, npy_in]),
-                          before=clean, check=check)
+        done = child_method_runs(res, case, runs, reps=reps,
+                                 warmer=Warmer([store, pq_in, npy_in]), before=clean,
+                                 check=check)
     finally:
         clean()
+    for name, datas in done.items():  # local jobs: CPU time of every thread
+        if datas and all("cpu_seconds" in d for d in datas):
+            res.measurements.append(Measurement(case, name + " [CPU]", runs[name][0], "s",
+                                                [float(d["cpu_seconds"]) for d in datas]))
     rates = {}
     for name in runs:
         m = res.find(case, name)
@@ -125,7 +226,11 @@ def run(ctx, res) -> None:
             res.measurements.append(rates[name])
     compare(res, "Parquet job throughput vs .npy job", rates.get(PQ), rates.get(NPY),
             target=("atleast", 0.5))
+    compare(res, "Parquet job CPU time vs .npy job (all threads; lower is better)",
+            res.find(case, PQ + " [CPU]"), res.find(case, NPY + " [CPU]"))
     for w in cfg["workers"]:
         compare(res, f"Parquet job on Dask ({w} workers) vs .npy job", rates.get(PQD.format(w)),
                 rates.get(NPY))
     absolute(res, "Parquet job: peak RSS", res.find(case, PQ + " [peak RSS]"), at_most=1000)
+    if cfg.get("encode_ids"):
+        encode_options(ctx, res, npy, int(cfg["encode_ids"]), int(cfg.get("encode_reps", 3)))

@@ -87,6 +87,36 @@ def writer_options(job: PartJob) -> dict:
             "write_batch_size": WRITE_BATCH_SIZE}
 
 
+def _int_dtype(pa, t) -> np.dtype:
+    """The NumPy dtype of the Arrow integer type ``t``."""
+    return np.dtype(f"{'i' if pa.types.is_signed_integer(t) else 'u'}{t.bit_width // 8}")
+
+
+def _numbers(pa, arr) -> np.ndarray:
+    """The values of the integer Arrow array ``arr``, viewed in place (what lies under a
+    null is undefined).  Read from its buffer: pyarrow's ``to_numpy`` and ``np.asarray``
+    import pandas (about a second, in every process and Dask worker)."""
+    dtype = _int_dtype(pa, arr.type)
+    data = arr.buffers()[1]
+    if data is None or not len(arr):
+        return np.zeros(0, dtype)
+    return np.frombuffer(data, dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _valid(arr) -> np.ndarray:
+    """Where the Arrow array ``arr`` is not null, from its validity bitmap."""
+    bitmap = arr.buffers()[0]
+    if bitmap is None:
+        return np.ones(len(arr), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, np.uint8), bitorder="little")
+    return bits[arr.offset: arr.offset + len(arr)].astype(bool)
+
+
+def _bitmap(pa, mask: np.ndarray):
+    """An Arrow validity bitmap of the bool array ``mask``."""
+    return pa.py_buffer(np.packbits(mask, bitorder="little"))
+
+
 def _bad_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray | None:
     """Where ``ids`` are out of range (``None``: nowhere); one min/max pass when all are
     fine.  uint64 beyond int64 wraps to negative in int64: out of range either way."""
@@ -95,10 +125,10 @@ def _bad_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray | None:
     return (ids < 0) | (ids >= vocab_size)
 
 
-def leaf_ids(table: Table, values, job: PartJob, where, path: str) -> np.ndarray:
+def leaf_ids(pa, table: Table, values, job: PartJob, where, path: str) -> np.ndarray:
     """int64 row ids of the leaf values (-1: a zero vector, for nulls and ``oov="zero"``)."""
     nulls = values.null_count
-    valid = np.asarray(values.is_valid()) if nulls else None
+    valid = _valid(values) if nulls else None
     bad: np.ndarray | None
     if job.keys:
         keys = values.to_numpy(zero_copy_only=False)
@@ -107,11 +137,8 @@ def leaf_ids(table: Table, values, job: PartJob, where, path: str) -> np.ndarray
         ids = table.ids_of(keys, missing=-1) if keys.size else np.zeros(0, np.int64)
         missing = ids < 0
         bad = missing if missing.any() else None
-    else:
-        if nulls:
-            values = values.fill_null(0)
-        ids = values.to_numpy().astype(np.int64, copy=False) if len(values) else \
-            np.zeros(0, np.int64)
+    else:  # what lies under a null may be out of range: masked by ``valid`` below
+        ids = _numbers(pa, values).astype(np.int64, copy=False)
         bad = _bad_ids(ids, table.vocab_size)
     if bad is not None and valid is not None:
         bad &= valid
@@ -137,9 +164,9 @@ def vectors(pa, table: Table, column, job: PartJob, first_row: int, buf: np.ndar
     """The output column for one batch of the input column; the vectors are written
     into ``buf`` (at least ids x dim items) and wrapped without a copy."""
     if job.is_list:
-        lens = np.diff(np.asarray(column.offsets)).astype(np.int64, copy=False)
+        lens = np.diff(_numbers(pa, column.offsets)).astype(np.int64, copy=False)
         if column.null_count:  # a null list has no elements, whatever its offsets say
-            lens[np.asarray(column.is_null())] = 0
+            lens[~_valid(column)] = 0
         values = column.flatten()
 
         def where(i):
@@ -151,20 +178,20 @@ def vectors(pa, table: Table, column, job: PartJob, first_row: int, buf: np.ndar
 
         def where(i):
             return first_row + i, None
-    ids = leaf_ids(table, values, job, where, path)
+    ids = leaf_ids(pa, table, values, job, where, path)
     out = buf[: ids.size * job.dim].reshape(ids.size, job.dim)
     lookup_into(table, ids, out, pads=True)
     vtype = schema.field(0).type.value_type if job.is_list else schema.field(0).type
-    null = pa.py_buffer(np.packbits(np.asarray(values.is_valid()), bitorder="little")) \
-        if values.null_count else None
+    null = _bitmap(pa, _valid(values)) if values.null_count else None
     flat = pa.Array.from_buffers(vtype.value_type, out.size, [None, pa.py_buffer(out)])
     vec = pa.Array.from_buffers(vtype, ids.size, [null], children=[flat])
     if not job.is_list:
         return vec
     offsets = np.zeros(lens.size + 1, dtype=np.int32)
     np.cumsum(lens, out=offsets[1:])
-    mask = pa.array(np.asarray(column.is_null())) if column.null_count else None
-    return pa.ListArray.from_arrays(pa.array(offsets), vec, mask=mask)
+    null = _bitmap(pa, _valid(column)) if column.null_count else None
+    return pa.Array.from_buffers(schema.field(0).type, lens.size,
+                                 [null, pa.py_buffer(offsets)], children=[vec])
 
 
 def _read(pa, pf, job: PartJob, columns: list[str], groups: range) -> Iterator[Any]:
