@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import atomic
+from .beside import fsync_path as _fsync
 from ._types import PathLike
 from ._version import __version__
 from .ann_ivf import DATA_FILE, FEATURE, INDEX_FILE, IvfIndex, build_ivf
@@ -79,14 +80,6 @@ def index_path(table: PathLike | ZarrTable) -> Path:
     """The directory of the approximate index of the table at ``table``."""
     root = table.path if isinstance(table, ZarrTable) else Path(os.fspath(table)).absolute()
     return area_of(root) / "ann"
-
-
-def _fsync(path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _local(table) -> tuple[ZarrTable, bool]:

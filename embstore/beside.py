@@ -17,7 +17,7 @@ import shutil
 import socket
 from pathlib import Path
 
-__all__ = ["owned_prefix", "sweep_beside", "swap_in", "remove_quietly"]
+__all__ = ["owned_prefix", "sweep_beside", "swap_in", "remove_quietly", "fsync_path"]
 
 _NAME = re.compile(r"\.(?:tmp|old)-([0-9a-f]{6})-(\d+)\.(\d+)-")
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
@@ -68,6 +68,15 @@ def _owner_gone(name: str) -> bool:
         pass  # alive, someone else's
     now = _start_time(pid)
     return bool(start and now and now != start)  # the pid was reused
+
+
+def fsync_path(path, *, directory: bool = False) -> None:
+    """fsync a file, or a directory (its entries: a rename or a new name made durable)."""
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_quietly(path) -> None:

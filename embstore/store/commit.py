@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CorruptStoreError, LockTimeoutError
+from ..beside import fsync_path as _fsync
 from ..beside import remove_quietly, sweep_beside
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 
@@ -50,14 +51,6 @@ _PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 def area_of(root: Path) -> Path:
     return Path(root) / "vectors" / AREA[0]
-
-
-def _fsync(path, *, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Transaction:

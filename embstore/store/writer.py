@@ -22,7 +22,7 @@ from ..errors import ShapeMismatchError
 from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
-from .commit import _fsync
+from ..beside import fsync_path as _fsync
 from .codecs import COMPRESSIONS, Compression, Layout, make_codec
 from .normcalc import NORMS_ARRAY, create_norms_stream, decoded_norms
 from .quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
