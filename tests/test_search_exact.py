@@ -228,3 +228,43 @@ def test_concurrent_batches_restore_blas_threads(tmp_path, rows, split_small):
             for j in range(6):
                 np.testing.assert_array_equal(ids[j], want[j])
     assert blas_threads() == before
+
+
+def test_blocks_of_rows_read_in_place_are_larger(tmp_path, rows):
+    """Rows read in place (uncompressed one-row chunks) scan in blocks of VIEW_BLOCK_BYTES of
+    rows, their scores held to SCAN_BLOCK_BYTES; rows copied in blocks of SCAN_BLOCK_BYTES."""
+    import embstore.search_exact as se
+    from embstore.store.scan import rows_in_place
+    big = np.zeros((1, 1024), np.float32)
+    for layout, in_place in [("one-row-chunks", True), ("chunks-of-8", False),
+                             ("zstd", False)]:
+        embstore.save(tmp_path / layout, big, **LAYOUTS[layout]).close()
+        with embstore.open(tmp_path / layout) as t:
+            assert rows_in_place(t) is in_place
+    assert not rows_in_place(embstore.MemoryTable(rows))
+    wide = embstore.MemoryTable(np.zeros((10 ** 6, 1024), np.float32))  # (pages never touched)
+    assert se.scan_block_rows(wide, 1, in_place=True) == se.VIEW_BLOCK_BYTES // 4096
+    assert se.scan_block_rows(wide, 4096, in_place=True) == se.SCAN_BLOCK_BYTES // 16384
+    assert se.scan_block_rows(wide, 1) == se.SCAN_BLOCK_BYTES // 4100
+
+
+def test_one_large_block_split_between_threads_equals_numpy(tmp_path):
+    """A table scanned in one block of 20,000 rows read in place (the default block size),
+    split between the threads in parts of at least 4,096 rows: ties across the parts' edges
+    rank by the lower id, excluded ids and the query's own row left out."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((20000, 8)).astype(np.float32)
+    a[[9998, 9999, 10000, 10001, 10002, 19999]] = a[4]  # ties with row 4 across the parts
+    a[123] = 0
+    embstore.save(tmp_path / "t", a, chunk_rows=1).close()
+    with embstore.open(tmp_path / "t") as t:
+        ids, scores = most_similar(t, 4, k=3, exclude=[10000])
+        assert ids.tolist() == [9998, 9999, 10001]  # of six equal rows, the lowest ids
+        np.testing.assert_allclose(scores, 1.0, rtol=1e-6)
+        ids, scores = most_similar(t, 4, k=9)
+        want, want_s = _ref(a, a[4], 10, skip=(4,))
+        np.testing.assert_array_equal(ids, want[:9])
+        qs = rng.standard_normal((3, 8)).astype(np.float32)
+        got, _ = most_similar(t, qs, k=20)
+        for j in range(3):
+            np.testing.assert_array_equal(got[j], _ref(a, qs[j], 20)[0])

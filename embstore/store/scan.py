@@ -24,7 +24,7 @@ from .shardread import ShardReader
 from .source import ShardSource
 from .table import ZarrTable
 
-__all__ = ["scan_blocks"]
+__all__ = ["scan_blocks", "rows_in_place"]
 
 
 def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
@@ -34,6 +34,9 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
     into one block (into ``buf[0]``, reused from block to block, when ``buf`` is given)."""
     L = reader.layout
     cr = L.chunk_rows
+    whole = sf.scan_rows
+    if whole is not None and sf.all_verified:  # one-row chunks, the whole shard in a row
+        return whole[a:b]
     c0, c1 = a // cr, (b - 1) // cr + 1
     step = L.chunk_bytes + (4 if L.has_crc else 0)
     if not sf.back_to_back(c0, c1, step):
@@ -46,6 +49,11 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
             sf.verify(todo, L)
     item = L.dtype.itemsize
     if cr == 1:
+        if c0 == 0 and sf.back_to_back(0, L.n_inner, step):  # kept for the next scans
+            sf.scan_rows = np.ndarray((L.n_inner, L.dim), dtype=L.dtype, buffer=sf.mm,
+                                      offset=int(off[0]), strides=(step, item))
+            sf.scan_rows.flags.writeable = False
+            return sf.scan_rows[:b]
         return np.ndarray((b - a, L.dim), dtype=L.dtype, buffer=sf.mm, offset=int(off[0]),
                           strides=(step, item))
     v3 = np.ndarray((c1 - c0, cr, L.dim), dtype=L.dtype, buffer=sf.mm, offset=int(off[0]),
@@ -59,6 +67,16 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
         buf[0] = np.empty((need, L.dim), L.dtype)
     np.copyto(buf[0][:need].reshape(c1 - c0, cr, L.dim), v3)
     return buf[0][first: first + b - a]
+
+
+def rows_in_place(table: Table) -> bool:
+    """Whether :func:`scan_blocks` gives ``table``'s rows as views of its mapped shards (an
+    uncompressed table of one-row chunks: nothing copied, whatever the block's size)."""
+    if not isinstance(table, ZarrTable):
+        return False
+    src = table.row_source
+    return type(src) is ShardSource and src.layout["compression"] == "none" and \
+        src.reader.layout.chunk_rows == 1
 
 
 def _read(source, start: int, stop: int, buf: list | None = None) -> np.ndarray:
