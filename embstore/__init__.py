@@ -16,7 +16,8 @@ from .ann import StaleIndexWarning, build_index
 from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError, EmbstoreError,
                      FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
-                     ResourceLimitError, ResultTooLargeError, ShapeMismatchError)
+                     ResourceLimitError, ResultTooLargeError, ShapeMismatchError,
+                     TableChangedError)
 from .gensim import from_gensim, to_gensim
 from .layer import Embedding
 from .memory import MemoryTable
@@ -34,7 +35,7 @@ __all__ = [
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
     "LockTimeoutError", "MissingDependencyError", "ClosedTableError", "InvalidOptionError",
-    "ResultTooLargeError", "ResourceLimitError",
+    "ResultTooLargeError", "ResourceLimitError", "TableChangedError",
     "build_index", "StaleIndexWarning", "IndexNotFoundError",
 ]
 

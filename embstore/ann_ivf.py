@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import EmbstoreError, IndexNotFoundError
+from .errors import IndexNotFoundError, TableChangedError
 from .optional import require
 from .store.scan import scan_blocks
 from .store.table import ZarrTable
@@ -47,10 +47,6 @@ _CALIBRATION_QUERIES = 128
 _SAMPLE_BYTES = 256 << 20  # the k-means sample: at most this many bytes (or 4 rows a list)
 _K = 10
 _forked_hook = False
-
-
-class TableChangedError(EmbstoreError, RuntimeError):
-    """The table was written while its index was being built (build it again)."""
 
 
 def faiss_module():
@@ -208,7 +204,7 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         if not np.array_equal(fill, sizes):
             raise TableChangedError(f"{t.path}: the table changed while its index was built "
                                     f"(rows kept in pass 1: {int(sizes.sum())}, in pass 2: "
-                                    f"{int(fill.sum())}); build it again")
+                                    f"{int(fill.sum())}); build it again", path=t.path)
         index.replace_invlists(lists, True)
         lists.this.disown()
         index.ntotal = int(sizes.sum())

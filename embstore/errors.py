@@ -25,6 +25,7 @@ __all__ = [
     "ResultTooLargeError",
     "ResourceLimitError",
     "LockTimeoutError",
+    "TableChangedError",
 ]
 
 
@@ -175,6 +176,18 @@ class LockTimeoutError(EmbstoreError, TimeoutError):
 class IndexNotFoundError(EmbstoreError, FileNotFoundError):
     """An approximate search on a table without an approximate index (or with unreadable
     index metadata); ``path`` is where the index was looked for."""
+
+    def __init__(self, message: str, *, path=None):
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TableChangedError(EmbstoreError, RuntimeError):
+    """The table was written while something derived from all its rows was being built (its
+    approximate index): build it again.  ``path`` is the table."""
 
     def __init__(self, message: str, *, path=None):
         super().__init__(message)

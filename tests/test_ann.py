@@ -310,3 +310,26 @@ def test_tiny_and_all_zero_tables(tmp_path):
     with embstore.open(tmp_path / "zeros") as t:
         ids, scores = embstore.Embedding(t).most_similar(np.ones(4), k=3, approx=True)
     assert (ids == -1).all() and (scores == -np.inf).all()
+
+
+def test_rows_zeroed_during_the_build_refuse_the_index(tmp_path):
+    """Rows that become zero between the build's two passes (its own read-write handle
+    writes them from the progress callback) leave the lists short: TableChangedError,
+    and no index is left behind."""
+    a = _clustered(1000, 8)
+    path = tmp_path / "t"
+    embstore.save(path, a).close()
+    writes = []
+    with embstore.open(path, mode="r+") as t:
+        def progress(done, total):
+            if done == total // 2 and not writes:  # the end of pass 1
+                writes.append(done)
+                t.write([3, 500], np.zeros((2, 8)))
+        with pytest.raises(embstore.TableChangedError, match="changed while its index was "
+                                                              "built") as info:
+            embstore.build_index(t, progress=progress)
+        assert writes and info.value.path == t.path
+    assert isinstance(info.value, RuntimeError)
+    assert index_info(path) is None
+    assert not index_path(path).parent.exists() or \
+        [p.name for p in index_path(path).parent.iterdir()] == ["last"]  # no staging left
