@@ -208,7 +208,10 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         index.replace_invlists(lists, True)
         lists.this.disown()
         index.ntotal = int(sizes.sum())
-        faiss.write_index(index, str(dest / INDEX_FILE))
+        # (faiss.write_index only prints a failed close, a full disk say: written here, an
+        # error raises)
+        with open(dest / INDEX_FILE, "wb") as f:
+            f.write(memoryview(faiss.serialize_index(index)))
         del index
         opened = IvfIndex(dest)
         chosen, reached = _calibrate(opened, truth, nlist, recall, nprobe)

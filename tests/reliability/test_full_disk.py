@@ -170,3 +170,44 @@ def test_outputs_on_a_full_disk(small_fs, tmp_path, what):
         TRIED[f"full disk: {what}"] += 1
     assert _tree(table) == before
     assert embstore.verify(table).ok
+
+
+def test_index_build_on_a_full_disk(small_fs):
+    """``build_index(overwrite=True)`` over an index that searches: on a full disk at any
+    point it fails with ENOSPC and the old index files are untouched (no staging left), or
+    it fits and the new one is whole; either way it opens and finds each query's own row
+    and its exact neighbours."""
+    pytest.importorskip("faiss")
+    from embstore.ann import index_info, index_path
+    rng = np.random.default_rng(5)
+    centres = rng.standard_normal((20, DIM)).astype(np.float32)
+    a = centres[rng.integers(0, 20, ROWS)] + 0.05 * rng.standard_normal((ROWS, DIM)).astype(
+        np.float32)
+    table = small_fs / "t"
+    embstore.save(table, a).close()
+    q = a[[5, 77, 2999]]
+    failures = 0
+    for leave in _leaves():
+        embstore.build_index(table, nlist=8, overwrite=True)
+        home = index_path(table).parent
+        before = _tree(home)
+        filler = _fill(small_fs, leave)
+        try:
+            embstore.build_index(table, nlist=16, overwrite=True)
+            ok = True
+        except OSError as exc:
+            assert "No space left" in str(exc) or getattr(exc, "errno", None) == 28, exc
+            ok = False
+        failures += not ok
+        meta = index_info(table)
+        assert meta["nlist"] == (16 if ok else 8) and meta["stale"] is False
+        if not ok:
+            assert _tree(home) == before, "the failed build left or changed files"
+        with embstore.open(table) as t:
+            approx, _ = embstore.search.most_similar(t, q, k=5, approx=True, ef=meta["nlist"])
+            exact, _ = embstore.search.most_similar(t, q, k=5)
+        assert approx[:, 0].tolist() == [5, 77, 2999]  # every list probed
+        assert all(len(set(x) & set(y)) >= 4 for x, y in zip(approx.tolist(), exact.tolist()))
+        filler.unlink()
+        TRIED["full disk: index build"] += 1
+    assert failures >= 3
