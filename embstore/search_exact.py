@@ -1,12 +1,14 @@
 """The exact cosine scan behind :func:`embstore.search.most_similar`.
 
 One pass over the table in blocks (:func:`embstore.store.scan.scan_blocks`: zero-copy views
-of the mapped shards where the layout allows), and per block:
+of the mapped shards where the layout allows; 128 MiB of rows then, else 32 MiB), each
+block split in parts between the cores (the first on the calling thread, the others on
+the shared pool, BLAS held to one thread meanwhile), and per part:
 
 - one matrix product of the rows with the unit queries, ``(rows, queries)``: ``rows @ q``
   for one query (``einsum``: one thread at memory speed, straight from the strided view),
-  ``rows @ Q.T`` for a batch (BLAS gemm on both threads: a batch of queries shares one read
-  of the table, and the scores come out in the layout the rest works on, no transpose);
+  ``rows @ Q.T`` for a batch (a batch of queries shares one read of the table, and the
+  scores come out in the layout the rest works on, no transpose);
 - a division (in place) by the rows' stored norms (``norms``, docs/FORMAT.md §2d; computed
   per block for tables without them).  An undefined cosine (a zero row or query) scores
   the lowest finite number instead of NaN, so it ranks below every real neighbour without
@@ -16,8 +18,10 @@ of the mapped shards where the layout allows), and per block:
   many rows above it (the first one, or rows in rising order) is reduced by
   ``argpartition`` first (:func:`_block_top`).
 
-Ties rank by the lower id: the running top-``k`` holds lower ids than any later block, so
-a later row needs a strictly larger score.
+The parts join the running top-``k`` in id order, each as soon as its scores are in (the
+first part's while the others are still being computed).  Ties rank by the lower id: the
+running top-``k`` holds lower ids than any later part, so a later row needs a strictly
+larger score.
 """
 
 from __future__ import annotations
