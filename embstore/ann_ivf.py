@@ -257,6 +257,32 @@ def _calibrate(index: "IvfIndex", truth: _Truth, nlist: int, recall: float,
     return best[0], round(best[1], 4)
 
 
+def _open_both(path: Path) -> tuple[bytes, int]:
+    """The bytes of ``index.faiss`` and an open descriptor of ``lists.ivfdata``, both of one
+    build (both opened through one descriptor of the directory; tried again when a rebuild
+    removed the directory between)."""
+    for attempt in range(3):
+        d = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            fd = os.open(INDEX_FILE, os.O_RDONLY, dir_fd=d)
+            try:
+                lists = os.open(DATA_FILE, os.O_RDONLY, dir_fd=d)
+            finally:
+                with os.fdopen(fd, "rb") as f:
+                    raw = f.read()
+            return raw, lists
+        except FileNotFoundError:
+            try:
+                moved = os.stat(path).st_ino != os.fstat(d).st_ino  # a rebuild swapped in
+            except OSError:
+                moved = False
+            if attempt == 2 or not moved:
+                raise
+        finally:
+            os.close(d)
+    raise AssertionError("unreachable")
+
+
 class IvfIndex:
     """An IVF index opened read-only, its lists mapped."""
 
@@ -264,22 +290,29 @@ class IvfIndex:
         faiss = faiss_module()
         self.path = path
         name = path / INDEX_FILE
+        # both files opened at once through one descriptor of the directory: a rebuild
+        # swaps a new directory in (and removes the old) at any moment, and the lists of one
+        # build under the header of another are garbage.  FAISS maps the lists through the
+        # descriptor kept open here (a file removed meanwhile stays readable).
+        self._lists: int | None = None
         try:
-            with open(name, "rb") as f:
-                raw = f.read()
+            raw, self._lists = _open_both(path)
         except OSError as exc:
             raise IndexNotFoundError(f"{name}: unreadable index ({exc})", path=str(name)) from None
         stored = DATA_FILE.encode()
         tail = 8 + len(stored) + 8  # the data file name (a length, its bytes), totsize
         if len(raw) < tail or raw[-tail:-8] != struct.pack("<Q", len(stored)) + stored:
+            self.close()
             raise IndexNotFoundError(f"{name}: expected a FAISS IVF index whose lists are in "
                                      f"{DATA_FILE}, got another file", path=str(name))
-        data = os.fsencode(path.absolute() / DATA_FILE)
+        held = Path(f"/proc/self/fd/{self._lists}")  # (Linux)
+        data = os.fsencode(held if held.exists() else path.absolute() / DATA_FILE)
         patched = raw[:-tail] + struct.pack("<Q", len(data)) + data + raw[-8:]
         try:
             self.index = faiss.deserialize_index(np.frombuffer(patched, np.uint8),
                                                  faiss.IO_FLAG_READ_ONLY)
         except RuntimeError as exc:
+            self.close()
             raise IndexNotFoundError(f"{name}: not a readable FAISS index "
                                      f"({str(exc).splitlines()[0][:200]})",
                                      path=str(name)) from None
@@ -305,3 +338,12 @@ class IvfIndex:
 
     def close(self) -> None:
         self.index = None
+        fd, self._lists = self._lists, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # (interpreter shutdown)
+            pass

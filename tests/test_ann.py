@@ -333,3 +333,38 @@ def test_rows_zeroed_during_the_build_refuse_the_index(tmp_path):
     assert index_info(path) is None
     assert not index_path(path).parent.exists() or \
         [p.name for p in index_path(path).parent.iterdir()] == ["last"]  # no staging left
+
+
+def test_a_rebuild_swapped_in_while_opening_is_not_mixed_in(tmp_path, monkeypatch):
+    """A rebuild renamed into place between reading ``index.faiss`` and mapping its lists:
+    the index opened keeps the lists of the build it read (one descriptor of the
+    directory), so it still finds each row as its own nearest neighbour."""
+    from embstore import atomic
+    from embstore.ann_ivf import IvfIndex, faiss_module
+    a = _clustered(2000, 16, seed=1)
+    b = _clustered(2000, 16, seed=2)  # same shape, other rows and lists
+    embstore.save(tmp_path / "a", a).close()
+    embstore.save(tmp_path / "b", b).close()
+    embstore.build_index(tmp_path / "a", nlist=20)
+    embstore.build_index(tmp_path / "b", nlist=20)
+    home = index_path(tmp_path / "a")
+    other = index_path(tmp_path / "b")
+    fm = faiss_module()
+    real = fm.deserialize_index
+
+    def swap_then_read(*args):
+        atomic.replace(other, home)  # b's index files now where a's were
+        return real(*args)
+
+    monkeypatch.setattr(fm, "deserialize_index", swap_then_read)
+    opened = IvfIndex(home)
+    monkeypatch.setattr(fm, "deserialize_index", real)
+    q = a[[0, 500, 1999]] / np.linalg.norm(a[[0, 500, 1999]], axis=1, keepdims=True)
+    _, ids = opened.search(q, 1, 20)
+    assert ids[:, 0].tolist() == [0, 500, 1999]
+    assert not other.exists()  # a's files: removed by the swap, still mapped
+    opened.close()
+    again = IvfIndex(home)  # b's, whole
+    qb = b[[7, 1500]] / np.linalg.norm(b[[7, 1500]], axis=1, keepdims=True)
+    assert again.search(qb, 1, 20)[1][:, 0].tolist() == [7, 1500]
+    again.close()
