@@ -57,7 +57,7 @@ from .ann_ivf import DATA_FILE, FEATURE, INDEX_FILE, IvfIndex, build_ivf
 from .errors import DestinationExistsError, IndexNotFoundError, ShapeMismatchError
 from .ids import one_of, positive_int
 from .optional import require
-from .store.commit import area_of, last_commit
+from .store.commit import AREA, LAST, area_of, last_commit
 from .store.meta import read_table_meta
 from .store.table import ZarrTable
 from .store.table import open as open_table
@@ -274,8 +274,38 @@ _opened: dict[tuple, AnnIndex] = {}
 _opened_lock = threading.Lock()
 
 
+def _sig(path: str):
+    """What changes when ``path`` is replaced or rewritten (None: absent)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+_checked: dict[str, tuple] = {}  # index dir -> (signatures, vocab_size, the index, its meta)
+
+
 def open_index(table: ZarrTable) -> AnnIndex:
-    """The table's index, opened memory-mapped (kept open per index file version)."""
+    """The table's index, opened memory-mapped (kept open per index file version).
+
+    A search asks for it every time: when neither the index's metadata nor the table's
+    last commit changed since the last call (two ``stat`` calls), the index and its
+    staleness found then are reused."""
+    area = os.path.join(os.fspath(table.path), "vectors", AREA[0])  # (area_of, as strings)
+    home = os.path.join(area, "ann")
+    sigs = (_sig(os.path.join(home, META_FILE)), _sig(os.path.join(area, LAST)))
+    hit = _checked.get(home)
+    if hit is not None and hit[0] == sigs and hit[1] == table.vocab_size and sigs[0]:
+        hit[2].meta = hit[3]
+        return hit[2]
+    found = _open_index(table)
+    with _opened_lock:
+        _checked[home] = (sigs, table.vocab_size, found, found.meta)
+    return found
+
+
+def _open_index(table: ZarrTable) -> AnnIndex:
     path = index_path(table)
     meta = index_info(table)
     if meta is None:
@@ -317,7 +347,11 @@ def approx_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
                                  f"{index.meta['dim']}")
     extra = exclude.size + (1 if own is not None else 0)
     scores, ids = index.search(q, k + extra, ef)
-    bad = np.isin(ids, exclude) | (ids < 0)
+    bad = ids < 0
+    if not extra and ids.shape[1] == k and not bad.any():  # (the usual single query)
+        return scores, ids
+    if exclude.size:
+        bad |= np.isin(ids, exclude)
     if own is not None:
         bad |= ids == own[:, None]
     if ids.shape[1] < k:  # the graph walk found fewer than asked: empty places

@@ -325,6 +325,7 @@ class IvfIndex:
         self.ntotal = int(self.index.ntotal)
         self.dim = int(self.index.d)
         self._params = faiss.SearchParametersIVF
+        self._made: dict[int, Any] = {}
 
     def __len__(self) -> int:
         return self.ntotal
@@ -332,7 +333,10 @@ class IvfIndex:
     def search(self, q: np.ndarray, count: int, nprobe: int
                ) -> tuple[np.ndarray, np.ndarray]:
         """Raw FAISS ``(distances, ids)``: inner products, or squared L2 distances."""
-        params = self._params(nprobe=int(max(1, min(nprobe, self.nlist))))
+        p = int(max(1, min(nprobe, self.nlist)))
+        params = self._made.get(p)
+        if params is None:  # (read-only during a search: shared by threads)
+            params = self._made[p] = self._params(nprobe=p)
         return self.index.search(np.ascontiguousarray(q, dtype=np.float32), int(count),
                                  params=params)
 

@@ -169,8 +169,6 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
         np.empty(0, dtype=np.int64)
     dtype = _compute_dtype(table, q)
     raw = q = np.ascontiguousarray(q, dtype=dtype)
-    qnorm = np.sqrt(np.einsum("ij,ij->i", q, q))
-    q = q / np.where(qnorm == 0, 1, qnorm)[:, None]
     n = q.shape[0]
     if ef is not None:
         ef = positive_int(ef, "ef")
@@ -185,10 +183,12 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
     if found is not None:
         scores, ids = found
     elif k:
+        qnorm = np.sqrt(np.einsum("ij,ij->i", q, q))
+        q = q / np.where(qnorm == 0, 1, qnorm)[:, None]
         scores, ids = cosine_top_k(table, q, k, exclude=excl, own=own, block_rows=block_rows)
     else:
         scores, ids = np.empty((n, 0), dtype), np.empty((n, 0), np.int64)
-    if k:
+    if k and (excl.size or own is not None):
         invalid = np.isin(ids, excl)
         if own is not None:
             invalid |= ids == own[:, None]

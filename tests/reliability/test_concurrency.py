@@ -115,3 +115,57 @@ def test_readers_see_old_or_new_rows_while_a_writer_works(tmp_path, compression)
         assert list(t.keys) == [f"k{i}" for i in range(len(want))]
     np.testing.assert_array_equal(got, np.repeat(want.astype(np.float32)[:, None], DIM, 1))
     assert embstore.verify(path).ok
+
+
+BUILDER = r"""
+import sys, numpy as np, embstore
+from embstore.ann import index_info
+path, rounds, nlist = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for r in range(rounds):
+    embstore.build_index(path, nlist=nlist, overwrite=True)
+print("built", rounds)
+"""
+
+SEARCHER = r"""
+import os, sys, numpy as np, embstore
+path, done = sys.argv[1], sys.argv[2]
+with embstore.open(path) as t:
+    a = t.to_numpy()
+searches = after = 0
+while after < 3:
+    after += os.path.exists(done)
+    with embstore.open(path) as t:
+        ids, _ = embstore.search.most_similar(t, a[[3, 1200, 2999]], k=3, approx=True, ef=64)
+    assert ids[:, 0].tolist() == [3, 1200, 2999], ids
+    searches += 1
+print("searched", searches)
+"""
+
+
+def test_two_index_builds_and_a_searcher_at_once(tmp_path):
+    """Two processes rebuild a table's approximate index over and over (nlist 24 and 32)
+    while a third opens and searches it: every build succeeds (the last swap wins), every
+    search finds each query's own row, and one whole index is left, no staging."""
+    pytest.importorskip("faiss")
+    from embstore.ann import index_info, index_path
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal((40, 16))[rng.integers(0, 40, ROWS)]
+         + 0.3 * rng.standard_normal((ROWS, 16))).astype(np.float32)
+    path = tmp_path / "t"
+    embstore.save(path, a).close()
+    embstore.build_index(path, nlist=16)
+    done = tmp_path / "done"
+    searcher = _spawn(SEARCHER, [path, done])
+    builders = [_spawn(BUILDER, [path, 4, n]) for n in (24, 32)]
+    outs = [p.communicate(timeout=600) for p in builders]
+    done.touch()
+    s_out, s_err = searcher.communicate(timeout=600)
+    for p, (out, err) in zip(builders, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert out.strip() == "built 4"
+    assert searcher.returncode == 0, s_err[-2000:]
+    assert int(s_out.split()[1]) >= 3
+    meta = index_info(path)
+    assert meta["nlist"] in (24, 32) and meta["stale"] is False
+    assert sorted(p.name for p in index_path(path).parent.iterdir()) == ["ann", "last"]
+    TRIED["concurrent index builds"] += 8
