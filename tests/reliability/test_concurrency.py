@@ -167,5 +167,6 @@ def test_two_index_builds_and_a_searcher_at_once(tmp_path):
     assert int(s_out.split()[1]) >= 3
     meta = index_info(path)
     assert meta["nlist"] in (24, 32) and meta["stale"] is False
-    assert sorted(p.name for p in index_path(path).parent.iterdir()) == ["ann", "last"]
+    left = {p.name for p in index_path(path).parent.iterdir()}
+    assert "ann" in left and left <= {"ann", "last"}, left  # no staging directory left
     TRIED["concurrent index builds"] += 8
