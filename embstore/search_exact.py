@@ -172,13 +172,15 @@ class _Best:
         b, n = s.shape
         if n == 1:  # one query: the rows above its threshold, in one pass
             rows = np.flatnonzero(s[:, 0] > self.thr[0])
-            if rows.size and rows.size <= self.cap:
+            if not rows.size:
+                return
+            if rows.size <= self.cap:
                 self._merge(s[rows, 0][None, :], (rows + start)[None, :])
                 return
-            above, count = None, rows.size
+            above, count = s > self.thr, int(rows.size)  # (many: partitioned below)
         else:
             above = s > self.thr
-            count = np.count_nonzero(above)
+            count = int(np.count_nonzero(above))
         if not count:
             return
         if count > self.cap:

@@ -50,10 +50,11 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
     item = L.dtype.itemsize
     if cr == 1:
         if c0 == 0 and sf.back_to_back(0, L.n_inner, step):  # kept for the next scans
-            sf.scan_rows = np.ndarray((L.n_inner, L.dim), dtype=L.dtype, buffer=sf.mm,
-                                      offset=int(off[0]), strides=(step, item))
-            sf.scan_rows.flags.writeable = False
-            return sf.scan_rows[:b]
+            every = np.ndarray((L.n_inner, L.dim), dtype=L.dtype, buffer=sf.mm,
+                               offset=int(off[0]), strides=(step, item))
+            every.flags.writeable = False
+            sf.scan_rows = every
+            return every[:b]
         return np.ndarray((b - a, L.dim), dtype=L.dtype, buffer=sf.mm, offset=int(off[0]),
                           strides=(step, item))
     v3 = np.ndarray((c1 - c0, cr, L.dim), dtype=L.dtype, buffer=sf.mm, offset=int(off[0]),

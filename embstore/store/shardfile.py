@@ -24,7 +24,7 @@ class ShardFile:
         n = layout.n_inner
         self.mm = None
         self.rowview = None
-        self.scan_rows = None  # every row, one-row chunks back to back (embstore.store.scan)
+        self.scan_rows: np.ndarray | None = None  # every row, one-row chunks back to back (embstore.store.scan)
         self.offsets = np.broadcast_to(np.int64(-1), (n,))  # until the index is read
         self.nbytes = np.broadcast_to(np.int64(0), (n,))
         self.verified = np.zeros(n, dtype=bool)
