@@ -270,10 +270,6 @@ class AnnIndex:
         return np.where(valid, scores, -np.inf), np.where(valid, keys, -1)
 
 
-_opened: dict[tuple, AnnIndex] = {}
-_opened_lock = threading.Lock()
-
-
 def _sig(path: str):
     """What changes when ``path`` is replaced or rewritten (None: absent)."""
     try:
@@ -283,48 +279,39 @@ def _sig(path: str):
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-_checked: dict[str, tuple] = {}  # index dir -> (signatures, vocab_size, the index, its meta)
+#: index dir -> (what the last look saw: meta.json, the table's last commit, its rows;
+#: the index file's signature; the index opened; its metadata then)
+_opened: dict[str, tuple] = {}
+_opened_lock = threading.Lock()
 
 
 def open_index(table: ZarrTable) -> AnnIndex:
     """The table's index, opened memory-mapped (kept open per index file version).
 
-    A search asks for it every time: when neither the index's metadata nor the table's
-    last commit changed since the last call (two ``stat`` calls), the index and its
-    staleness found then are reused."""
+    A search asks for it every time: while neither the index's metadata nor the table's
+    last commit changed (two ``stat`` calls), the index and the staleness found the last
+    time are reused; otherwise the metadata is read again, and the index reopened only if
+    its file changed."""
     area = os.path.join(os.fspath(table.path), "vectors", AREA[0])  # (area_of, as strings)
     home = os.path.join(area, "ann")
-    sigs = (_sig(os.path.join(home, META_FILE)), _sig(os.path.join(area, LAST)))
-    hit = _checked.get(home)
-    if hit is not None and hit[0] == sigs and hit[1] == table.vocab_size and sigs[0]:
+    seen = (_sig(os.path.join(home, META_FILE)), _sig(os.path.join(area, LAST)),
+            table.vocab_size)
+    hit = _opened.get(home)
+    if hit is not None and hit[0] == seen and seen[0] is not None:
         hit[2].meta = hit[3]
         return hit[2]
-    found = _open_index(table)
-    with _opened_lock:
-        _checked[home] = (sigs, table.vocab_size, found, found.meta)
-    return found
-
-
-def _open_index(table: ZarrTable) -> AnnIndex:
-    path = index_path(table)
     meta = index_info(table)
     if meta is None:
         raise IndexNotFoundError(f"{table.path} has no approximate index (build it first: "
-                                 "embstore.build_index, or the index command)", path=str(path))
+                                 "embstore.build_index, or the index command)", path=home)
     name = INDEX_FILE if meta.get("library", "usearch") == "faiss" else USEARCH_FILE
-    try:
-        st = os.stat(path / name)
-    except OSError as exc:
-        raise IndexNotFoundError(f"{path / name}: unreadable index ({exc.strerror})",
-                                 path=str(path)) from None
-    key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    sig = _sig(os.path.join(home, name))
+    if sig is None:
+        raise IndexNotFoundError(f"{os.path.join(home, name)}: unreadable index", path=home)
     with _opened_lock:
-        found = _opened.get(key)
-        if found is None:
-            found = AnnIndex(path, meta)
-            for old in [k for k in _opened if k[0] == key[0]]:
-                del _opened[old]
-            _opened[key] = found
+        hit = _opened.get(home)
+        found = hit[2] if hit is not None and hit[1] == sig else AnnIndex(Path(home), meta)
+        _opened[home] = (seen, sig, found, meta)
     found.meta = meta  # stale or not: as of now
     return found
 

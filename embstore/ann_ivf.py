@@ -264,13 +264,9 @@ def _open_both(path: Path) -> tuple[bytes, int]:
     for attempt in range(3):
         d = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
-            fd = os.open(INDEX_FILE, os.O_RDONLY, dir_fd=d)
-            try:
-                lists = os.open(DATA_FILE, os.O_RDONLY, dir_fd=d)
-            finally:
-                with os.fdopen(fd, "rb") as f:
-                    raw = f.read()
-            return raw, lists
+            with os.fdopen(os.open(INDEX_FILE, os.O_RDONLY, dir_fd=d), "rb") as f:
+                raw = f.read()
+            return raw, os.open(DATA_FILE, os.O_RDONLY, dir_fd=d)
         except FileNotFoundError:
             try:
                 moved = os.stat(path).st_ino != os.fstat(d).st_ino  # a rebuild swapped in

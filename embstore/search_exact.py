@@ -170,6 +170,7 @@ class _Best:
     def add(self, s: np.ndarray, start: int, head: bool = True) -> None:
         """Merge the scores ``s`` (``(b, n)``, C-contiguous) of rows ``start..``."""
         b, n = s.shape
+        above: np.ndarray | None = None
         if n == 1:  # one query: the rows above its threshold, in one pass
             rows = np.flatnonzero(s[:, 0] > self.thr[0])
             if not rows.size:
@@ -177,7 +178,7 @@ class _Best:
             if rows.size <= self.cap:
                 self._merge(s[rows, 0][None, :], (rows + start)[None, :])
                 return
-            above, count = s > self.thr, int(rows.size)  # (many: partitioned below)
+            count = int(rows.size)  # (many: partitioned below)
         else:
             above = s > self.thr
             count = int(np.count_nonzero(above))
@@ -192,6 +193,7 @@ class _Best:
             cols = _block_top(s, self.k)
             self._merge(np.take_along_axis(s.T, cols, axis=1), cols + start)
             return
+        assert above is not None  # (one query never gets here)
         flat = np.flatnonzero(above)  # by row, then query
         row, query = np.divmod(flat, n)
         order = np.argsort(query, kind="stable")  # by query, then row

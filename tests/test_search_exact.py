@@ -242,7 +242,7 @@ def test_blocks_of_rows_read_in_place_are_larger(tmp_path, rows):
         with embstore.open(tmp_path / layout) as t:
             assert rows_in_place(t) is in_place
     assert not rows_in_place(embstore.MemoryTable(rows))
-    wide = embstore.MemoryTable(np.zeros((10 ** 6, 1024), np.float32))  # (pages never touched)
+    wide = embstore.MemoryTable(np.zeros((40_000, 1024), np.float32))  # more rows than a block
     assert se.scan_block_rows(wide, 1, in_place=True) == se.VIEW_BLOCK_BYTES // 4096
     assert se.scan_block_rows(wide, 4096, in_place=True) == se.SCAN_BLOCK_BYTES // 16384
     assert se.scan_block_rows(wide, 1) == se.SCAN_BLOCK_BYTES // 4100
