@@ -42,7 +42,6 @@ import math
 import os
 import threading
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ import numpy as np
 
 from . import atomic
 from .beside import fsync_path as _fsync
+from .beside import sweep_beside
 from ._types import PathLike
 from ._version import __version__
 from .ann_ivf import DATA_FILE, FEATURE, INDEX_FILE, IvfIndex, build_ivf
@@ -141,9 +141,8 @@ def build_index(table: PathLike | ZarrTable, *, metric: str = "cos", nlist: int 
             raise DestinationExistsError(f"{dest}: the table already has an approximate "
                                          "index (pass overwrite=True to rebuild it)")
         commit, rows = last_commit(t.path), t.vocab_size  # before reading: never newer
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f"ann.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        sweep_beside(dest)  # the staging of builds killed before (their process is gone)
+        tmp = Path(atomic.temp_dir(dest))
         try:
             t0 = time.perf_counter()
             built = build_ivf(t, tmp, metric=metric, nlist=nlist, nprobe=nprobe,

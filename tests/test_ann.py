@@ -368,3 +368,32 @@ def test_a_rebuild_swapped_in_while_opening_is_not_mixed_in(tmp_path, monkeypatc
     qb = b[[7, 1500]] / np.linalg.norm(b[[7, 1500]], axis=1, keepdims=True)
     assert again.search(qb, 1, 20)[1][:, 0].tolist() == [7, 1500]
     again.close()
+
+
+def test_a_killed_build_leaves_an_index_and_its_staging_is_swept(tmp_path):
+    """A build killed (SIGKILL) while it writes its staging directory: the old index still
+    opens and searches, and the next build removes the dead builder's staging."""
+    import signal
+    import time
+    a = _clustered(60_000, 32)
+    path = tmp_path / "t"
+    embstore.save(path, a).close()
+    embstore.build_index(path, nlist=16)
+    area = index_path(path).parent
+    code = f"import embstore; embstore.build_index({str(path)!r}, nlist=64, overwrite=True)"
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ,
+                             "PYTHONPATH": str(REPO)}, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(".tmp-" in p.name for p in area.iterdir()) and child.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    if child.returncode == -signal.SIGKILL:  # (killed while staging, as meant)
+        assert any(".tmp-" in p.name for p in area.iterdir())
+    assert index_info(path)["nlist"] in (16, 64)
+    with embstore.open(path) as t:
+        ids, _ = embstore.search.most_similar(t, a[[3, 40_000]], k=3, approx=True, ef=64)
+    assert ids[:, 0].tolist() == [3, 40_000]
+    embstore.build_index(path, nlist=8, overwrite=True)
+    assert sorted(p.name for p in area.iterdir() if p.name != "last") == ["ann"]
