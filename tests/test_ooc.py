@@ -155,6 +155,12 @@ def test_willneed_merges_ranges_into_page_runs():
     assert prefetch.willneed(starts, stops) == 2
     assert prefetch.willneed(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0
     assert prefetch.is_cold(np.array([b])) is False  # our own touched memory is resident
+    # a run longer than RUN_PAGES goes as pieces (the kernel reads one read-ahead window
+    # per advice): 2.5 runs' worth of pages, 3 pieces
+    run = prefetch.RUN_PAGES * p
+    big = np.zeros(3 * run + p, dtype=np.uint8)
+    c = big.ctypes.data - big.ctypes.data % p + p
+    assert prefetch.willneed(np.array([c]), np.array([c + 5 * run // 2])) == 3
 
 
 def test_row_cache_does_not_reread_hits_when_reads_are_cold(tmp_path):
