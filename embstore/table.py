@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ._types import KeysLike
-from .cache import CacheInfo
+from .cache.rows import CacheInfo
 from .dasktable import to_dask
 from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
 from .ids import as_ids, check_result_size, position_of, positive_int

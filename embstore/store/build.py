@@ -14,11 +14,11 @@ from ..errors import ReadOnlyError, ShapeMismatchError
 from ..memory import check_table_array
 from ..table import Table, as_key_array
 from .codecs import Compression
-from .ngrams import subword_attrs
-from .objstore import is_url
-from .quant import logical_dtype
+from .subword.ngrams import subword_attrs
+from .remote.objstore import is_url
+from ..dtypes.quant import logical_dtype
 from .table import ZarrTable
-from .transfer import staged
+from .remote.transfer import staged
 from .writer import TableWriter
 
 __all__ = ["create", "save"]

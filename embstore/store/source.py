@@ -26,10 +26,10 @@ import numpy as np
 from ..errors import CorruptStoreError, FormatError
 from .codecs import Layout
 from .meta import check_vectors_meta, read_json
-from .quant import SCALE_ARRAY, bf16_decode, bf16_encode, int8_dequantise, int8_quantise
+from ..dtypes.quant import SCALE_ARRAY, bf16_decode, bf16_encode, int8_dequantise, int8_quantise
 from .commit import Transaction
-from .shardread import ShardReader
-from .shardwrite import rewrite_shard
+from .shard.read import ShardReader
+from .shard.write import rewrite_shard
 from .writer import set_rows
 
 __all__ = ["RowSource", "LayoutSource", "ShardSource", "ZarrSource", "Bf16Source", "Int8Source",
@@ -128,7 +128,7 @@ class LayoutSource(RowSource):
 
 
 class ShardSource(LayoutSource):
-    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shardread`)."""
+    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shard.read`)."""
 
     def __init__(self, root: Path, layout: Layout, name: str = "vectors"):
         self.root, self.name = root, name

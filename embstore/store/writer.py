@@ -1,5 +1,5 @@
 """Writing new format-v1 tables: the default layout and the streaming :class:`TableWriter`
-(see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shardwrite`)."""
+(see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shard.write`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .. import atomic
+from ..fs import atomic
 from .._types import PathLike
 from .._version import __version__
 from ..dtypes import check_dtype, check_storage
@@ -22,12 +22,12 @@ from ..errors import ShapeMismatchError
 from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
-from ..beside import fsync_path as _fsync
+from ..fs.beside import fsync_path as _fsync
 from .codecs import COMPRESSIONS, Compression, Layout, make_codec
-from .normcalc import NORMS_ARRAY, create_norms_stream, decoded_norms
-from .quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
+from .norms.calc import NORMS_ARRAY, create_norms_stream, decoded_norms
+from ..dtypes.quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
                     int8_quantise, logical_dtype)
-from .shardwrite import BackgroundSync, RowStream, write_json
+from .shard.write import BackgroundSync, RowStream, write_json
 
 __all__ = ["TableWriter", "choose_layout", "set_rows", "check_dtype", "check_storage"]
 
@@ -117,7 +117,7 @@ def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
 class TableWriter:
     """Stream rows into a new table at ``path``; ``commit()`` renames it into place.
 
-    Rows go to a temporary directory beside ``path`` (see :mod:`embstore.atomic`); at most
+    Rows go to a temporary directory beside ``path`` (see :mod:`embstore.fs.atomic`); at most
     one shard of rows is held in memory.  Used as a context manager, it commits on success
     and aborts on an exception::
 
