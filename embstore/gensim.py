@@ -61,7 +61,9 @@ def to_gensim(path_or_table):
     """A gensim ``KeyedVectors`` holding the whole table (a :class:`Table` or a path).
 
     Keys and their order are the table's; a table without keys gets the integer keys
-    ``0, 1, 2, ...`` (its row numbers).  The vectors are a copy in RAM.
+    ``0, 1, 2, ...`` (its row numbers).  The vectors are a copy in RAM.  Each key has the
+    vector attribute ``count`` that ``load_word2vec_format`` gives a file without a vocab
+    file (``vocab_size - row``: descending, in row order).
     """
     KeyedVectors = require("gensim.models", extra="gensim", feature="to_gensim").KeyedVectors
     table = path_or_table
@@ -79,4 +81,8 @@ def to_gensim(path_or_table):
             table.close()
     kv = KeyedVectors(table.dim, count=0, dtype=vectors.dtype)
     kv.add_vectors(keys, vectors)
+    # the "count" attribute load_word2vec_format makes up when there is no vocab file:
+    # descending, vocab_size - row (gensim's own tests and code read it)
+    kv.allocate_vecattrs(attrs=["count"], types=[np.int64])
+    kv.expandos["count"][:] = np.arange(len(keys), 0, -1, dtype=np.int64)
     return kv

@@ -382,7 +382,7 @@ class Embedding:
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
-    def most_similar(self, query: ArrayLike, k: int = 10, exclude: ArrayLike = (), *,
+    def most_similar(self, query: ArrayLike, k: int | None = 10, exclude: ArrayLike = (), *,
                      block_rows: int | None = None, approx: bool = False,
                      ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them);
