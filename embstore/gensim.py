@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .errors import ShapeMismatchError
+from .errors import InvalidTypeError, ShapeMismatchError
 from .memory import MemoryTable
 from .optional import require
 from .store.table import open as open_table
@@ -45,14 +45,14 @@ def from_gensim(kv, path=None, **layout) -> Table:
     """
     vectors = getattr(kv, "vectors", None)
     if not isinstance(vectors, np.ndarray) or not hasattr(kv, "index_to_key"):
-        raise TypeError(f"expected a gensim KeyedVectors, got {type(kv).__name__}")
+        raise InvalidTypeError(f"expected a gensim KeyedVectors, got {type(kv).__name__}")
     keys = _keys_of(kv)
     if keys is not None and len(keys) != vectors.shape[0]:
         raise ShapeMismatchError(f"the KeyedVectors has {len(keys)} keys for "
                                  f"{vectors.shape[0]} vectors")
     if path is None:
         if layout:
-            raise TypeError(f"layout options need a path, got {sorted(layout)}")
+            raise InvalidTypeError(f"layout options need a path, got {sorted(layout)}")
         return MemoryTable(vectors, keys=keys)
     return save(path, vectors, keys=keys, **layout)
 
@@ -70,7 +70,7 @@ def to_gensim(path_or_table):
     opened = not isinstance(table, Table)
     if opened:
         if not isinstance(table, (str, os.PathLike)):
-            raise TypeError(f"expected an embstore Table or the path of a table, got "
+            raise InvalidTypeError(f"expected an embstore Table or the path of a table, got "
                             f"{type(table).__name__}")
         table = open_table(table, mode="r", cache_bytes=0)
     try:

@@ -9,6 +9,7 @@ score of places left empty by ``exclude``).
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -76,7 +77,7 @@ def logits(table: Table, hidden, *, top_k: int | None = None, block_rows: int | 
     h = _as_vectors(table, hidden, "hidden")
     dtype = _compute_dtype(table, h)
     lead = h.shape[:-1]
-    h2 = np.ascontiguousarray(h.reshape(-1, table.dim), dtype=dtype)
+    h2 = np.ascontiguousarray(h.reshape(math.prod(lead), table.dim), dtype=dtype)  # dim 0 too
     n = h2.shape[0]
     rows = _check_block_rows(table, block_rows, n)
     vocab = table.vocab_size
@@ -139,7 +140,7 @@ def _resolve_query(table: Table, query):
     vec = _as_vectors(table, arr, "a query vector")
     if vec.ndim > 2:
         raise ShapeMismatchError(f"query vectors must be (dim,) or (n, dim), got {vec.shape}")
-    return vec.reshape(-1, table.dim), None, vec.ndim == 1
+    return vec.reshape(math.prod(vec.shape[:-1]), table.dim), None, vec.ndim == 1
 
 
 def _all_scores(table: Table, q: np.ndarray, dtype, excl: np.ndarray, single: bool,
@@ -187,6 +188,8 @@ def most_similar(table: Table, query, *, k: int | None = 10, exclude=(),
     """
     if k is not None:
         k = non_negative_int(k, "k", error=InvalidOptionError)
+    if table.dim == 0:
+        raise ShapeMismatchError("cosine similarity needs rows of dim >= 1, the table has dim 0")
     q, own, single = _resolve_query(table, query)
     excl = np.unique(_resolve_ids_or_keys(table, exclude)) if exclude is not None else \
         np.empty(0, dtype=np.int64)

@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 from crc32c import crc32c
 
-from ..errors import CorruptStoreError
+from ..errors import CorruptStoreError, InvalidOptionError
 
 __all__ = ["Layout", "ABSENT", "COMPRESSIONS", "Compression", "make_codec",
            "encode_chunks", "check_chunk", "pool"]
@@ -56,8 +56,8 @@ def make_codec(compression: str, itemsize: int):
     if compression == "blosc":
         return Blosc(cname="zstd", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0,
                      typesize=itemsize)
-    raise ValueError(f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}, got "
-                     f"{compression!r}")
+    raise InvalidOptionError(f"compression must be one of "
+                             f"{', '.join(map(repr, COMPRESSIONS))}, got {compression!r}")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from .. import atomic
 from .._types import PathLike
 from .._version import __version__
 from ..dtypes import check_dtype, check_storage
-from ..errors import ShapeMismatchError
+from ..errors import InvalidOptionError, ShapeMismatchError
 from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
@@ -77,8 +77,8 @@ def choose_layout(dim: int, dtype: DTypeLike, rows: int | None = None, *,
         if rows is not None:
             sr = min(sr, max(cr, -(-rows // cr) * cr))
     if sr % cr:
-        raise ValueError(f"shard_rows must be a multiple of chunk_rows: got shard_rows={sr}, "
-                         f"chunk_rows={cr}")
+        raise InvalidOptionError(f"shard_rows must be a multiple of chunk_rows: got "
+                                 f"shard_rows={sr}, chunk_rows={cr}")
     return int(cr), int(sr)
 
 
@@ -146,6 +146,9 @@ class TableWriter:
                  attrs: dict | None = None,
                  duplicate_keys: Literal["drop", "error"] = "drop"):
         import zarr
+        if dim == 0 and not isinstance(dim, bool):  # as torch's nn.Embedding(n, 0)
+            raise ShapeMismatchError("a stored table needs dim >= 1 (Zarr chunks of 0-value "
+                                     "rows hold nothing); a MemoryTable takes dim 0")
         positive_int(dim, "dim", error=ShapeMismatchError)
         one_of(compression, "compression", COMPRESSIONS)
         self.path = Path(os.fspath(path)).absolute()
