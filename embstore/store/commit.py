@@ -41,6 +41,7 @@ from ..errors import CorruptStoreError, LockTimeoutError
 from ..fs.beside import fsync_path as _fsync
 from ..fs.beside import remove_quietly, sweep_beside
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
+from .meta import refresh_consolidated
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]
 
@@ -96,6 +97,7 @@ class Transaction:
         """Make the staged files live, all or nothing."""
         if self.stage.exists():
             remove_quietly(self.stage)  # scratch only: every staged file was adopted
+        self._stage_consolidated()
         doc = {"embstore_journal": 1, "txn": self.id, "pid": os.getpid(),
                "moves": [list(m) for m in self.moves]}
         tmp = self.area / f"{JOURNAL}.tmp-{self.id}"
@@ -113,6 +115,19 @@ class Transaction:
         _apply(self.root, doc)
         for fn in self._after:
             fn()
+
+    def _stage_consolidated(self) -> None:
+        """Stage the group ``zarr.json`` with its consolidated metadata (if it has any)
+        rebuilt from the arrays' new documents: moved last, after ``vectors/zarr.json``
+        (see :func:`~.meta.refresh_consolidated`)."""
+        doc = refresh_consolidated(self.root, {live: self.area / staged
+                                               for staged, live in self.moves})
+        if doc is None:
+            return
+        with open(self.file("zarr.json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
 
     def abort(self) -> None:
         """Remove the staged files of an operation that did not commit (no-op after a

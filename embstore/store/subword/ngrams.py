@@ -61,7 +61,7 @@ class NgramWriter:
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=self.dtype.itemsize)]}
         comp = by_name[compression]
-        group = zarr.open_group(self.root, mode="r+")
+        group = zarr.open_group(self.root, mode="r+", use_consolidated=False)
         arr = group.create_array(NGRAMS, shape=(0, self.dim), dtype=self.dtype,
                                  chunks=(cr, self.dim), shards=(sr, self.dim),
                                  serializer=BytesCodec(endian="little"),
