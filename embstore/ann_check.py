@@ -35,13 +35,14 @@ import numpy as np
 from crc32c import crc32c
 
 from .errors import CorruptStoreError
-from .files import map_file
+from .files import map_file, open_regular, read_small
 
-__all__ = ["META_CRC", "SUMS", "LIST_SUMS", "Header", "damaged", "meta_crc",
+__all__ = ["META_CRC", "SUMS", "LIST_SUMS", "INDEX_FILE", "DATA_FILE", "Header", "damaged", "meta_crc",
            "check_meta", "parse_header", "check_header", "check_data_size", "list_sums",
-           "read_list_sums", "bad_lists", "bad_ids", "whole_sum", "file_sum", "make_sums"]
+           "read_list_sums", "bad_lists", "bad_ids", "whole_sum", "file_sum", "make_sums", "verify_index"]
 
 META_CRC, SUMS, LIST_SUMS = "meta_crc32c", "checksums", "lists.crc32c"
+INDEX_FILE, DATA_FILE = "index.faiss", "lists.ivfdata"
 _IVF, _FLAT = b"IwFl", (b"IxFI", b"IxF2")  # IndexIVFFlat; its IndexFlatIP / IndexFlatL2
 _HEAD = struct.Struct("<iqqqBiQQ")  # d, ntotal, 2 dummies, is_trained, metric, nlist, nprobe
 _QHEAD = struct.Struct("<iqqqBi")
@@ -96,7 +97,7 @@ def file_sum(data, name: str, sums: dict | None, path: Path) -> None:
     want = sums[name]
     if len(data) != want["bytes"]:
         raise damaged(path, f"{len(data)} bytes, meta.json records {want['bytes']}")
-    got = crc32c(data)
+    got = crc32c(data.data if isinstance(data, np.ndarray) else data)
     if got != want["crc32c"]:
         raise damaged(path, f"crc32c {got:#010x}, meta.json records {want['crc32c']:#010x}")
 
@@ -171,7 +172,7 @@ def check_header(h: Header, meta: dict | None, path: Path) -> None:
     """The header against ``meta.json``: dim, metric, nlist, rows."""
     if meta is None:
         return
-    want = {"dim": meta.get("dim"), "metric": METRIC_CODES.get(meta.get("metric")),
+    want = {"dim": meta.get("dim"), "metric": METRIC_CODES.get(str(meta.get("metric"))),
             "nlist": meta.get("nlist", h.nlist), "rows": meta.get("indexed_rows", h.ntotal)}
     got = {"dim": h.dim, "metric": h.metric, "nlist": h.nlist, "rows": h.ntotal}
     wrong = [f"{k} {got[k]} (meta.json says {want[k]})" for k in got if got[k] != want[k]]
@@ -192,7 +193,7 @@ def list_sums(h: Header, data: np.ndarray) -> np.ndarray:
     out = np.zeros(h.nlist, np.uint32)
     for j in range(h.nlist):
         a, b = h.span(j)
-        out[j] = crc32c(data[a:b])
+        out[j] = crc32c(data[a:b].data)
     return out
 
 
@@ -210,7 +211,7 @@ def bad_lists(h: Header, data: np.ndarray, want: np.ndarray, lists: np.ndarray) 
     out = []
     for j in lists.tolist():
         a, b = h.span(j)
-        if crc32c(data[a:b]) != int(want[j]):
+        if crc32c(data[a:b].data) != int(want[j]):
             out.append(j)
     return out
 
@@ -232,11 +233,11 @@ def whole_sum(data: np.ndarray) -> int:
     """The crc32c of a mapped file, in pieces of 16 MiB."""
     crc = 0
     for a in range(0, len(data), _BLOCK):  # a loop per 16 MiB
-        crc = crc32c(data[a:a + _BLOCK], crc)
+        crc = crc32c(data[a:a + _BLOCK].data, crc)
     return crc
 
 
-def make_sums(dest: Path, index_name: str, data_name: str) -> dict:
+def make_sums(dest: Path, index_name: str = INDEX_FILE, data_name: str = DATA_FILE) -> dict:
     """Write ``lists.crc32c`` of the index just built in ``dest`` and return the
     ``checksums`` of ``meta.json`` (each file's size and crc32c)."""
     raw = (dest / index_name).read_bytes()
@@ -252,3 +253,74 @@ def make_sums(dest: Path, index_name: str, data_name: str) -> dict:
     return {name: {"bytes": len(b), "crc32c": c} for name, b, c in (
         (index_name, raw, crc32c(raw)), (data_name, data, whole_sum(data)),
         (LIST_SUMS, per_list, crc32c(per_list)))}
+
+
+def _read_meta(path: Path) -> dict:
+    fd = open_regular(path, nofollow=True)
+    try:
+        meta = json.loads(read_small(fd, path, 1 << 20))
+    finally:
+        os.close(fd)
+    if not (isinstance(meta, dict) and meta.get("embstore_ann") == 1 and
+            meta.get("metric") in METRIC_CODES and isinstance(meta.get("dim"), int) and
+            meta.get("library", "usearch") in ("faiss", "usearch")):
+        raise damaged(path, f"expected embstore index metadata, got {str(meta)[:200]}")
+    return meta
+
+
+def verify_index(home: Path, rows: int | None, commit: str | None
+                 ) -> tuple[str, list[tuple[str, str]]]:
+    """``(note, problems)``: every check of the index in ``home`` (the module doc) for
+    ``verify``, against the table's ``rows`` and last ``commit``.  ``("", [])`` when the
+    table has no index."""
+    index_name, data_name = INDEX_FILE, DATA_FILE
+    path = home / "meta.json"
+    try:
+        meta = _read_meta(path)
+    except FileNotFoundError:
+        return "", []
+    except (CorruptStoreError, OSError, ValueError, RecursionError) as exc:
+        why = str(exc) if isinstance(exc, CorruptStoreError) else \
+            str(damaged(path, f"unreadable index metadata ({exc})"))
+        return "damaged", [(str(path), why)]
+    stale = meta.get("table_commit") != commit or meta.get("table_rows") != rows
+    note = (f"{meta.get('indexed_rows')} rows, {meta['metric']}, "
+            f"{'stale (the table changed since it was built)' if stale else 'up to date'}")
+    if meta.get("library", "usearch") != "faiss":
+        return note + "; unverified (an HNSW index of embstore <= 0.4: rebuild it)", []
+    try:
+        sums = check_meta(meta, path)
+        raw = (home / index_name).read_bytes()
+        file_sum(raw, index_name, sums, home / index_name)
+        h = parse_header(raw, home / index_name, data_name)
+        check_header(h, meta, home / index_name)
+        fd = open_regular(home / data_name, nofollow=True)
+        try:
+            data = map_file(fd, os.fstat(fd).st_size, home / data_name)
+        finally:
+            os.close(fd)
+        check_data_size(h, len(data), home / data_name)
+        if sums is not None:
+            lfd = open_regular(home / LIST_SUMS, nofollow=True)
+            try:
+                want = read_list_sums(lfd, h, sums, home / LIST_SUMS)
+            finally:
+                os.close(lfd)
+            if whole_sum(data) != sums[data_name]["crc32c"]:
+                bad = bad_lists(h, data, want, np.arange(h.nlist))
+                raise damaged(home / data_name, f"crc32c differs from meta.json's; lists "
+                              f"{', '.join(map(str, bad[:10]))}{' ...' if len(bad) > 10 else ''}"
+                              f" ({len(bad)} of {h.nlist}) fail their crc32c")
+        limit = meta.get("table_rows")
+        wrong = bad_ids(h, data, limit if isinstance(limit, int) else 0)
+        if wrong:
+            raise damaged(home / data_name, f"lists {', '.join(map(str, wrong[:10]))} hold row "
+                                            f"ids outside 0..{limit - 1 if isinstance(limit, int) else limit} "
+                                            "(the rows indexed)")
+    except CorruptStoreError as exc:
+        return "damaged", [(str(exc.path), str(exc))]
+    except OSError as exc:
+        return "damaged", [(str(home), str(damaged(home, f"unreadable ({exc})")))]
+    if sums is None:
+        note += "; unverified (built without checksums: rebuild it to have them)"
+    return note, []

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import ann_check as check
-from .ann_check import LIST_SUMS
+from .ann_check import DATA_FILE, INDEX_FILE, LIST_SUMS
 from .errors import CorruptStoreError, IndexNotFoundError, TableChangedError
 from .files import map_file, open_regular
 from .optional import require
@@ -43,7 +43,6 @@ from .store.table import ZarrTable
 
 __all__ = ["build_ivf", "IvfIndex", "INDEX_FILE", "DATA_FILE", "default_nlist"]
 
-INDEX_FILE, DATA_FILE = "index.faiss", "lists.ivfdata"
 FEATURE = "an approximate nearest-neighbour index"
 _BLOCK_BYTES = 32 << 20  # rows per streamed block: about this many bytes of float32
 _CALIBRATION_QUERIES = 128

@@ -14,7 +14,6 @@ other arrays without one (a foreign ``keys``) are read and listed as not checksu
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -27,7 +26,9 @@ from ..errors import CorruptStoreError, FormatError, LockTimeoutError, NotATable
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .codecs import Layout
-from .commit import area_of, last_commit, settle
+from ..ann_check import verify_index
+from ..files import real_dir
+from .commit import AREA, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
 from .ngrams import NGRAMS
 from .quant import SCALE_ARRAY
@@ -247,24 +248,23 @@ def verify(path: PathLike) -> VerifyReport:
             check_norms(root, lambda file, msg: report.add(file, None, msg))
         except (CorruptStoreError, FormatError) as exc:
             report.add(str(root / NORMS_ARRAY), None, str(exc))
-    report.index = _index_note(root, report.vocab_size)
+    report.index = _index_note(root, report)
     if report.unchecked:
         report.ok = False
     return report
 
 
-def _index_note(root: Path, rows: int | None) -> str:
-    """What the approximate index (embstore/ann.py) says of itself ("" if none)."""
+def _index_note(root: Path, report: VerifyReport) -> str:
+    """What the approximate index (embstore/ann.py) is: checked (embstore/ann_check.py),
+    its damage reported ("" if there is none)."""
     try:
-        with open(area_of(root) / "ann" / "meta.json", "rb") as f:
-            meta = json.loads(f.read(1 << 20))
-        stale = meta["table_commit"] != last_commit(root) or meta["table_rows"] != rows
-        return (f"{meta['indexed_rows']} rows, {meta['metric']}, "
-                f"{'stale (the table changed since it was built)' if stale else 'up to date'}")
-    except FileNotFoundError:
-        return ""
-    except (OSError, ValueError, KeyError, TypeError):
-        return "unreadable metadata (build it again)"
+        home = real_dir(root, ("vectors", AREA[0], "ann"))
+        note, problems = verify_index(home, report.vocab_size, last_commit(root))
+    except CorruptStoreError as exc:
+        note, problems = "damaged", [(str(exc.path), str(exc))]
+    for file, message in problems:
+        report.add(file, None, f"approximate index: {message}")
+    return note
 
 
 def _array_meta(root: Path, name: str) -> dict | None:
