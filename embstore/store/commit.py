@@ -108,6 +108,9 @@ class Transaction:
         """Make the staged files live, all or nothing."""
         if self.stage.exists():
             remove_quietly(self.stage)  # scratch only: every staged file was adopted
+        for parent in dict.fromkeys(live.rpartition("/")[0] for _, live in self.moves):
+            real_dir(self.root, parent.split("/") if parent else [], create=True)  # before
+            # the commit point: a committed journal that cannot be applied would stop the table
         doc = {"embstore_journal": 1, "txn": self.id, "pid": os.getpid(),
                "moves": [list(m) for m in self.moves]}
         tmp = self.area / f"{JOURNAL}.tmp-{self.id}"
