@@ -2,8 +2,10 @@
 
 ``build_index(table)`` builds a FAISS inverted-file index (IVF, :mod:`embstore.ann_ivf`)
 by streaming the table's rows and saves it at ``<table>/vectors/.embstore/ann/``
-(``index.faiss``, ``lists.ivfdata``, ``meta.json``): written beside, fsynced and renamed
-into place, in the table's private area where Zarr readers never look.  Searches read
+(``index.faiss``, ``lists.ivfdata``, ``lists.crc32c``, ``meta.json``): written beside,
+fsynced and renamed into place, in the table's private area where Zarr readers never
+look.  Nothing of it is trusted blindly (:mod:`embstore.ann_check`): checksums, layout and
+sizes are checked on open, each list on first touch, every returned id against the table.  Searches read
 ``index.faiss`` (the centroids: a few MB) and map ``lists.ivfdata``: the lists are not
 read in; the pages of the lists a search probes come in as it scans them.
 

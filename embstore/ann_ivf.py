@@ -19,8 +19,9 @@ computes the exact top-10 of a sample of rows, with which the default search eff
 
 Open: ``index.faiss`` is read (its stored data file name rewritten to the absolute path
 of ``lists.ivfdata`` beside it, so the table directory can be moved) and
-``lists.ivfdata`` is mapped read-only: nothing of the lists is read until a search
-touches them.  (FAISS's ``IO_FLAG_ONDISK_SAME_DIR`` does the same but prints to stdout.)
+``lists.ivfdata`` is mapped read-only once its size was checked against the header:
+nothing of the lists is read until a search touches them, and each list is checked
+against its crc32c the first time a search probes it (:mod:`embstore.ann_check`).  (FAISS's ``IO_FLAG_ONDISK_SAME_DIR`` does the same but prints to stdout.)
 """
 
 from __future__ import annotations
@@ -338,6 +339,7 @@ class IvfIndex:
             if sum_fd is not None:
                 os.close(sum_fd)
         self.checked = np.zeros(h.nlist, bool)  # lists whose crc32c was checked
+        self.all_checked = False
         held = Path(f"/proc/self/fd/{self._lists}")  # (Linux)
         data = os.fsencode(held if held.exists() else path.absolute() / DATA_FILE)
         patched = raw[:-h.tail] + struct.pack("<Q", len(data)) + data + raw[-8:]
@@ -385,6 +387,8 @@ class IvfIndex:
 
     def check_lists(self, lists: np.ndarray) -> None:
         """Check each of ``lists`` not checked yet against its crc32c (first touch)."""
+        if self.all_checked:
+            return
         todo = np.unique(lists[lists >= 0])
         todo = todo[~self.checked[todo]]
         if not todo.size:
@@ -397,6 +401,7 @@ class IvfIndex:
             raise check.damaged(self.path / DATA_FILE, f"list {bad[0]} (bytes {a}..{b - 1}) "
                                 f"fails its crc32c")
         self.checked[todo] = True
+        self.all_checked = bool(self.checked.all())
 
     def close(self) -> None:
         self.index = None

@@ -147,3 +147,19 @@ def test_unusable_ngrams_are_reported_and_refused(imported, tmp_path, case):
         with pytest.raises(CorruptStoreError, match=pattern):
             t.lookup_keys(UNKNOWN, oov="subword")
     assert_clean_error(invoke(["similar", path, "unknownword"]))
+
+
+def test_rows_from_a_hostile_key_index_are_bounds_checked(tmp_path):
+    """The key index is derived data too: a row out of range in ``key_order`` (written with
+    valid checksums) is damage, never a row read (keys/hashing.py ``probe``'s row limit)."""
+    import zarr
+    path = tmp_path / "k.emb"
+    rows = np.arange(400, dtype=np.float32).reshape(100, 4)
+    embstore.save(path, rows, keys=[f"k{i}" for i in range(100)]).close()
+    order = zarr.open_array(str(path / "key_order"), mode="r+")
+    order[:] = np.full(100, 10**12, np.int64)
+    with embstore.open(path) as t:
+        with pytest.raises(CorruptStoreError, match="row 1000000000000 out of range 0..99 in "
+                                                    "key_order"):
+            t.lookup_keys(["k5"])
+    assert invoke(["verify", path]).exit_code == 1
