@@ -2,8 +2,9 @@
 
 - :func:`open_regular` opens a file for reading with ``O_NONBLOCK`` (a FIFO would block
   ``open`` until a writer appears) and refuses anything that is not a regular file, or
-  a file whose real path leaves the table's directory (a shard symlinked to another
-  table's shard).
+  (given the table's directory) a path with a symbolic link below it: a shard linked to
+  another table's shard, or to another shard of the same table, whose rows it would give
+  (:func:`link_below`; the table's own path may be a link).
 - :func:`map_file` maps a whole file read-only and keeps no descriptor: ``np.memmap`` and
   ``mmap.mmap`` each keep a duplicated descriptor per mapping, so a table of more than
   ~1,000 shards ran out of descriptors under ``ulimit -n 1024``.  Here the mapping is
@@ -33,7 +34,7 @@ import numpy as np
 from .errors import CorruptStoreError, ResourceLimitError
 
 __all__ = ["open_regular", "map_file", "read_small", "resource_error", "within",
-           "real_dir", "create_new", "RESOURCE_ERRNOS", "MAX_JSON_BYTES"]
+           "real_dir", "create_new", "link_below", "RESOURCE_ERRNOS", "MAX_JSON_BYTES"]
 
 #: The largest metadata file read (a ``zarr.json``): metadata is small, a huge one is hostile.
 MAX_JSON_BYTES = 16 << 20
@@ -70,6 +71,19 @@ def within(path, root) -> bool:
     """Whether the real path of ``path`` lies inside the real path of ``root``."""
     real, base = os.path.realpath(path), os.path.realpath(root)
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def link_below(path, root) -> str | None:
+    """None when no part of ``path`` below ``root`` is a symbolic link (``root`` itself may
+    be one); else the message refusing it."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if os.path.realpath(path) == os.path.normpath(os.path.join(os.path.realpath(root), rel)):
+        return None
+    if not within(path, root):
+        return (f"{path}: a symbolic link out of the table's directory {root} (refused: "
+                "tables do not share files)")
+    return (f"{path}: a symbolic link inside the table ({_LINK}: a shard linked to another "
+            "shard would give that shard's rows)")
 
 
 def _kind(mode: int) -> str:
@@ -136,10 +150,9 @@ def open_regular(path, *, root=None, dir_fd: int | None = None, shown=None,
         if not stat.S_ISREG(mode):
             raise CorruptStoreError(f"{shown}: expected a regular file, got {_kind(mode)}",
                                     path=str(shown))
-        if root is not None and not within(shown, root):
-            raise CorruptStoreError(f"{shown}: a symbolic link out of the table's directory "
-                                    f"{root} (refused: tables do not share files)",
-                                    path=str(shown))
+        refused = None if root is None else link_below(shown, root)
+        if refused is not None:
+            raise CorruptStoreError(refused, path=str(shown))
     except BaseException:
         os.close(fd)
         raise
