@@ -331,7 +331,7 @@ class IvfIndex:
                                                           f"{self.sums[DATA_FILE]['bytes']}")
                 assert sum_fd is not None
                 self.list_crcs = check.read_list_sums(sum_fd, h, self.sums, path / LIST_SUMS)
-            self.data = map_file(self._lists, size, path / DATA_FILE)  # checked, read-only
+                self.data = map_file(self._lists, size, path / DATA_FILE)  # size checked
         except BaseException:
             self.close()
             raise
