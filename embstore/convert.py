@@ -4,7 +4,7 @@
 and feeds :class:`embstore.store.writer.TableWriter`, which writes beside DEST and
 renames into place on success (an error leaves no DEST behind).
 ``export_table`` writes beside DEST and renames into place when complete (both through
-:mod:`embstore.atomic`).
+:mod:`embstore.fs.atomic`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ._types import PathLike
-from .atomic import check_dest, remove, replace, temp_path
+from .fs.atomic import check_dest, remove, replace, temp_path
 from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
@@ -30,7 +30,7 @@ from .store.table import open as open_table
 from .dtypes import QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
-from .subword_import import import_fasttext_bin
+from .store.subword.build import import_fasttext_bin
 from .table import Table
 
 
@@ -146,7 +146,7 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     files; ``total`` may be None); a callback with a ``unit`` attribute has it set.
     ``encoding``: the text encoding of a fastText ``.bin`` model's words (default UTF-8;
     gensim's ``encoding=``); its n-gram matrix is stored beside the vectors
-    (:mod:`.subword_import`).
+    (:mod:`.store.subword.build`).
     """
     dest = os.fspath(dest)
     if not hasattr(src, "read"):

@@ -42,8 +42,8 @@ from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
 from .pooling import pool_bags
-from .search import logits, most_similar
-from .subword_search import holds_keys, similar_keys
+from .search.stream import logits, most_similar
+from .search.subword import holds_keys, similar_keys
 from .table import Table
 
 __all__ = ["Embedding"]
@@ -378,7 +378,7 @@ class Embedding:
 
         ``hidden`` has shape ``(..., dim)``; the result ``(..., vocab_size)``, or with
         ``top_k`` a pair ``(values, ids)`` of shape ``(..., k)`` sorted by descending
-        value (ties: lower id first).  See :func:`embstore.search.logits`.
+        value (ties: lower id first).  See :func:`embstore.search.stream.logits`.
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
@@ -389,7 +389,7 @@ class Embedding:
         ``approx=True``: from the table's approximate index, search effort ``ef``.
 
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
-        see :func:`embstore.search.most_similar`.
+        see :func:`embstore.search.stream.most_similar`.
         """
         if self.oov == "subword" and holds_keys(query):
             return similar_keys(self._table, query, k=k, exclude=exclude, block_rows=block_rows,

@@ -279,7 +279,7 @@ def test_zstd_many_chunks_absent_and_damaged(tmp_path):
 def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
     """A warm zstd batch costs no crc32c call per chunk: each chunk's checksum is checked
     the first time it is read (as uncompressed chunks are), then never again."""
-    from embstore.store import shardcodec
+    from embstore.store.shard import codec as shardcodec
     path, E = _table(tmp_path, rows=4096, dim=16, compression="zstd", chunk_rows=2,
                      shard_rows=512)
     calls = []

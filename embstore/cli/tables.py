@@ -10,16 +10,16 @@ import warnings
 
 import click
 
-from .. import demo as demo_steps
+from . import demo as demo_steps
 from ..keys.foreign import build_key_index
-from ..ann import METRICS, StaleIndexWarning, build_index
+from ..search.ann import METRICS, StaleIndexWarning, build_index
 from ..layer import Embedding
 from ..store import open as open_table
 from ..store import repair as repair_table
 from ..store import verify as verify_table
-from ..store.normsource import store_norms
-from ..store.objstore import is_url
-from ..store.transfer import copy_table
+from ..store.norms.source import store_norms
+from ..store.remote.objstore import is_url
+from ..store.remote.transfer import copy_table
 from ..store.verify import checksum_status
 from ..progress import display as progress
 from .common import DEST, TABLE, options, print_json, say

@@ -38,9 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CorruptStoreError, LockTimeoutError
-from ..beside import fsync_path as _fsync
-from ..beside import remove_quietly, sweep_beside
-from ..files import create_new, open_regular, read_small, real_dir
+from ..fs.beside import fsync_path as _fsync
+from ..fs.beside import remove_quietly, sweep_beside
+from ..fs.files import create_new, open_regular, read_small, real_dir
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]

@@ -26,15 +26,15 @@ from ..errors import CorruptStoreError, FormatError, LockTimeoutError, NotATable
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .codecs import Layout
-from ..ann_check import verify_index
-from ..files import real_dir
+from ..search.integrity import verify_index
+from ..fs.files import real_dir
 from .commit import AREA, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
-from .ngrams import NGRAMS, check_subwords
-from .quant import SCALE_ARRAY
-from .normcalc import NORMS_ARRAY
-from .normsource import check_norms
-from .shardread import ShardReader
+from .subword.ngrams import NGRAMS, check_subwords
+from ..dtypes import SIDE_ARRAYS
+from .norms.calc import NORMS_ARRAY
+from .norms.source import check_norms
+from .shard.read import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]
 
@@ -189,7 +189,7 @@ def verify(path: PathLike) -> VerifyReport:
         report.add(str(root), None, str(exc))
         return report
     fast = set()
-    for name in ("vectors", SCALE_ARRAY, NGRAMS):  # int8 tables' scales, fastText n-grams
+    for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:
@@ -258,8 +258,8 @@ def verify(path: PathLike) -> VerifyReport:
 
 
 def _index_note(root: Path, report: VerifyReport) -> str:
-    """What the approximate index (embstore/ann.py) is: checked (embstore/ann_check.py),
-    its damage reported ("" if there is none)."""
+    """What the approximate index (embstore/search/ann.py) is: checked
+    (embstore/search/integrity.py), its damage reported ("" if there is none)."""
     try:
         home = real_dir(root, ("vectors", AREA[0], "ann"))
         note, problems = verify_index(home, report.vocab_size, last_commit(root))
