@@ -171,3 +171,19 @@ def test_a_symlinked_file_in_ann(table, tmp_path, name):
         embstore.Embedding(t).most_similar(ARR[3], k=3, approx=True)
     res = invoke(["verify", table])
     assert res.exit_code == 1 and name in res.output, res.output
+
+
+@faiss_needed
+@pytest.mark.parametrize("name", ["index.faiss", "lists.ivfdata", "meta.json", "lists.crc32c"])
+def test_a_fifo_in_ann_never_blocks(table, name):
+    embstore.build_index(table, nlist=4)
+    home = table / AREA / "ann"
+    (home / name).unlink()
+    os.mkfifo(home / name)
+    with time_limit(20, f"searching with a FIFO at ann/{name}"):
+        with embstore.open(table) as t, pytest.raises(CorruptStoreError,
+                                                      match=f"{name}: expected a regular "
+                                                            "file, got a FIFO"):
+            embstore.Embedding(t).most_similar(ARR[3], k=3, approx=True)
+        res = invoke(["verify", table])
+    assert res.exit_code == 1 and name in res.output, res.output
