@@ -17,7 +17,7 @@ from typing import TypeGuard
 
 from ..dtypes import STORAGE_DTYPES
 from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
-from ..fs.files import MAX_JSON_BYTES, open_regular, read_small, within
+from ..fs.files import MAX_JSON_BYTES, link_below, open_regular, read_small
 
 FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 1 unless asked
 
@@ -144,7 +144,7 @@ def read_json(path: Path, what: str, *, root: Path | None = None) -> dict:
 def unsafe_files(root: Path) -> list[tuple[str, str]]:
     """``(path, message)`` for every entry of the table at ``root`` that a reader must not
     open: not a regular file or directory (a FIFO blocks whoever opens it), or a symbolic
-    link whose target leaves ``root``.  Only ``lstat``/``stat``, never an ``open``."""
+    link (out of the table: another table's files; inside it: another shard's rows).  Only ``lstat``/``stat``, never an ``open``."""
     found = []
     stack = [os.fspath(root)]
     while stack:
@@ -156,11 +156,9 @@ def unsafe_files(root: Path) -> list[tuple[str, str]]:
         for e in entries:
             try:
                 if e.is_symlink():
-                    if not within(e.path, root):
-                        found.append((e.path, f"{e.path}: a symbolic link out of the table's "
-                                              f"directory {root} (refused)"))
-                        continue
-                    st_mode = os.stat(e.path).st_mode
+                    found.append((e.path, link_below(e.path, root) or
+                                  f"{e.path}: a symbolic link inside the table (refused)"))
+                    continue
                 elif e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                     continue
