@@ -26,10 +26,10 @@ import re
 
 import numpy as np
 
-from .errors import InvalidIdError, InvalidOptionError, ResultTooLargeError
+from .errors import InvalidIdError, InvalidOptionError, ResultTooLargeError, ShapeMismatchError
 
 __all__ = ["as_ids", "position_of", "check_result_size", "parse_bytes", "positive_int",
-           "non_negative_int", "one_of", "is_int"]
+           "non_negative_int", "one_of", "is_int", "check_like_ids"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -58,6 +58,16 @@ def one_of(value: object, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
+
+
+def check_like_ids(value, shape, name: str) -> np.ndarray:
+    """``value`` as an array of the shape of the ids (a mask, weights), or
+    :class:`ShapeMismatchError` naming ``name``."""
+    arr = np.asarray(value)
+    if arr.shape != tuple(shape):
+        raise ShapeMismatchError(
+            f"{name} must have the shape of ids {tuple(shape)}, got {arr.shape}")
+    return arr
 
 
 def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
