@@ -127,7 +127,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walker_sees_the_package():
     graph = _graph()
     assert "embstore.store.table" in MODULES and "embstore.formats" in MODULES
-    assert "embstore.store.writer" in graph["embstore.store.table"]
+    assert "embstore.store.commit" in graph["embstore.store.table"]
     assert "embstore.formats" in graph["embstore.formats.npy"]  # from . import ...
 
 
