@@ -128,7 +128,7 @@ class Embedding:
             unk_id = int(as_ids(_check_int(unk_id, "unk_id"), vocab))
         self.unk_id: int | None = unk_id
         check_oov(oov, unk_id, EMBEDDING_OOV_MODES + ("subword",))
-        if oov == "subword" and getattr(self._table, "subwords", None) is None:
+        if oov == "subword" and self._table.subwords is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
                                      f"(imported from a fastText .bin); {self._table!r} has none")
         self.oov: str = oov

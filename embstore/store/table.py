@@ -128,6 +128,11 @@ class ZarrTable(Table):
         return self.mode == "r+" and not self._closed
 
     @property
+    def is_remote(self) -> bool:
+        """Whether the table is on object storage (opened from a URL)."""
+        return self._remote is not None
+
+    @property
     def layout(self) -> dict:
         """``chunk_rows``, ``shard_rows`` and ``compression`` of ``vectors`` (None if unknown)."""
         return self._source.layout
