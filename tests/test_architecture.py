@@ -9,7 +9,10 @@
 - no module over 420 lines (one that grows past it becomes a folder of its name);
 - folders that name what they hold: at most 18 modules directly in ``embstore/``, at most 12
   in any folder, and no family of modules sharing a prefix side by side (``shardread.py``
-  beside ``shardwrite.py`` is a folder ``shard/`` waiting to be made).
+  beside ``shardwrite.py`` is a folder ``shard/`` waiting to be made);
+- no ``getattr`` probe of a table's capabilities (they are members of ``Table``);
+- every rename goes through ``fs/atomic.py`` (but its mechanics and the commit protocol);
+- ``pooling`` takes plain values; prose names no module file by an old name.
 """
 
 from __future__ import annotations
