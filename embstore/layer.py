@@ -37,7 +37,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidIdError, InvalidOptionError, ShapeMismatchError
+from .errors import InvalidIdError, InvalidOptionError, ShapeMismatchError, table_label
 from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
@@ -130,7 +130,7 @@ class Embedding:
         check_oov(oov, unk_id, EMBEDDING_OOV_MODES + ("subword",))
         if oov == "subword" and getattr(self._table, "subwords", None) is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
-                                     f"(imported from a fastText .bin); {self._table!r} has none")
+                                     f"(imported from a fastText .bin); {table_label(self._table)} has none")
         self.oov: str = oov
         if isinstance(scale, str):
             if scale != "sqrt_dim":

@@ -19,8 +19,8 @@ from numpy.typing import ArrayLike
 from ._types import KeysLike
 from .cache import CacheInfo
 from .dasktable import to_dask
-from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
-from .ids import as_ids, check_result_size, position_of, positive_int
+from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError, table_label
+from .ids import as_ids, at_position, check_result_size, position_of, positive_int
 from .oov import KEY_OOV_MODES, OOV, check_oov, map_oov, subword_rows
 
 __all__ = ["Table", "Vocab", "as_key_array"]
@@ -109,13 +109,10 @@ def as_key_array(keys) -> np.ndarray:
         is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
         if not is_str.all():
             i = int(np.argmin(is_str))
-            v = flat[i]
-            if isinstance(v, str):  # str subclasses are fine
-                pass
-            else:
-                raise KeyNotFoundError(
-                    f"keys must be strings, got {type(v).__name__} {v!r} at position "
-                    f"{position_of(i, arr.shape)}", key=v, position=position_of(i, arr.shape))
+            v, pos = flat[i], position_of(i, arr.shape)
+            if not isinstance(v, str):  # str subclasses are fine
+                raise KeyNotFoundError(f"keys must be strings, got {type(v).__name__} {v!r}"
+                                       f"{at_position(pos, arr.shape)}", key=v, position=pos)
     return arr
 
 
@@ -154,11 +151,11 @@ class Table(abc.ABC):
         return out
 
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        raise ReadOnlyError(f"{self!r} is read-only")
+        raise ReadOnlyError(f"{table_label(self)} is read-only")
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int | None:
         """Store rows at the end; returns the first new id (None: ``vocab_size`` before)."""
-        raise ReadOnlyError(f"{self!r} is read-only")
+        raise ReadOnlyError(f"{table_label(self)} is read-only")
 
     # -- geometry ---------------------------------------------------------------------
     @property
@@ -318,7 +315,7 @@ class Table(abc.ABC):
             i = int(np.argmax(ids.reshape(-1) < 0))
             key = arr.reshape(-1)[i]
             pos = position_of(i, arr.shape)
-            raise KeyNotFoundError(f"key {key!r} at position {pos} is not in the table",
+            raise KeyNotFoundError(f"key {key!r}{at_position(pos, arr.shape)} is not in the table",
                                    key=key, position=pos)
         return ids
 
@@ -342,7 +339,7 @@ class Table(abc.ABC):
     def _check_writable(self) -> None:
         self._check_open()  # a closed r+ table is closed, not read-only
         if not self.writable:
-            raise ReadOnlyError(f"{self!r} is read-only (open it with mode='r+')")
+            raise ReadOnlyError(f"{table_label(self)} is read-only (open it with mode='r+')")
 
     def _check_vectors(self, vectors, lead_shape, what: str) -> np.ndarray:
         vec = np.asarray(vectors)

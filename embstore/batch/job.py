@@ -31,7 +31,7 @@ from .io import (DEFAULT_CACHE_BYTES, FilledIds, Job, KeyLines, NpyIds, NpySink,
                  open_sink, open_source, open_table, output_kind, read_block)
 from .._types import Bytes, PathLike
 from ..atomic import check_dest, remove, replace, temp_path
-from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError
+from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError, table_label
 from ..ids import as_ids, one_of, positive_int
 from ..oov import KEY_OOV_MODES, OOV
 from .remote import RemoteNpyIds, RemoteZarrSink, check_remote_output, is_url, remote_stamp
@@ -172,7 +172,7 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
                                    "table with keys", key=None, position=None)
         if oov == "subword" and getattr(tab, "subwords", None) is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
-                                     f"(imported from a fastText .bin); {tab!r} has none")
+                                     f"(imported from a fastText .bin); {table_label(tab)} has none")
         line_lengths, line_bytes = KeyLines(input).scan(65536)
         shape = (len(line_lengths), int(line_lengths.max()) if len(line_lengths) else 0)
         rows_per_block = batch_rows or _auto_rows(shape, dim, dtype.itemsize)

@@ -47,6 +47,8 @@ class _Group(click.Group):
         logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # `embstore similar ... | head`: the reader has all it wants
+            _quiet_exit()
         except NotATableError as exc:
             hint = (f"; to make a table of it: embstore import {exc.path} TABLE"
                     if exc.is_file and not str(exc.path).lower().endswith(".npy") else "")
@@ -58,6 +60,15 @@ class _Group(click.Group):
             raise click.ClickException(_one_line(f"{where}{exc.strerror or exc}")) from None
         except MemoryError:
             raise click.ClickException("out of memory") from None
+
+
+def _quiet_exit() -> None:
+    """Leave with status 0 and nothing more on a closed standard output (as Unix tools do):
+    what is still buffered for it goes to /dev/null, not into a second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,7 +13,7 @@ from ..convert import export_table, import_file
 from ..dtypes import STORAGE_DTYPES
 from ..formats import READ_FORMATS, WRITE_FORMATS, export_extensions, export_format_for
 from ..formats.source import inner_name
-from ..progress import display as progress
+from ..progress import display as progress, plural
 from ..store.codecs import COMPRESSIONS
 from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, local_for, options,
                      print_json, say)
@@ -84,7 +84,7 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
     for note in res.notes:
         say(f"Note: {note}", quiet or as_json)
     if res.duplicates and not quiet:
-        click.echo(f"{res.duplicates} duplicate key(s) dropped (the first occurrence wins)",
+        click.echo(f"{plural(res.duplicates, 'duplicate key')} dropped (the first occurrence wins)",
                    err=True)
 
 
@@ -207,9 +207,11 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         if as_json:
             print_json(summary)
         else:
-            parts = f" in {summary['parts']} part files" if summary["scheduler"] else ""
-            say(f"wrote {summary['output']}{parts}: {summary['rows']} rows ({summary['ids']} "
-                f"ids in {summary['batches']} batches, {summary['seconds']:.2f} s)", quiet)
+            parts = f" in {plural(summary['parts'], 'part file')}" if summary["scheduler"] \
+                else ""
+            say(f"wrote {summary['output']}{parts}: {plural(summary['rows'], 'row')} "
+                f"({plural(summary['ids'], 'id')} in {plural(summary['batches'], 'batch', 'batches')}"
+                f", {summary['seconds']:.2f} s)", quiet)
         return
     if column is not None or keep:
         raise click.UsageError("--column and --keep need a .parquet INPUT")
@@ -229,6 +231,6 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     elif not quiet:
         resumed = summary["resumed_blocks"]
         click.echo(f"wrote {summary['output']}: shape {summary['shape']}, {summary['dtype']} "
-                   f"({summary['ids']} ids in {summary['blocks']} blocks"
+                   f"({plural(summary['ids'], 'id')} in {plural(summary['blocks'], 'block')}"
                    f"{f', {resumed} resumed' if resumed else ''}, {summary['seconds']:.2f} s)",
                    err=True)

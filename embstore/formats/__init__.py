@@ -55,7 +55,8 @@ from .source import Source, open_source
 
 __all__ = ["FormatSpec", "SPECS", "FORMATS", "READ_FORMATS", "WRITE_FORMATS", "Reader",
            "detect", "get", "spec", "export_format_for", "export_extensions",
-           "DEFAULT_BLOCK_ROWS", "open_output", "detect_source", "Source", "open_source"]
+           "DEFAULT_BLOCK_ROWS", "open_output", "detect_source", "Source", "open_source",
+           "is_pickle", "PICKLE_MESSAGE"]
 
 DEFAULT_BLOCK_ROWS = 65536
 
@@ -320,6 +321,8 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
     for s in binary:
         if ext in s.extensions:
             return s.name
+    if is_pickle(head):
+        raise FormatError(PICKLE_MESSAGE, path=path)
     m = _HEADER_RE.match(head)
     if m:
         if _binary_record(head[m.end():], int(m.group(2))):
@@ -329,6 +332,15 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
         raise FormatError("cannot tell the format from the first bytes (not npy, safetensors, "
                           "PyTorch, or word2vec/GloVe text); pass format=", path=path)
     return "glove"
+
+
+PICKLE_MESSAGE = ("this is a Python pickle (gensim's native .save()); embstore never unpickles: "
+                  "load it with gensim and call embstore.from_gensim")
+
+
+def is_pickle(head: bytes) -> bool:
+    """A pickle of protocol 2 to 5 (``PROTO`` opcode): gensim's ``.save()``, joblib, ..."""
+    return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
 _NUMERIC = frozenset(b"0123456789.+-eEinfatyINFATY \t\r")
