@@ -42,7 +42,8 @@ from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
 from .pooling import pool_bags
-from .search import logits, most_similar
+from .analogy import analogy_query
+from .search import _resolve_ids_or_keys, logits, most_similar
 from .subword_search import holds_keys, similar_keys
 from .table import Table
 
@@ -382,15 +383,24 @@ class Embedding:
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
-    def most_similar(self, query: ArrayLike, k: int = 10, exclude: ArrayLike = (), *,
-                     block_rows: int | None = None, approx: bool = False,
-                     ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def most_similar(self, query: ArrayLike | None = None, k: int = 10, exclude: ArrayLike = (), *,
+                     positive=None, negative=None, block_rows: int | None = None,
+                     approx: bool = False, ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them);
         ``approx=True``: from the table's approximate index, search effort ``ef``.
+        ``positive``/``negative`` (keys, ids, vectors) instead of ``query``: gensim's
+        analogy, ``positive=["king", "woman"], negative=["man"]`` (see :mod:`.analogy`).
 
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
         see :func:`embstore.search.most_similar`.
         """
+        if positive is not None or negative is not None:
+            if query is not None:
+                raise ValueError("pass query, or positive/negative (an analogy), not both")
+            query, own = analogy_query(self._table, positive, negative)
+            exclude = np.concatenate([own, _resolve_ids_or_keys(self._table, exclude)])
+        elif query is None:
+            raise ValueError("most_similar needs a query, or positive/negative keys (an analogy)")
         if self.oov == "subword" and holds_keys(query):
             return similar_keys(self._table, query, k=k, exclude=exclude, block_rows=block_rows,
                                 approx=approx, ef=ef)

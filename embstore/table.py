@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from ._types import KeysLike
 from .cache import CacheInfo
-from .dasktable import to_dask
+from .dasktable import to_dask, to_xarray
 from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError, table_label
 from .ids import as_ids, at_position, check_result_size, position_of, positive_int
 from .oov import KEY_OOV_MODES, OOV, check_oov, map_oov, subword_rows
@@ -248,10 +248,13 @@ class Table(abc.ABC):
         return self._read_rows(0, self.vocab_size)
 
     def to_dask(self, block_rows: int | None = None):
-        """The table as a lazy ``dask.array`` (needs dask): blocks of whole shards read
-        through the fast path, and ``x[ids]`` a table lookup per block of ids (see
-        :mod:`embstore.dasktable`)."""
+        """The table as a lazy ``dask.array``: blocks of whole shards read by the fast path,
+        ``x[ids]`` a lookup per block of ids (:mod:`embstore.dasktable`)."""
         return to_dask(self, block_rows)
+
+    def to_xarray(self, block_rows: int | None = None):
+        """xarray ``vectors (row, dim)`` over :meth:`to_dask`; keys a coordinate of ``row``."""
+        return to_xarray(self, block_rows)
 
     # -- NumPy and Python protocols ---------------------------------------------------------
     _ARRAY_BLOCK_BYTES = 64 << 20  # __array__ with a dtype change converts 64 MiB at a time

@@ -114,7 +114,7 @@ def test_truncated_shard(tmp_path, E, keep):
 
 
 def test_index_pointing_outside_the_file(tmp_path, E):
-    from crc32c import crc32c
+    from embstore.checksum import crc32c
     embstore.save(tmp_path / "t", E, **LAYOUTS["raw"]).close()
     shard = tmp_path / "t" / "vectors" / "c" / "0" / "0"
     data = bytearray(shard.read_bytes())

@@ -179,3 +179,67 @@ def test_demo_quiet_prints_nothing(tmp_path):
     res = CliRunner().invoke(cli, ["demo", str(tmp_path), "--no-dask", "-q"])
     assert res.exit_code == 0, res.output
     assert res.stderr == "" and res.stdout == ""
+
+
+# -- what gensim and xarray users reach for -----------------------------------------------------
+@pytest.fixture(scope="module")
+def lee():
+    """gensim's Lee corpus vectors (2,747 x 32), as gensim and as an embstore table."""
+    gensim = pytest.importorskip("gensim")
+    src = os.path.join(os.path.dirname(embstore.__file__), "data", "lee_word2vec.txt")
+    kv = gensim.models.KeyedVectors.load_word2vec_format(src)
+    return kv, embstore.MemoryTable(kv.vectors.copy(), keys=list(kv.index_to_key))
+
+
+@pytest.mark.parametrize("positive, negative", [
+    (["government", "people"], ["year"]),  # gensim's test_most_similar shape: pos and neg
+    (["war"], []), ([], ["police"]), (["president", "minister"], ["the"]), ("war", None)],
+    ids=["pos-neg", "one-pos", "only-neg", "two-one", "lone-key"])
+def test_most_similar_positive_negative_is_gensims(lee, positive, negative):
+    kv, t = lee
+    want = kv.most_similar(positive=positive, negative=negative, topn=10)
+    ids, scores = embstore.Embedding(t).most_similar(positive=positive, negative=negative, k=10)
+    assert [t.keys[i] for i in ids] == [w for w, _ in want]
+    np.testing.assert_allclose(scores, [s for _, s in want], atol=1e-6)
+
+
+def test_most_similar_analogy_takes_vectors_and_ids(lee):
+    kv, t = lee
+    vec = kv["war"] * 3.0  # gensim uses a given vector as it is (not normalised)
+    want = kv.most_similar(positive=[vec, "government"], negative=["year"], topn=5)
+    ids, _ = embstore.Embedding(t).most_similar(
+        positive=[vec, kv.key_to_index["government"]], negative=["year"], k=5)
+    assert [t.keys[i] for i in ids] == [w for w, _ in want]
+    with pytest.raises(ValueError, match="needs a query, or positive/negative"):
+        embstore.Embedding(t).most_similar()
+
+
+def test_normalized_view_is_gensims_normed_vectors(lee, tmp_path):
+    kv, t = lee
+    n = embstore.normalized(t)
+    np.testing.assert_allclose(n.to_numpy(), kv.get_normed_vectors(), atol=1e-6)
+    np.testing.assert_allclose(n.lookup_keys(["war", "the"]),
+                               [kv.get_vector("war", norm=True), kv.get_vector("the", norm=True)],
+                               atol=1e-6)
+    assert n.keys is not None and n.shape == t.shape
+    with pytest.raises(embstore.ReadOnlyError):
+        n.write([0], np.zeros((1, 32), np.float32))
+    zero = embstore.normalized(embstore.MemoryTable(np.zeros((2, 3), np.float32)))
+    assert (zero[[0, 1]] == 0).all()  # a zero row stays zero, no NaN
+
+
+def test_xarray_view_has_keys_as_a_coordinate_of_row(keyed):
+    xr = pytest.importorskip("xarray")
+    path, arr, keys = keyed
+    with embstore.open(path) as t:
+        a = t.to_xarray()
+        assert isinstance(a, xr.DataArray) and a.dims == ("row", "dim") and a.name == "vectors"
+        assert list(a.coords) == ["key"] and a.coords["key"].dims == ("row",)
+        assert list(a.coords["key"].values) == keys
+        np.testing.assert_array_equal(a.values, arr)
+        np.testing.assert_array_equal(a.swap_dims(row="key").sel(key=["w3", "w1"]).values,
+                                      arr[[3, 1]])
+        ds = a.to_dataset()
+        assert list(ds.data_vars) == ["vectors"]  # no key_hash, key_order, key_utf8...
+    plain = embstore.MemoryTable(arr).to_xarray()
+    assert list(plain.coords) == [] and plain.dims == ("row", "dim")

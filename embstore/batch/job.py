@@ -28,7 +28,7 @@ import numpy as np
 from .dask import run_dask
 from .parquet import is_parquet, lookup_parquet
 from .io import (DEFAULT_CACHE_BYTES, FilledIds, Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into,
-                 open_sink, open_source, open_table, output_kind, read_block)
+                 open_sink, open_source, open_table, output_kind, read_block, table_location)
 from .._types import Bytes, PathLike
 from ..atomic import check_dest, remove, replace, temp_path
 from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError, table_label
@@ -138,7 +138,7 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
         if scheduler is not None and table_path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
     else:
-        table_path = table if is_url(table) else os.path.abspath(os.fspath(table))
+        table_path = table_location(table)
         tab, owned = open_table(table_path, cache_bytes=cache_bytes), True
     try:
         return _run(tab, None if table_path is None else os.fspath(table_path), input, output,
@@ -153,8 +153,6 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
 
 def _parquet(table, input, output, *, column, keep, scheduler, resume, lengths,
              **options) -> dict:
-    if column is None:
-        raise ValueError("a Parquet input needs column= (the column of ids or keys)")
     for name, value in (("resume", resume), ("lengths", lengths)):
         if value:
             raise ValueError(f"{name}= is not supported for Parquet inputs")

@@ -119,9 +119,12 @@ SPECS: tuple[FormatSpec, ...] = (
     FormatSpec("safetensors", "safetensors", "safetensors", extensions=(".safetensors",),
                sniff=_safetensors_header, takes_tensor=True, can_write=True),
     FormatSpec("torch", "torch", "PyTorch", extensions=(".pt", ".pth", ".ckpt"),
-               magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True),
+               magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True, can_write=True),
     # a folder (config.json, tokenizer, checkpoint): chosen for a directory, never by bytes
     FormatSpec("hf", "hf", "Hugging Face model folder", has_keys=True, takes_tensor=True),
+    # a table of words and vectors (a string column, a float-list column); pyarrow reads it
+    FormatSpec("parquet", "parquet", "Parquet", extensions=(".parquet", ".parq"),
+               magic=(b"PAR1",), has_keys=True, takes_tensor=True),
     # fastText's native model (word vectors + subword n-grams); before 2017: no magic
     FormatSpec("fasttext-bin", "fasttext_bin", "fastText .bin model", magic=(b"\xba\x16\x4f\x2f",),
                sniff=_fasttext_old, has_keys=True),

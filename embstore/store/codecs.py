@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from crc32c import crc32c
+from ..checksum import crc32c
 
 from ..errors import CorruptStoreError
 

@@ -181,7 +181,7 @@ class _MemoryReader:
 
 
 def _ranged(values: np.ndarray, chunk: int):
-    from crc32c import crc32c
+    from embstore.checksum import crc32c
 
     from embstore.keys.ranged import RangedArray
 
