@@ -243,3 +243,28 @@ def test_xarray_view_has_keys_as_a_coordinate_of_row(keyed):
         assert list(ds.data_vars) == ["vectors"]  # no key_hash, key_order, key_utf8...
     plain = embstore.MemoryTable(arr).to_xarray()
     assert list(plain.coords) == [] and plain.dims == ("row", "dim")
+
+
+def test_gensims_own_most_similar_tests_ported(tmp_path):
+    """gensim's test_keyedvectors.py (test_most_similar, _parameter_types, _vector, _raises_
+    keyerror) on its euclidean_vectors.bin, imported by embstore."""
+    gensim = pytest.importorskip("gensim")
+    from gensim.test.utils import datapath
+    kv = gensim.models.KeyedVectors.load_word2vec_format(datapath("euclidean_vectors.bin"),
+                                                         binary=True)
+    embstore.import_file(datapath("euclidean_vectors.bin"), tmp_path / "e.emb")
+    with embstore.open(tmp_path / "e.emb") as t:
+        emb = embstore.Embedding(t)
+        ids, _ = emb.most_similar(positive=["war"], k=5)
+        assert list(t.keys[ids]) == ["conflict", "administration", "terrorism", "call", "israel"]
+        want = kv.most_similar(positive="war", negative="peace", topn=5)
+        for pos, neg in (("war", "peace"), (["war"], ["peace"])):
+            ids, scores = emb.most_similar(positive=pos, negative=neg, k=5)
+            assert list(t.keys[ids]) == [w for w, _ in want]
+            np.testing.assert_allclose(scores, [s for _, s in want], atol=1e-6)
+        vecs = kv.vectors[0:5]
+        want = kv.most_similar(positive=list(vecs), topn=10)
+        ids, _ = emb.most_similar(positive=list(vecs), k=10)
+        assert list(t.keys[ids]) == [w for w, _ in want]
+        with pytest.raises(KeyError):
+            emb.most_similar(positive=["not_in_vocab"])
