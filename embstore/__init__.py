@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from ._version import __version__
 from .batch import lookup_file
-from .cache import CacheInfo
+from .cache.rows import CacheInfo
 from .convert import ExportResult, ImportResult, export_table, import_file
-from .analogy import normalized
-from .ann import StaleIndexWarning, build_index
+from .search.analogy import normalized
+from .search.ann import StaleIndexWarning, build_index
 from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError, EmbstoreError,
                      FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,

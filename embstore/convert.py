@@ -4,7 +4,7 @@
 and feeds :class:`embstore.store.writer.TableWriter`, which writes beside DEST and
 renames into place on success (an error leaves no DEST behind).
 ``export_table`` writes beside DEST and renames into place when complete (both through
-:mod:`embstore.atomic`).
+:mod:`embstore.fs.atomic`).
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ._types import PathLike
-from .atomic import check_dest, remove, replace, temp_path
+from .fs.atomic import check_dest, remove, replace, temp_path
 from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
 from .formats.source import compression_for, inner_name, open_compressed_output
 from .formats.tokens import TokenKeys, load_tokens
 from .formats.vocabfile import VocabReader, vocab_path_for, write_vocab
-from .urlsource import is_source_url, open_url, url_name
+from .store.remote.fetch import is_source_url, open_url, url_name
 from .store.codecs import Compression
 from .store.table import open as open_table
 from .dtypes import QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
-from .subword_import import import_fasttext_bin
+from .store.subword.build import import_fasttext_bin
 from .table import Table
 
 
@@ -73,7 +73,7 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     npy stream; others are first copied beside ``dest``), or a Hugging Face model folder
     (format ``hf``: see :mod:`embstore.formats.hf`), or a URL: ``s3://bucket/vectors.vec``
     (object storage, ``storage_options`` as for tables) or ``https://...``, streamed (see
-    :mod:`embstore.urlsource`).  ``member`` picks the member of a zip archive holding
+    :mod:`embstore.store.remote.fetch`).  ``member`` picks the member of a zip archive holding
     several (``glove.6B.zip`` holds four: ``member="glove.6B.50d.txt"``).  ``vocab`` gives keys to formats
     without them: a text file of one key per line (one per row, exactly), or a
     ``tokenizer.json``/``vocab.json`` (keys by token id; other counts are handled and
@@ -84,7 +84,7 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     files; ``total`` may be None); a callback with a ``unit`` attribute has it set.
     ``encoding``: the text encoding of a fastText ``.bin`` model's words (default UTF-8;
     gensim's ``encoding=``); its n-gram matrix is stored beside the vectors
-    (:mod:`.subword_import`).
+    (:mod:`.store.subword.build`).
     """
     dest = os.fspath(dest)
     stream_name = None

@@ -42,9 +42,9 @@ from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
 from .pooling import pool_bags
-from .analogy import analogy_query
-from .search import _resolve_ids_or_keys, logits, most_similar
-from .subword_search import holds_keys, similar_keys
+from .search.analogy import analogy_query
+from .search.stream import _resolve_ids_or_keys, logits, most_similar
+from .search.subword import holds_keys, similar_keys
 from .table import Table
 
 __all__ = ["Embedding"]
@@ -379,7 +379,7 @@ class Embedding:
 
         ``hidden`` has shape ``(..., dim)``; the result ``(..., vocab_size)``, or with
         ``top_k`` a pair ``(values, ids)`` of shape ``(..., k)`` sorted by descending
-        value (ties: lower id first).  See :func:`embstore.search.logits`.
+        value (ties: lower id first).  See :func:`embstore.search.stream.logits`.
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
@@ -389,10 +389,10 @@ class Embedding:
         """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them);
         ``approx=True``: from the table's approximate index, search effort ``ef``.
         ``positive``/``negative`` (keys, ids, vectors) instead of ``query``: gensim's
-        analogy, ``positive=["king", "woman"], negative=["man"]`` (see :mod:`.analogy`).
+        analogy, ``positive=["king", "woman"], negative=["man"]`` (see :mod:`embstore.search.analogy`).
 
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
-        see :func:`embstore.search.most_similar`.
+        see :func:`embstore.search.stream.most_similar`.
         """
         if positive is not None or negative is not None:
             if query is not None:

@@ -6,7 +6,10 @@
 - only the command line (``cli/``, ``demo.py``) imports click;
 - no internal import inside a function (only heavy optional third-party packages are
   imported lazily);
-- no module over 420 lines.
+- no module over 420 lines (one that grows past it becomes a folder of its name);
+- folders that name what they hold: at most 18 modules directly in ``embstore/``, at most 12
+  in any folder, and no family of modules sharing a prefix side by side (``shardread.py``
+  beside ``shardwrite.py`` is a folder ``shard/`` waiting to be made).
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ def test_no_import_cycles():
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("embstore.formats")])
 def test_formats_is_a_leaf(module):
     forbidden = ("embstore.store", "embstore.keys", "embstore.batch", "embstore.cli",
-                 "embstore.convert", "embstore.demo", "embstore.layer", "click")
+                 "embstore.convert", "embstore.cli.demo", "embstore.layer", "click")
     bad = [(t, n.lineno) for t, n, _ in _imports(module)
            if any(t == f or t.startswith(f + ".") for f in forbidden)]
     assert bad == [], f"{module} imports {bad}"
@@ -148,7 +151,7 @@ def test_formats_is_a_leaf(module):
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_only_the_command_line_imports_click(module):
-    if module == "embstore.demo" or module.split(".")[:2] == ["embstore", "cli"]:
+    if module == "embstore.cli.demo" or module.split(".")[:2] == ["embstore", "cli"]:
         return
     bad = [n.lineno for t, n, _ in _imports(module) if t == "click" or t.startswith("click.")]
     assert bad == [], f"{module} imports click at lines {bad}"
@@ -170,13 +173,64 @@ TOO_LONG: dict[str, str] = {}  # module -> why it may stay long for now (strict 
     else m for m in sorted(MODULES)])
 def test_no_module_is_too_long(module):
     lines = len(MODULES[module].read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[module]} has {lines} lines (at most {MAX_LINES})"
+    path = MODULES[module]
+    folder = path.parent if path.name == "__init__.py" else path.with_suffix("")
+    assert lines <= MAX_LINES, (
+        f"{path} has {lines} lines (at most {MAX_LINES}): split it into a folder "
+        f"{folder.relative_to(PKG.parent)}/ of modules that each name one part, not into "
+        f"a sibling module beside it")
+
+
+MAX_TOP = 18    # files directly in embstore/ (its __init__.py and __main__.py counted)
+MAX_FOLDER = 12  # modules in any folder below it (its __init__.py not counted)
+FOLDERS = sorted({p.parent for p in MODULES.values()})
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.py") if p.name != "__init__.py")
+
+
+def _family(a: str, b: str) -> bool:
+    """Two module names of one family: one starts the other (``search``, ``search_exact``),
+    or they share their first word or their first four letters (``shardread``,
+    ``shardwrite``; ``normcalc``, ``normsource``)."""
+    a, b = a.lstrip("_"), b.lstrip("_")
+    return (a.startswith(b) or b.startswith(a) or a.split("_")[0] == b.split("_")[0]
+            or a[:4] == b[:4])
+
+
+def test_the_family_rule_sees_families():
+    assert _family("search", "search_exact") and _family("shardread", "shardwrite")
+    assert _family("remote_keys", "remote_open") and _family("normcalc", "normsource")
+    assert not _family("scan", "source") and not _family("tokens", "torch")
+
+
+def test_few_modules_at_the_top():
+    names = sorted(p.name for p in PKG.glob("*.py"))  # __init__.py and __main__.py too
+    assert len(names) <= MAX_TOP, f"{len(names)} modules in embstore/: {names}"
+
+
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if f != PKG],
+                         ids=lambda f: str(f.relative_to(PKG.parent)))
+def test_no_folder_is_crowded(folder):
+    names = _names(folder)
+    assert len(names) <= MAX_FOLDER, (
+        f"{folder.relative_to(PKG.parent)}/ holds {len(names)} modules (at most {MAX_FOLDER}): "
+        f"group some into a folder that names what they share")
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: str(f.relative_to(PKG.parent)))
+def test_no_family_of_modules_side_by_side(folder):
+    names = _names(folder)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _family(a, b)]
+    assert pairs == [], (f"{folder.relative_to(PKG.parent)}/ has module families {pairs}: "
+                         f"make each a folder")
 
 
 _FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "embstore.demo"
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "embstore.cli.demo"
                                           and not m.startswith("embstore.cli")))
 def test_library_errors_name_parameters_not_flags(module):
     """The text of every ``raise`` below the command line is free of ``--flag`` words."""
@@ -189,3 +243,36 @@ def test_library_errors_name_parameters_not_flags(module):
                         and _FLAG_RE.search(sub.value):
                     bad.append((node.lineno, sub.value))
     assert bad == [], f"{module} raises errors naming command-line flags: {bad}"
+
+
+_MOD_REF = re.compile(r":(mod|class|func|meth|data|exc|attr):`~?(embstore(?:\.\w+)+)`")
+
+
+def _public_names() -> set[str]:
+    tree = ast.parse(MODULES["embstore"].read_text(encoding="utf-8"))
+    return {elt.value for node in tree.body if isinstance(node, ast.Assign)
+            and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+            for elt in node.value.elts if isinstance(elt, ast.Constant)}  # type: ignore[attr-defined]
+
+
+PUBLIC = _public_names()
+
+
+def _names_a_module(role: str, ref: str) -> bool:
+    """``:mod:`` names a module; the other roles a module (or a public name of the package)
+    and then at most two names."""
+    if role == "mod":
+        return ref in MODULES
+    parts = ref.split(".")
+    if len(parts) <= 3 and parts[1] in PUBLIC:
+        return True
+    return any(".".join(parts[:k]) in MODULES for k in range(max(2, len(parts) - 2), len(parts)))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_docstrings_name_modules_that_exist(module):
+    """Every ``:mod:`embstore.x``` (and ``:class:`~embstore.x.Y```) names a module of today's
+    tree: a move that leaves a docstring pointing at the old place fails here."""
+    text = MODULES[module].read_text(encoding="utf-8")
+    bad = [ref for role, ref in _MOD_REF.findall(text) if not _names_a_module(role, ref)]
+    assert bad == [], f"{module} names modules that do not exist: {bad}"

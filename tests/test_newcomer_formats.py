@@ -344,7 +344,7 @@ def test_one_crc32c_library(tmp_path):
 
 
 def test_checksum_matches_the_crc32c_reference():
-    from embstore.checksum import crc32c
+    from embstore.fs.checksum import crc32c
     # RFC 3720 (iSCSI) test vectors of CRC-32C
     assert crc32c(b"123456789") == 0xE3069283
     assert crc32c(bytes(32)) == 0x8A9136AA and crc32c(b"\xff" * 32) == 0x62A8AB43

@@ -279,7 +279,7 @@ def test_zstd_many_chunks_absent_and_damaged(tmp_path):
 def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
     """A warm zstd batch costs no crc32c call per chunk: each chunk's checksum is checked
     the first time it is read (as uncompressed chunks are), then never again."""
-    from embstore.store import shardcodec
+    from embstore.store.shard import codec as shardcodec
     path, E = _table(tmp_path, rows=4096, dim=16, compression="zstd", chunk_rows=2,
                      shard_rows=512)
     calls = []
@@ -298,7 +298,7 @@ def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
 def test_zstd_frame_damaged_under_a_valid_checksum_raises(tmp_path, n):
     """A stored frame that passes its crc32c but does not decode to one chunk (a writer's
     bug, or a checksum recomputed over damage) raises CorruptStoreError naming the chunk."""
-    from embstore.checksum import crc32c
+    from embstore.fs.checksum import crc32c
     path, E = _table(tmp_path, rows=1024, dim=16, compression="zstd", chunk_rows=2,
                      shard_rows=1024)
     shard = path / "vectors" / "c" / "0" / "0"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import embstore
 from embstore import Embedding, InvalidIdError, KeyNotFoundError, ShapeMismatchError
 from embstore.memory import DictVocab
-from embstore.search import top_k_columns
+from embstore.search.stream import top_k_columns
 
 V, D = 50, 8
 KEYS = [f"w{i}" for i in range(V)]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore import atomic
+from embstore.fs import atomic
 from embstore.cli import flag_terms
 from embstore.convert import import_file
 from embstore.dtypes import (FLOAT_DTYPES, STORAGE_DTYPES, check_dtype, check_storage,
@@ -91,7 +91,7 @@ def test_write_beside_names_and_renames(tmp_path):
     dest = tmp_path / "out.bin"
     with atomic.write_beside(dest) as tmp:
         name = os.path.basename(tmp)
-        # the owner is named (host, pid, start time: see embstore.beside), then 8 random hex
+        # the owner is named (host, pid, start time: see embstore.fs.beside), then 8 random hex
         assert name.startswith(".out.bin.tmp-") and f"-{os.getpid()}." in name
         assert len(name.rsplit("-", 1)[1]) == 8
         assert os.path.dirname(tmp) == str(tmp_path) and not dest.exists()

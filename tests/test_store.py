@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 import embstore
-import embstore.store.arena
+import embstore.store.shard.arena
 from embstore import DestinationExistsError, ReadOnlyError, ShapeMismatchError
 from embstore import TableWriter
 
@@ -360,14 +360,14 @@ def test_reader_process_while_writer_appends(tmp_path, with_keys):
 def test_both_uncompressed_read_paths(tmp_path, rng, monkeypatch, joined):
     """The joined mapping (Linux) and the portable per-shard path give the same rows."""
     if not joined:
-        monkeypatch.setattr(embstore.store.arena, "available", lambda: False)
+        monkeypatch.setattr(embstore.store.shard.arena, "available", lambda: False)
     E = rng.standard_normal((300, 5)).astype(np.float32)
     t = embstore.create(tmp_path / "t", shape=(300, 5), chunk_rows=4, shard_rows=32,
                         cache_bytes=0)
     t.write(np.arange(0, 200), E[:200])  # shards 7..9 stay absent files: zeros
     ref = E.copy()
     ref[200:] = 0
-    assert (t._source.reader._jm_ok is joined) or not embstore.store.arena.available()
+    assert (t._source.reader._jm_ok is joined) or not embstore.store.shard.arena.available()
     ids = rng.integers(0, 300, size=(7, 50))
     np.testing.assert_array_equal(t[ids], ref[ids])
     out = np.empty((7, 50, 5), np.float32)

@@ -30,7 +30,7 @@ from .parquet import is_parquet, lookup_parquet
 from .io import (DEFAULT_CACHE_BYTES, FilledIds, Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into,
                  open_sink, open_source, open_table, output_kind, read_block, table_location)
 from .._types import Bytes, PathLike
-from ..atomic import check_dest, remove, replace, temp_path
+from ..fs.atomic import check_dest, remove, replace, temp_path
 from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError, table_label
 from ..ids import as_ids, one_of, positive_int
 from ..oov import KEY_OOV_MODES, OOV
@@ -56,7 +56,7 @@ def _starts(rows: int, batch_rows: int) -> tuple[int, ...]:
 
 def _tmp_path(output: str, kind: str) -> str:
     """Where the output is written: a Zarr job under a fixed name (``.<name>.partial``) that a
-    re-run finds and resumes; anything else under :func:`embstore.atomic.temp_path`."""
+    re-run finds and resumes; anything else under :func:`embstore.fs.atomic.temp_path`."""
     if kind != "zarr":
         return temp_path(output)
     parent, name = os.path.split(os.path.abspath(output.rstrip("/\\")))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..atomic import check_dest, remove, replace, temp_dir, temp_path
+from ..fs.atomic import check_dest, remove, replace, temp_dir, temp_path
 from ..errors import FormatError
 from ..ids import as_ids, one_of, positive_int
 from ..optional import require

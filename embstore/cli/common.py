@@ -11,8 +11,8 @@ import click
 
 from ..formats import SPECS
 from ..progress import display as progress
-from ..store.objstore import is_url
-from ..store.transfer import staged
+from ..store.remote.objstore import is_url
+from ..store.remote.transfer import staged
 
 
 

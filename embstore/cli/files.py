@@ -19,7 +19,7 @@ from ..formats import READ_FORMATS, WRITE_FORMATS, export_extensions, export_for
 from ..formats.source import inner_name
 from ..progress import display as progress, plural
 from ..store.codecs import COMPRESSIONS
-from ..store.objstore import is_url
+from ..store.remote.objstore import is_url
 from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, SourceArg, flag_terms, local_for, options,
                      print_json, say)
 

@@ -10,17 +10,17 @@ import warnings
 
 import click
 
-from .. import demo as demo_steps
+from . import demo as demo_steps
 from ..errors import IndexNotFoundError
 from ..keys.foreign import build_key_index
-from ..ann import METRICS, StaleIndexWarning, build_index, index_info
+from ..search.ann import METRICS, StaleIndexWarning, build_index, index_info
 from ..layer import Embedding
 from ..store import open as open_table
 from ..store import repair as repair_table
 from ..store import verify as verify_table
-from ..store.normsource import store_norms
-from ..store.objstore import is_url
-from ..store.transfer import copy_table
+from ..store.norms.source import store_norms
+from ..store.remote.objstore import is_url
+from ..store.remote.transfer import copy_table
 from ..store.verify import checksum_status
 from ..progress import display as progress, plural
 from .common import DEST, TABLE, options, print_json, say

@@ -114,7 +114,7 @@ SPECS: tuple[FormatSpec, ...] = (
                has_keys=True, can_write=True, streams=True),
     FormatSpec("glove", "glove", "GloVe", binary=False, has_keys=True, can_write=True,
                streams=True),
-    FormatSpec("word2vec-binary", "word2vec_binary", "word2vec binary", extensions=(".bin",),
+    FormatSpec("word2vec-binary", "word2vec.binary", "word2vec binary", extensions=(".bin",),
                binary=False, has_keys=True, can_write=True, streams=True),
     FormatSpec("safetensors", "safetensors", "safetensors", extensions=(".safetensors",),
                sniff=_safetensors_header, takes_tensor=True, can_write=True),
@@ -126,7 +126,7 @@ SPECS: tuple[FormatSpec, ...] = (
     FormatSpec("parquet", "parquet", "Parquet", extensions=(".parquet", ".parq"),
                magic=(b"PAR1",), has_keys=True, takes_tensor=True),
     # fastText's native model (word vectors + subword n-grams); before 2017: no magic
-    FormatSpec("fasttext-bin", "fasttext_bin", "fastText .bin model", magic=(b"\xba\x16\x4f\x2f",),
+    FormatSpec("fasttext-bin", "fasttext.bin", "fastText .bin model", magic=(b"\xba\x16\x4f\x2f",),
                sniff=_fasttext_old, has_keys=True),
 )
 _SPEC = {f.name: f for f in SPECS}

@@ -1,6 +1,6 @@
 """Uncompressed 1-D Zarr arrays that are read through ``np.memmap`` of their chunk files.
 
-The key index (:mod:`embstore.vocab`) keeps four such arrays.  zarr-python
+The key index (:mod:`embstore.keys.index`) keeps four such arrays.  zarr-python
 writes them (codecs ``bytes`` little-endian + ``crc32c``, default chunk key
 encoding ``c/<i>``), so any Zarr v3 reader can read and checksum them; this
 module maps the raw chunk files instead, so opening costs one small JSON read
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from ..checksum import crc32c
+from ..fs.checksum import crc32c
 
 from ..errors import ClosedTableError, CorruptStoreError, ResourceLimitError
-from ..files import RESOURCE_ERRNOS, map_file, open_regular, read_small, resource_error
+from ..fs.files import RESOURCE_ERRNOS, map_file, open_regular, read_small, resource_error
 
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CorruptStoreError, LockTimeoutError
-from ..beside import fsync_path as _fsync
-from ..beside import remove_quietly, sweep_beside
+from ..fs.beside import fsync_path as _fsync
+from ..fs.beside import remove_quietly, sweep_beside
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]

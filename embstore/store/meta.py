@@ -17,7 +17,7 @@ from typing import TypeGuard
 
 from ..dtypes import STORAGE_DTYPES
 from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
-from ..files import MAX_JSON_BYTES, open_regular, read_small, within
+from ..fs.files import MAX_JSON_BYTES, open_regular, read_small, within
 
 __all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES"]

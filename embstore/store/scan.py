@@ -1,5 +1,5 @@
 """Whole-table scans in blocks of rows, zero-copy where the layout allows
-(:func:`scan_blocks`, used by the exact search of :mod:`embstore.search_exact`).
+(:func:`scan_blocks`, used by the exact search of :mod:`embstore.search.exact`).
 
 An uncompressed float table stores each inner chunk's rows back to back, followed by the
 chunk's 4-byte crc32c; zarr writes the chunks of a shard back to back.  A run of rows is
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..table import Table
-from .shardfile import ShardFile
-from .shardread import ShardReader
+from .shard.file import ShardFile
+from .shard.read import ShardReader
 from .source import ShardSource
 from .table import ZarrTable
 

@@ -1,6 +1,6 @@
 """The on-disk backend: :class:`ZarrTable` and ``create``/``save``/``open``/``verify``.
 
-Format v1 is described in docs/FORMAT.md.  Reads go through :mod:`embstore.shards` (shard
+Format v1 is described in docs/FORMAT.md.  Reads go through :mod:`embstore.store.shard.read` (shard
 index kept, memory-mapped gathers, crc32c checked once per chunk) unless the ``vectors``
 array has a layout that path does not know, in which case zarr-python reads it.
 """
@@ -17,24 +17,24 @@ from typing import Any
 import numpy as np
 
 from .._types import Bytes, OpenMode, PathLike
-from ..cache import CacheInfo, parse_bytes
-from ..rowcaches import make_cache
+from ..cache.rows import CacheInfo, parse_bytes
+from ..cache.null import make_cache
 from ..errors import (CorruptStoreError, InvalidIdError,
                       ReadOnlyError, ShapeMismatchError)
-from ..beside import sweep_beside
+from ..fs.beside import sweep_beside
 from .commit import Transaction, last_commit, recover, settle
 from .lock import writer_lock
-from ..forksafe import renew_after_fork
+from ..fs.forksafe import renew_after_fork
 from ..ids import as_ids
 from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .meta import read_table_meta
-from .ngrams import Subwords
-from .objstore import is_url
-from .remote_open import open_remote_ngrams, open_remote_source
+from .subword.ngrams import Subwords
+from .remote.objstore import is_url
+from .remote.open import open_remote_ngrams, open_remote_source
 from .source import open_source
-from .normsource import NormsSource, attach_norms
+from .norms.source import NormsSource, attach_norms
 from ..table import Table
 from .verify import Damage, VerifyReport, verify
 from .writer import TableWriter
@@ -48,7 +48,7 @@ class ZarrTable(Table):
 
     Rows come from a :class:`~embstore.store.source.RowSource` (the shard fast path, or
     zarr-python for layouts it does not know) through a row cache (a
-    :class:`~embstore.rowcaches.NullCache` when ``cache_bytes=0``).
+    :class:`~embstore.cache.null.NullCache` when ``cache_bytes=0``).
     """
 
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",

@@ -30,11 +30,11 @@ from ..keys.mapped import read_array_meta
 from .codecs import Layout
 from .commit import area_of, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
-from .ngrams import NGRAMS
-from .quant import SCALE_ARRAY
-from .normcalc import NORMS_ARRAY
-from .normsource import check_norms
-from .shardread import ShardReader
+from .subword.ngrams import NGRAMS
+from ..dtypes import SIDE_ARRAYS
+from .norms.calc import NORMS_ARRAY
+from .norms.source import check_norms
+from .shard.read import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]
 
@@ -193,7 +193,7 @@ def verify(path: PathLike) -> VerifyReport:
         report.add(str(root), None, str(exc))
         return report
     fast = set()
-    for name in ("vectors", SCALE_ARRAY, NGRAMS):  # int8 tables' scales, fastText n-grams
+    for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:
@@ -259,7 +259,7 @@ def verify(path: PathLike) -> VerifyReport:
 
 
 def _index_note(root: Path, rows: int | None) -> str:
-    """What the approximate index (embstore/ann.py) says of itself ("" if none)."""
+    """What the approximate index (embstore/search/ann.py) says of itself ("" if none)."""
     try:
         with open(area_of(root) / "ann" / "meta.json", "rb") as f:
             meta = json.loads(f.read(1 << 20))

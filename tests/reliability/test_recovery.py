@@ -22,7 +22,7 @@ from relhelpers import assert_clean_error, invoke
 
 import embstore
 from embstore.errors import CorruptStoreError
-from embstore.beside import owned_prefix
+from embstore.fs.beside import owned_prefix
 
 ROWS, DIM = 300, 4
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import embstore
 from embstore.cli import cli
 from embstore.errors import NotATableError
-from embstore.keys.ranged import sidecar_name
+from embstore.store.remote.ranged import sidecar_name
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import embstore
 from embstore import DestinationExistsError
 from embstore.cli import cli
 from embstore.errors import FormatError
-from embstore.store import objstore
-from embstore.store.transfer import copy_table, upload_table
+from embstore.store.remote import objstore
+from embstore.store.remote.transfer import copy_table, upload_table
 
 
 def _keys(s3, prefix: str) -> list[str]:
