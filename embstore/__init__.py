@@ -12,6 +12,7 @@ from ._version import __version__
 from .batch import lookup_file
 from .cache.rows import CacheInfo
 from .convert import ExportResult, ImportResult, export_table, import_file
+from .search.analogy import normalized
 from .search.ann import StaleIndexWarning, build_index
 from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError, EmbstoreError,
                      FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
@@ -36,7 +37,7 @@ __all__ = [
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
     "LockTimeoutError", "MissingDependencyError", "ClosedTableError", "InvalidOptionError",
     "ResultTooLargeError", "ResourceLimitError", "TableChangedError", "InvalidTypeError",
-    "build_index", "StaleIndexWarning", "IndexNotFoundError",
+    "build_index", "StaleIndexWarning", "IndexNotFoundError", "normalized",
 ]
 
 

@@ -30,6 +30,12 @@ __all__ = [
 ]
 
 
+def table_label(table) -> str:
+    """A table as messages name it: its path, never its repr (``the in-memory table``)."""
+    path = table.path  # every Table declares it (None in memory)
+    return str(path) if path is not None else "the in-memory table"
+
+
 class EmbstoreError(Exception):
     """Base class of every error embstore raises on purpose."""
 

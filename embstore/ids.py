@@ -81,15 +81,26 @@ def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(flat_index), shape))
 
 
+def at_position(pos: tuple[int, ...], shape: tuple[int, ...]) -> str:
+    """`` at position (i, j)`` for a message, or nothing when the ids are a single one."""
+    return "" if int(np.prod(shape, dtype=np.int64)) <= 1 else f" at position {pos}"
+
+
+_KEYS_HINT = " (row ids are integers; look keys up with lookup_keys([...]))"
+
+
 def _bad_type(ids, arr=None, kind=None) -> InvalidIdError:
     if arr is not None and arr.size:
         first = arr.reshape(-1)[0]
         pos = position_of(0, arr.shape)
+        hint = _KEYS_HINT if isinstance(first, str) or arr.dtype.kind == "U" else ""
         return InvalidIdError(
-            f"ids must be integers, got {kind or arr.dtype} (first id {first!r} at position {pos})",
+            f"ids must be integers, got {kind or arr.dtype} (first id {first!r}"
+            f"{at_position(pos, arr.shape)}){hint}",
             id=first, position=pos)
-    return InvalidIdError(f"ids must be integers, got {kind or type(ids).__name__}: {ids!r}",
-                          id=ids, position=())
+    hint = _KEYS_HINT if isinstance(ids, str) else ""
+    return InvalidIdError(f"ids must be integers, got {kind or type(ids).__name__}: "
+                          f"{ids!r}{hint}", id=ids, position=())
 
 
 def _plain(ids: np.ndarray) -> np.ndarray:
@@ -137,7 +148,7 @@ def _to_array(ids) -> np.ndarray:
         try:
             return np.asarray(operator.index(ids), dtype=np.int64)
         except OverflowError:
-            raise InvalidIdError(f"id {ids} at position () is out of range", id=ids,
+            raise InvalidIdError(f"id {ids} is out of range", id=ids,
                                  position=()) from None
     if isinstance(ids, (str, bytes, float, complex, numbers.Real)):
         raise _bad_type(ids)
@@ -182,11 +193,13 @@ def _python_int_array(ids) -> np.ndarray:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
             pos = position_of(i, obj.shape)
             raise InvalidIdError(
-                f"ids must be integers, got {type(v).__name__} {v!r} at position {pos}",
+                f"ids must be integers, got {type(v).__name__} {v!r}{at_position(pos, obj.shape)}"
+                + (_KEYS_HINT if isinstance(v, str) else ""),
                 id=v, position=pos)
         if int(v) < 0 or int(v) > _INT64_MAX:
             pos = position_of(i, obj.shape)
-            raise InvalidIdError(f"id {v} at position {pos} is out of range", id=v, position=pos)
+            raise InvalidIdError(f"id {v}{at_position(pos, obj.shape)} is out of range", id=v,
+                                 position=pos)
     return obj.astype(np.int64)
 
 
@@ -207,13 +220,10 @@ def as_key_array(keys) -> np.ndarray:
         is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
         if not is_str.all():
             i = int(np.argmin(is_str))
-            v = flat[i]
-            if isinstance(v, str):  # str subclasses are fine
-                pass
-            else:
-                raise KeyNotFoundError(
-                    f"keys must be strings, got {type(v).__name__} {v!r} at position "
-                    f"{position_of(i, arr.shape)}", key=v, position=position_of(i, arr.shape))
+            v, pos = flat[i], position_of(i, arr.shape)
+            if not isinstance(v, str):  # str subclasses are fine
+                raise KeyNotFoundError(f"keys must be strings, got {type(v).__name__} {v!r}"
+                                       f"{at_position(pos, arr.shape)}", key=v, position=pos)
     return arr
 
 
@@ -240,9 +250,9 @@ def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
         pos = position_of(i, arr.shape)
         v = flat[i].item()
         raise InvalidIdError(
-            f"id {v} at position {pos} is out of range for a table of {vocab_size} rows"
-            f" (valid ids: 0..{vocab_size - 1})" if vocab_size else
-            f"id {v} at position {pos} is out of range: the table has no rows",
+            f"id {v}{at_position(pos, arr.shape)} is out of range for a table of {vocab_size} "
+            f"rows (valid ids: 0..{vocab_size - 1})" if vocab_size else
+            f"id {v}{at_position(pos, arr.shape)} is out of range: the table has no rows",
             id=v, position=pos, vocab_size=vocab_size)
     if arr.dtype == np.int64:
         return arr

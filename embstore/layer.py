@@ -37,13 +37,14 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidIdError, InvalidOptionError, InvalidTypeError, ShapeMismatchError
+from .errors import InvalidIdError, InvalidOptionError, InvalidTypeError, ShapeMismatchError, table_label
 from .ids import _bad_type, _to_array, as_ids, check_like_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
 from .pooling import check_bag_mode, pool_bags
 from .renorm import renorm
-from .search.stream import logits, most_similar
+from .search.analogy import analogy_query
+from .search.stream import _resolve_ids_or_keys, logits, most_similar
 from .search.subword import holds_keys, similar_keys
 from .table import Table
 
@@ -131,7 +132,7 @@ class Embedding:
         check_oov(oov, unk_id, EMBEDDING_OOV_MODES + ("subword",))
         if oov == "subword" and self._table.subwords is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
-                                     f"(imported from a fastText .bin); {self._table!r} has none")
+                                     f"(imported from a fastText .bin); {table_label(self._table)} has none")
         self.oov: str = oov
         if isinstance(scale, str):
             if scale != "sqrt_dim":
@@ -375,15 +376,26 @@ class Embedding:
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
-    def most_similar(self, query: ArrayLike, k: int | None = 10, exclude: ArrayLike = (), *,
+    def most_similar(self, query: ArrayLike | None = None, k: int | None = 10,
+                     exclude: ArrayLike = (), *, positive=None, negative=None,
                      block_rows: int | None = None, approx: bool = False,
                      ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them);
         ``approx=True``: from the table's approximate index, search effort ``ef``.
+        ``positive``/``negative`` (keys, ids, vectors) instead of ``query``: gensim's
+        analogy, ``positive=["king", "woman"], negative=["man"]`` (see :mod:`embstore.search.analogy`).
 
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
         see :func:`embstore.search.stream.most_similar`.
         """
+        if positive is not None or negative is not None:
+            if query is not None:
+                raise InvalidOptionError("pass query, or positive/negative (an analogy), not both")
+            query, own = analogy_query(self._table, positive, negative)
+            exclude = np.concatenate([own, _resolve_ids_or_keys(self._table, exclude)])
+        elif query is None:
+            raise InvalidOptionError("most_similar needs a query, or positive/negative keys "
+                                     "(an analogy)")
         if self.oov == "subword" and holds_keys(query):
             return similar_keys(self._table, query, k=k, exclude=exclude, block_rows=block_rows,
                                 approx=approx, ef=ef)

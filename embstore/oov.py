@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from .errors import InvalidIdError, InvalidOptionError, KeyNotFoundError
+from .errors import InvalidIdError, InvalidOptionError, KeyNotFoundError, table_label
 from .ids import one_of
 
 __all__ = ["OOV_MODES", "KEY_OOV_MODES", "EMBEDDING_OOV_MODES", "OOV", "check_oov", "map_oov",
@@ -85,7 +85,7 @@ def subword_rows(table, keys: np.ndarray) -> np.ndarray:
     sub = table.subwords
     if sub is None:
         raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams (imported "
-                                 f"from a fastText .bin model); {table!r} has none")
+                                 f"from a fastText .bin model); {table_label(table)} has none")
     if keys.size == 0:
         return np.zeros((0, table.dim), dtype=table.dtype)
     if sub.bucket == 0:

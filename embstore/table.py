@@ -18,11 +18,11 @@ from numpy.typing import ArrayLike
 
 from ._types import KeysLike
 from .cache.rows import CacheInfo
-from .dasktable import to_dask
+from .dasktable import to_dask, to_xarray
 from .dtypes.bfloat16 import widen
 from .errors import (ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError,
-                     ShapeMismatchError)
-from .ids import as_ids, as_key_array, check_result_size, position_of, positive_int
+                     ShapeMismatchError, table_label)
+from .ids import as_ids, as_key_array, at_position, check_result_size, position_of, positive_int
 from .oov import KEY_OOV_MODES, OOV, NgramMatrix, check_oov, map_oov, subword_rows
 
 __all__ = ["Table", "Vocab"]
@@ -129,11 +129,11 @@ class Table(abc.ABC):
         return out
 
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        raise ReadOnlyError(f"{self!r} is read-only")
+        raise ReadOnlyError(f"{table_label(self)} is read-only")
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int | None:
         """Store rows at the end; returns the first new id (None: ``vocab_size`` before)."""
-        raise ReadOnlyError(f"{self!r} is read-only")
+        raise ReadOnlyError(f"{table_label(self)} is read-only")
 
     # -- geometry ---------------------------------------------------------------------
     @property
@@ -246,10 +246,13 @@ class Table(abc.ABC):
         return self._read_rows(0, self.vocab_size)
 
     def to_dask(self, block_rows: int | None = None):
-        """The table as a lazy ``dask.array`` (needs dask): blocks of whole shards read
-        through the fast path, and ``x[ids]`` a table lookup per block of ids (see
-        :mod:`embstore.dasktable`)."""
+        """The table as a lazy ``dask.array``: blocks of whole shards read by the fast path,
+        ``x[ids]`` a lookup per block of ids (:mod:`embstore.dasktable`)."""
         return to_dask(self, block_rows)
+
+    def to_xarray(self, block_rows: int | None = None):
+        """xarray ``vectors (row, dim)`` over :meth:`to_dask`; keys a coordinate of ``row``."""
+        return to_xarray(self, block_rows)
 
     # -- NumPy and Python protocols ---------------------------------------------------------
     _ARRAY_BLOCK_BYTES = 64 << 20  # __array__ with a dtype change converts 64 MiB at a time
@@ -313,7 +316,7 @@ class Table(abc.ABC):
             i = int(np.argmax(ids.reshape(-1) < 0))
             key = arr.reshape(-1)[i]
             pos = position_of(i, arr.shape)
-            raise KeyNotFoundError(f"key {key!r} at position {pos} is not in the table",
+            raise KeyNotFoundError(f"key {key!r}{at_position(pos, arr.shape)} is not in the table",
                                    key=key, position=pos)
         return ids
 
@@ -337,7 +340,7 @@ class Table(abc.ABC):
     def _check_writable(self) -> None:
         self._check_open()  # a closed r+ table is closed, not read-only
         if not self.writable:
-            raise ReadOnlyError(f"{self!r} is read-only (open it with mode='r+')")
+            raise ReadOnlyError(f"{table_label(self)} is read-only (open it with mode='r+')")
 
     def _check_vectors(self, vectors, lead_shape, what: str) -> np.ndarray:
         vec = np.asarray(vectors)

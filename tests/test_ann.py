@@ -178,15 +178,15 @@ def test_cli_index_and_similar_approx(tmp_path):
     res = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--approx", "--ef", "20",
                          "--json"])
     assert res.exit_code == 0, res.output
-    got = [n["id"] for n in json.loads(res.output)["neighbours"]]
+    got = [n["id"] for n in json.loads(res.output)[0]["neighbours"]]
     exact = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--json"])
-    want = [n["id"] for n in json.loads(exact.output)["neighbours"]]
+    want = [n["id"] for n in json.loads(exact.output)[0]["neighbours"]]
     assert len(set(got) & set(want)) >= 4 and 1 not in got
     with embstore.open(path, mode="r+") as t:
         t.write([0], np.ones((1, 16)))
     res = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--approx", "--json"])
     assert res.exit_code == 0 and "changed after its approximate index" in res.stderr
-    assert [n["id"] for n in json.loads(res.stdout)["neighbours"]] == want
+    assert [n["id"] for n in json.loads(res.stdout)[0]["neighbours"]] == want
 
 
 def test_missing_extra_names_it(tmp_path):

@@ -112,7 +112,9 @@ def test_bad_ids_raise(make_table, E, bad, first, pos):
     with pytest.raises(InvalidIdError) as info:
         t.lookup(bad)
     assert info.value.id == first and info.value.position == pos
-    assert str(first) in str(info.value) and str(pos) in str(info.value)
+    assert str(first) in str(info.value)
+    if pos != ():  # a single id has no position worth naming (issue 34)
+        assert str(pos) in str(info.value)
     assert isinstance(info.value, IndexError) and isinstance(info.value, embstore.EmbstoreError)
 
 

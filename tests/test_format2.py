@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-from crc32c import crc32c
+from google_crc32c import value as crc32c
 
 import embstore
 from embstore import CorruptStoreError, InvalidOptionError

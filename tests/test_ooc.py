@@ -283,8 +283,8 @@ def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
     path, E = _table(tmp_path, rows=4096, dim=16, compression="zstd", chunk_rows=2,
                      shard_rows=512)
     calls = []
-    real = shardcodec.crc32c
-    monkeypatch.setattr(shardcodec, "crc32c", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = shardcodec.crc_value
+    monkeypatch.setattr(shardcodec, "crc_value", lambda *a, **k: calls.append(1) or real(*a, **k))
     t = embstore.open(path, cache_bytes=0)
     ids = np.random.default_rng(5).integers(0, 4096, 1500)
     np.testing.assert_array_equal(t.lookup(ids), E[ids])
@@ -298,7 +298,7 @@ def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
 def test_zstd_frame_damaged_under_a_valid_checksum_raises(tmp_path, n):
     """A stored frame that passes its crc32c but does not decode to one chunk (a writer's
     bug, or a checksum recomputed over damage) raises CorruptStoreError naming the chunk."""
-    from crc32c import crc32c
+    from embstore.fs.checksum import crc32c
     path, E = _table(tmp_path, rows=1024, dim=16, compression="zstd", chunk_rows=2,
                      shard_rows=1024)
     shard = path / "vectors" / "c" / "0" / "0"

@@ -227,7 +227,7 @@ def test_most_similar_errors(E):
     emb = Embedding(embstore.MemoryTable(E, keys=KEYS))
     with pytest.raises(KeyNotFoundError, match="nope"):
         emb.most_similar("nope")
-    with pytest.raises(InvalidIdError, match=f"id {V} at position"):
+    with pytest.raises(InvalidIdError, match=f"id {V} is out of range"):
         emb.most_similar(V)
     with pytest.raises(InvalidIdError):
         emb.most_similar(1, exclude=[-1])

@@ -216,10 +216,11 @@ def test_registry_is_the_one_source():
         assert callable(module.read) and hasattr(module, "write") == s.can_write, s.name
     assert export_extensions() == {".npy": "npy", ".txt": "word2vec", ".w2v": "word2vec",
                                    ".vec": "fasttext", ".bin": "word2vec-binary",
-                                   ".safetensors": "safetensors"}
-    assert export_format_for("x/y.VEC") == "fasttext"
+                                   ".safetensors": "safetensors", ".pt": "torch", ".pth": "torch",
+                                   ".ckpt": "torch"}
+    assert export_format_for("x/y.VEC") == "fasttext" and export_format_for("y.pt") == "torch"
     with pytest.raises(FormatError, match="pass format= \\(npy, word2vec"):
-        export_format_for("y.pt")
+        export_format_for("y.h5")
     with pytest.raises(FormatError, match="unknown format 'csv'"):
         spec("csv")
 
@@ -249,7 +250,7 @@ def test_a_reader_declares_what_import_uses():
 
 # -- parameters in the library, flags on the command line --------------------------------
 def test_library_errors_name_parameters(tmp_path):
-    with pytest.raises(FormatError, match="tensor= applies to safetensors, torch and hf files"):
+    with pytest.raises(FormatError, match="tensor= applies to safetensors, torch, hf and parquet files"):
         import_file(os.path.join(DATA, "gensim.txt"), tmp_path / "t", tensor="x")
     with pytest.raises(FormatError, match="vocab= gives keys to formats without them"):
         import_file(os.path.join(DATA, "gensim.txt"), tmp_path / "t",

@@ -163,7 +163,7 @@ def _demo(root: Path, no_dask: bool) -> None:
 
     _say("6. Export again and verify the store")
     back = root / "lee-export.txt"
-    _run_cli("export", str(store), str(back), "--format", "word2vec", "--overwrite")
+    _run_cli("export", str(store), str(back), "--format", "word2vec", "--overwrite", "--quiet")
     lines = back.read_text(encoding="utf-8").splitlines()
     vals = np.array([[float(v) for v in line.split()[1:]] for line in lines[1:]], np.float32)
     _check(lines[0].split() == text_lines[0].split() and np.array_equal(vals, ref)

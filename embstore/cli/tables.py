@@ -12,8 +12,9 @@ import warnings
 import click
 
 from . import demo as demo_steps
+from ..errors import IndexNotFoundError
 from ..keys.foreign import build_key_index
-from ..search.ann import METRICS, StaleIndexWarning, build_index
+from ..search.ann import METRICS, StaleIndexWarning, build_index, index_info
 from ..layer import Embedding
 from ..store import open as open_table
 from ..store import repair as repair_table
@@ -23,7 +24,7 @@ from ..store.norms.source import store_norms
 from ..store.remote.objstore import is_url
 from ..store.remote.transfer import copy_table
 from ..store.verify import checksum_status
-from ..progress import display as progress
+from ..progress import display as progress, plural
 from .common import DEST, TABLE, options, print_json, say
 
 @click.command("info", short_help="Describe a table: size, dtype, layout, keys.")
@@ -42,6 +43,13 @@ def info_cmd(path, as_json, quiet):
     sums = {"vectors": info.pop("checksummed")} if is_url(path) else checksum_status(path)
     info["checksummed"] = sums.get("vectors", False)  # the rows: what verify vouches for
     info["unchecksummed_arrays"] = [name for name, ok in sums.items() if not ok]
+    try:
+        ann = None if is_url(path) else index_info(path)  # approximate indexes: local only
+    except IndexNotFoundError as exc:  # damaged metadata: say so, describe the rest
+        ann = {"error": str(exc)}
+    info["approx_index"] = None if ann is None else {
+        k: ann.get(k) for k in ("metric", "nlist", "nprobe", "indexed_rows", "stale", "error")
+        if k in ann}
     if as_json:
         print_json(info)
         return
@@ -57,6 +65,12 @@ def info_cmd(path, as_json, quiet):
     src = info.get("attributes", {}).get("source")
     if src:
         click.echo(f"{'source:':15}{json.dumps(src)}")
+    if ann is not None and "error" in ann:
+        click.echo(f"{'approx index:':15}unreadable ({ann['error']})")
+    elif ann is not None:
+        click.echo(f"{'approx index:':15}{ann.get('metric')}, {ann.get('nlist')} lists, search "
+                   f"effort {ann.get('nprobe')}" + (" (stale: the table changed since; "
+                   "`embstore index --overwrite` builds it again)" if ann.get("stale") else ""))
     ng = info.get("ngrams")
     if ng:  # a fastText model's subword n-grams (lookup --oov subword)
         click.echo(f"{'ngrams:':15}{ng['rows']} rows (n-grams of {ng['minn']}..{ng['maxn']} "
@@ -155,7 +169,7 @@ def repair_cmd(path, as_json, quiet):
                     "damaged": [d.message for d in report.damaged]})
     else:
         if not quiet:
-            click.echo(f"removed {len(removed)} leftover(s) of interrupted writes"
+            click.echo(f"removed {plural(len(removed), 'leftover')} of interrupted writes"
                        + "".join(f"\n  {name}" for name in removed))
         _echo_report(report, quiet)
     if not report.ok:
@@ -241,7 +255,7 @@ def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
                  "score": None if s != s else s}  # NaN (zero-norm row): null in JSON
                 for j, (i, s) in enumerate(pairs)]})
     if as_json:
-        print_json(result if len(result) > 1 else result[0])
+        print_json(result)  # a list, one entry per query, however many queries
         return
     for entry in result:
         click.echo(f"{entry['query']}:")

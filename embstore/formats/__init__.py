@@ -55,7 +55,8 @@ from .source import Source, open_source
 
 __all__ = ["FormatSpec", "SPECS", "FORMATS", "READ_FORMATS", "WRITE_FORMATS", "Reader",
            "detect", "get", "spec", "export_format_for", "export_extensions",
-           "DEFAULT_BLOCK_ROWS", "open_output", "detect_source", "Source", "open_source"]
+           "DEFAULT_BLOCK_ROWS", "open_output", "detect_source", "Source", "open_source",
+           "is_pickle", "PICKLE_MESSAGE"]
 
 DEFAULT_BLOCK_ROWS = 65536
 
@@ -118,9 +119,12 @@ SPECS: tuple[FormatSpec, ...] = (
     FormatSpec("safetensors", "safetensors", "safetensors", extensions=(".safetensors",),
                sniff=_safetensors_header, takes_tensor=True, can_write=True),
     FormatSpec("torch", "torch", "PyTorch", extensions=(".pt", ".pth", ".ckpt"),
-               magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True),
+               magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True, can_write=True),
     # a folder (config.json, tokenizer, checkpoint): chosen for a directory, never by bytes
     FormatSpec("hf", "hf", "Hugging Face model folder", has_keys=True, takes_tensor=True),
+    # a table of words and vectors (a string column, a float-list column); pyarrow reads it
+    FormatSpec("parquet", "parquet", "Parquet", extensions=(".parquet", ".parq"),
+               magic=(b"PAR1",), has_keys=True, takes_tensor=True),
     # fastText's native model (word vectors + subword n-grams); before 2017: no magic
     FormatSpec("fasttext-bin", "fasttext.bin", "fastText .bin model", magic=(b"\xba\x16\x4f\x2f",),
                sniff=_fasttext_old, has_keys=True),
@@ -320,6 +324,8 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
     for s in binary:
         if ext in s.extensions:
             return s.name
+    if is_pickle(head):
+        raise FormatError(PICKLE_MESSAGE, path=path)
     m = _HEADER_RE.match(head)
     if m:
         if _binary_record(head[m.end():], int(m.group(2)), ext):
@@ -329,6 +335,15 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
         raise FormatError("cannot tell the format from the first bytes (not npy, safetensors, "
                           "PyTorch, or word2vec/GloVe text); pass format=", path=path)
     return "glove"
+
+
+PICKLE_MESSAGE = ("this is a Python pickle (gensim's native .save()); embstore never unpickles: "
+                  "load it with gensim and call embstore.from_gensim")
+
+
+def is_pickle(head: bytes) -> bool:
+    """A pickle of protocol 2 to 5 (``PROTO`` opcode): gensim's ``.save()``, joblib, ..."""
+    return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
 _NUMERIC = frozenset(b"0123456789.+-eEinfatyINFATY \t\r")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from crc32c import crc32c
+from ..fs.checksum import crc32c
 
 from ..errors import ClosedTableError, CorruptStoreError, ResourceLimitError
 from ..fs.atomic import replace

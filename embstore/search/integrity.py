@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from crc32c import crc32c
 
 from ..errors import CorruptStoreError
 from ..fs.files import map_file, open_regular, read_small
+from ..fs.checksum import crc32c
 
 __all__ = ["META_CRC", "SUMS", "LIST_SUMS", "INDEX_FILE", "DATA_FILE", "Header", "damaged", "meta_crc",
            "check_meta", "parse_header", "check_header", "check_data_size", "list_sums",

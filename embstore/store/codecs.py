@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from crc32c import crc32c
 from numpy.typing import DTypeLike
+
+from ..fs.checksum import crc32c
 
 from ..dtypes import DTYPES, check_storage
 from ..errors import CorruptStoreError, InvalidOptionError

@@ -150,7 +150,7 @@ class ZarrTable(Table):
                 "storage_dtype": self.storage_dtype,
                 **{k: v for k, v in self.layout.items() if k != "fast_path"},
                 "has_keys": self._has_keys, "nbytes": self.nbytes, "stored_bytes": stored,
-                "saved_bytes": self.nbytes - stored,
+                "saved_bytes": max(0, self.nbytes - stored),  # by compression; never < 0
                 **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
                     "format", "dim", "dtype", "chunk_rows", "shard_rows", "compression",

@@ -23,6 +23,7 @@ import numpy as np
 
 from .._types import PathLike
 from ..errors import CorruptStoreError, FormatError, LockTimeoutError, NotATableError
+from ..progress import plural
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .codecs import Layout
@@ -92,25 +93,29 @@ class VerifyReport:
         self.ok = False
 
     def _what(self) -> str:
-        return (f"{self.shards} shard(s), {self.chunks} chunk(s) of vectors"
-                + (f", arrays {', '.join(self.arrays)}" if self.arrays else ""))
+        return (f"{plural(self.shards, 'shard')}, {plural(self.chunks, 'chunk')} of vectors"
+                + (f", {'array' if len(self.arrays) == 1 else 'arrays'} "
+                   f"{', '.join(self.arrays)}" if self.arrays else ""))
 
     def unchecked_line(self) -> str:
         """One line naming what could not be checked ("" when everything was)."""
         parts = []
         if self.unchecked:
-            parts.append(f"{self.unchecked} chunk(s) of vectors")
+            parts.append(f"{plural(self.unchecked, 'chunk')} of vectors")
         if self.unchecked_arrays:
-            parts.append(f"array(s) {', '.join(self.unchecked_arrays)}")
+            parts.append(f"{'array' if len(self.unchecked_arrays) == 1 else 'arrays'} "
+                         f"{', '.join(self.unchecked_arrays)}")
         if not parts:
             return ""
-        return (f"{' and '.join(parts)} carry no checksum (written without the crc32c "
+        one = len(parts) == 1 and (self.unchecked == 1 or (not self.unchecked and len(
+            self.unchecked_arrays) == 1))
+        return (f"{' and '.join(parts)} {'carries' if one else 'carry'} no checksum (written without the crc32c "
                 "codec): read, but they cannot be verified")
 
     def __str__(self) -> str:
         note = self.unchecked_line()
         if self.damaged:
-            lines = [f"DAMAGED {self.path}: {len(self.damaged)} problem(s); checked "
+            lines = [f"DAMAGED {self.path}: {plural(len(self.damaged), 'problem')}; checked "
                      f"{self._what()}"]
             lines += [f"  {d.message}" for d in self.damaged]
             return "\n".join(lines + ([f"  {note}"] if note else []))

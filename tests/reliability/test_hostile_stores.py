@@ -326,7 +326,7 @@ def test_shard_index_damage_is_named(store, scratch):
 
 def test_a_shard_index_that_points_elsewhere_with_a_valid_crc(store, scratch):
     """A re-checksummed index that points at another chunk's bytes or outside the file."""
-    from crc32c import crc32c
+    from embstore.fs.checksum import crc32c
 
     n_inner = SHARD // CHUNK
     for case in ("swap", "outside", "huge", "overlap-index"):

@@ -181,7 +181,7 @@ class _MemoryReader:
 
 
 def _ranged(values: np.ndarray, chunk: int):
-    from crc32c import crc32c
+    from embstore.fs.checksum import crc32c
 
     from embstore.store.remote.ranged import RangedArray
 

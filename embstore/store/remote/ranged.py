@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
-from crc32c import crc32c
+from ...fs.checksum import crc32c
 
 from ...errors import CorruptStoreError
 from ...keys.hashing import words_from_bytes

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from crc32c import crc32c
+from ...fs.checksum import crc32c
 
 from ...errors import CorruptStoreError, ReadOnlyError
 from .chunkcache import ChunkCache
@@ -240,7 +240,7 @@ class RemoteShardSource(LayoutSource):
         if not self._layout.has_crc:
             return raw
         mv = memoryview(raw).cast("B")
-        if len(mv) < 4 or crc32c(mv[:-4], gil_release_mode=1) != int.from_bytes(
+        if len(mv) < 4 or crc32c(mv[:-4]) != int.from_bytes(
                 mv[-4:], "little"):
             check_chunk(mv, self._where(b, j))  # raises, with the reason and the place
         return mv[:-4]

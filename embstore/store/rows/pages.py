@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 
 import numpy as np
-from crc32c import crc32c
 
 from ...errors import CorruptStoreError
+from ...fs.checksum import as_bytes_array, crc32c
 from ...fs.files import open_regular, read_small
 from ..codecs import pool
 from .layout import PAGE, RowLayout
@@ -30,7 +30,7 @@ _PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling threa
 def page_crcs(data, end: int, pages: int) -> np.ndarray:
     """``pages`` crc32c values of the pages of ``data`` (a chunk's bytes) below ``end``."""
     out = np.zeros(pages, dtype="<u4")
-    mv = memoryview(data).cast("B")
+    mv = as_bytes_array(data)  # uint8 slices go to the library as they are
     for p in range(-(-end // PAGE)):  # a call per page (the library has no batch call)
         out[p] = crc32c(mv[p * PAGE: min((p + 1) * PAGE, end)])
     return out
@@ -136,7 +136,7 @@ class PageChecks:
 
     def _check(self, pages: np.ndarray, raw: np.ndarray) -> None:
         L, ppc = self.layout, self.ppc
-        mv = raw.data.cast("B")
+        mv = raw  # the mapped range as uint8: its slices go to the library as they are
         ks = pages // ppc
         cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
         for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, pages.size].tolist()):

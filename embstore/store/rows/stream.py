@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 import numpy as np
-from crc32c import crc32c
 
+from ...fs.checksum import crc32c
 from ..shard.write import BackgroundSync
 from .layout import PAGE, PAGE_CRC, RowLayout
 from .pages import encode_crc_file
@@ -65,7 +65,7 @@ class PagedStream:
         self._in_chunk = self._page = self._cur = self._cur_len = 0
         self._crcs[:] = 0
 
-    def _feed(self, mv: memoryview) -> None:
+    def _feed(self, mv: np.ndarray) -> None:
         """Continue the page checksums over ``mv`` (the next bytes of the open chunk)."""
         i, n = 0, len(mv)
         if self._cur_len:
@@ -88,14 +88,14 @@ class PagedStream:
     def add(self, rows: np.ndarray, *, final: bool = False) -> None:
         """Write ``rows`` (codes, ``(n, dim)``); with ``final`` close the last chunk."""
         L = self.layout
-        data = np.ascontiguousarray(rows, dtype=L.dtype).reshape(-1).view(np.uint8).data
+        data = np.ascontiguousarray(rows, dtype=L.dtype).reshape(-1).view(np.uint8)
         i = 0
         while i < len(data):  # a loop per chunk file
             if self._f is None:
                 self._open()
             take = min(len(data) - i, L.chunk_bytes - self._in_chunk)
             part = data[i: i + take]
-            self._f.write(part)
+            self._f.write(part.data)
             self._feed(part)
             self._in_chunk += take
             i += take

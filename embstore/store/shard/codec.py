@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 import zstandard
-from crc32c import crc32c
+from ...fs.checksum import as_bytes_array, value as crc_value
 
 from . import prefetch
 from ...errors import CorruptStoreError
@@ -130,10 +130,10 @@ class ChunkDecoding:
             if L.has_crc:
                 new = np.flatnonzero(~seen[idx])
                 if new.size:
-                    v = sf.buf
+                    v = as_bytes_array(sf.buf)
                     at, m = off[new], size[idx[new]]
                     # cold, a chunk's page may still be on its way: the GIL is let go
-                    got = np.fromiter((crc32c(v[x: x + y], gil_release_mode=1) for x, y in zip(
+                    got = np.fromiter((crc_value(v[x: x + y]) for x, y in zip(
                         at.tolist(), m.tolist())), dtype=np.int64, count=new.size)
                     u4 = np.ndarray(shape=(max(0, sf.mm.size - 3),), dtype="<u4", buffer=sf.mm,
                                     strides=(1,))

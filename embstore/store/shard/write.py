@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from crc32c import crc32c
+from ...fs.checksum import crc32c
 
 from ..codecs import ABSENT, Layout, encode_chunks
 from .read import ShardReader
