@@ -7,7 +7,8 @@ A test added here runs on every backend without being named anywhere else.
 
 Backends today: tests/test_contract.py (MemoryTable, each local layout, each storage
 dtype), tests/test_foreign.py (tables written by zarr-python), tests/remote/
-test_remote_contract.py (tables on S3).
+test_remote_contract.py (tables on S3).  (tests/conftest.py's ``make_table`` runs the
+layer, bag and search tests, not the contract, on a few local layouts.)
 
 Adding a backend (a storage medium, a layout, a storage dtype) is one subclass in the
 test file of that medium: its capabilities as class attributes (the tests consult them,
