@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike
 from ._types import KeysLike
 from .cache.rows import CacheInfo
 from .dasktable import to_dask
+from .dtypes.bfloat16 import widen
 from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
 from .ids import as_ids, check_result_size, position_of, positive_int
 from .oov import KEY_OOV_MODES, OOV, check_oov, map_oov, subword_rows
@@ -349,8 +350,7 @@ class Table(abc.ABC):
         want = tuple(lead_shape) + (self.dim,)
         if vec.shape != want:
             raise ShapeMismatchError(f"{what}: expected vectors of shape {want}, got {vec.shape}")
-        if vec.dtype.name == "bfloat16":  # ml_dtypes' NumPy bfloat16: widened exactly
-            vec = vec.astype(np.float32)
+        vec = widen(vec)  # ml_dtypes' NumPy bfloat16: widened exactly
         if vec.dtype.kind not in "fiu":
             raise ShapeMismatchError(f"{what}: expected numeric vectors, got dtype {vec.dtype}")
         vec = np.ascontiguousarray(vec, dtype=self.dtype)

@@ -1,13 +1,17 @@
-"""Dtypes: the one allowlist of what a table holds and stores, and their checks.
+"""Dtypes: the one registry of what a table holds and stores, and their checks.
 
+- ``DTYPES``: one :class:`~embstore.dtypes.base.StorageDtype` record per storage dtype
+  (name, stored NumPy dtype, encode, decode, what ``raw`` returns, its golden store), a
+  plain dict as numcodecs keeps its codecs; the contract is in :mod:`embstore.dtypes.base`.
+  Adding a storage dtype: one file with its record, one entry in ``DTYPES``.
 - ``FLOAT_DTYPES`` (float16, float32, float64): rows as NumPy arrays, what a
   ``MemoryTable``, an ``.npy`` file and a lookup hold;
-- ``STORAGE_DTYPES``: what a stored table may hold, the float dtypes plus the
-  ``QUANTISED`` ones (bfloat16, int8: stored as codes, looked up as float32; their
-  encoding lives in :mod:`embstore.dtypes.quant`).
+- ``STORAGE_DTYPES``: what a stored table may hold, the float dtypes plus the ``QUANTISED``
+  (compact) ones (bfloat16, int8: stored as codes, looked up as float32).
 
-Every module that accepts, stores or reads rows asks here (the writer, the metadata
-checks, ``MemoryTable``, the format readers, the CLI's ``--dtype`` choices).
+Every module that accepts, stores or reads rows asks here (the writer, the row sources,
+the metadata checks, ``verify``, ``MemoryTable``, the format readers, the CLI's ``--dtype``
+choices).
 """
 
 from __future__ import annotations
@@ -16,13 +20,26 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..errors import ShapeMismatchError
+from .base import SideArray, StorageDtype
+from .bfloat16 import BFLOAT16
+from .floats import FLOAT16, FLOAT32, FLOAT64
+from .int8 import INT8
 
-__all__ = ["FLOAT_DTYPES", "QUANTISED", "STORAGE_DTYPES", "is_float_dtype", "dtype_list",
-           "check_dtype", "storage_name", "check_storage"]
+__all__ = ["DTYPES", "StorageDtype", "SideArray", "record", "SIDE_ARRAYS", "FLOAT_DTYPES",
+           "QUANTISED", "STORAGE_DTYPES", "is_float_dtype", "dtype_list", "check_dtype",
+           "storage_name", "check_storage"]
 
-FLOAT_DTYPES: tuple[str, ...] = ("float16", "float32", "float64")
-QUANTISED: tuple[str, ...] = ("bfloat16", "int8")  # stored as codes, looked up as float32
+DTYPES: dict[str, StorageDtype] = {r.name: r for r in (FLOAT16, FLOAT32, FLOAT64, BFLOAT16, INT8)}
+
+FLOAT_DTYPES: tuple[str, ...] = tuple(n for n, r in DTYPES.items() if not r.compact)
+QUANTISED: tuple[str, ...] = tuple(n for n, r in DTYPES.items() if r.compact)  # codes
 STORAGE_DTYPES: tuple[str, ...] = FLOAT_DTYPES + QUANTISED
+SIDE_ARRAYS: tuple[str, ...] = tuple(r.side.name for r in DTYPES.values() if r.side)
+
+
+def record(name: str) -> StorageDtype:
+    """The record of storage dtype ``name`` (a name of :data:`STORAGE_DTYPES`)."""
+    return DTYPES[name]
 
 
 def dtype_list(names: tuple[str, ...] = FLOAT_DTYPES, conjunction: str = "or") -> str:

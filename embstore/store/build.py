@@ -16,7 +16,8 @@ from ..table import Table, as_key_array
 from .codecs import Compression
 from .subword.ngrams import subword_attrs
 from .remote.objstore import is_url
-from ..dtypes.quant import logical_dtype
+from ..dtypes import DTYPES
+from ..dtypes.bfloat16 import is_ml_bfloat16
 from .table import ZarrTable
 from .remote.transfer import staged
 from .writer import TableWriter
@@ -84,7 +85,7 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
         blocks = lambda n: src.iter_blocks(n)  # noqa: E731
     else:
         arr = np.asarray(src)
-        if not (arr.dtype.name == "bfloat16" and arr.ndim == 2):  # ml_dtypes: stored as is
+        if not (is_ml_bfloat16(arr) and arr.ndim == 2):  # ml_dtypes: stored as is
             arr = check_table_array(src)
         rows, dim = arr.shape
         src_dtype = arr.dtype.name
@@ -92,7 +93,7 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
     if keys is not None and len(keys) != rows:
         raise ShapeMismatchError(f"got {len(keys)} keys for a table of {rows} rows")
     dt = check_storage(dtype if dtype is not None else src_dtype)
-    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
+    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * DTYPES[dt].logical.itemsize))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
                      overwrite=overwrite, expected_rows=rows, duplicate_keys="error",

@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 from crc32c import crc32c
 
+from ..dtypes import DTYPES
 from ..errors import CorruptStoreError
 
 __all__ = ["Layout", "ABSENT", "COMPRESSIONS", "Compression", "make_codec",
@@ -138,11 +139,8 @@ class Layout:
 
 def _code_dtype(data_type) -> np.dtype | None:
     """The NumPy dtype of the stored values (bfloat16: its uint16 codes), or None."""
-    if data_type == "bfloat16":
-        return np.dtype("<u2")
-    if data_type in ("float16", "float32", "float64", "int8"):
-        return np.dtype(data_type)
-    return None
+    record = DTYPES.get(data_type) if isinstance(data_type, str) else None
+    return None if record is None else record.code
 
 
 def _endian(codec: dict) -> str:

@@ -30,7 +30,7 @@ from .codecs import Layout
 from .commit import area_of, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS
-from ..dtypes.quant import SCALE_ARRAY
+from ..dtypes import SIDE_ARRAYS
 from .norms.calc import NORMS_ARRAY
 from .norms.source import check_norms
 from .shard.read import ShardReader
@@ -188,7 +188,7 @@ def verify(path: PathLike) -> VerifyReport:
         report.add(str(root), None, str(exc))
         return report
     fast = set()
-    for name in ("vectors", SCALE_ARRAY, NGRAMS):  # int8 tables' scales, fastText n-grams
+    for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:

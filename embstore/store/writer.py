@@ -25,8 +25,8 @@ from ..keys.writer import KeyIndexWriter
 from ..fs.beside import fsync_path as _fsync
 from .codecs import COMPRESSIONS, Compression, Layout, make_codec
 from .norms.calc import NORMS_ARRAY, create_norms_stream, decoded_norms
-from ..dtypes.quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
-                    int8_quantise, logical_dtype)
+from ..dtypes import DTYPES
+from ..dtypes.bfloat16 import widen
 from .shard.write import BackgroundSync, RowStream, write_json
 
 __all__ = ["TableWriter", "choose_layout", "set_rows", "check_dtype", "check_storage"]
@@ -40,7 +40,7 @@ CHUNK_TARGET = 1 << 10
 #: random normal floats store at 96% of raw instead of 90% with 4 KiB chunks)
 CHUNK_TARGET_COMPRESSED = 1 << 10
 SHARD_TARGET = 128 << 20  # bytes per shard
-SCALE_CHUNK_ROWS = 512  # row_scale rows per chunk: 4 KiB, one page per cold touch
+SIDE_CHUNK_ROWS = 512  # rows per chunk of a side array (row_scale): 4 KiB, a page per cold touch
 
 
 def _pow2_below(x: float) -> int:
@@ -59,7 +59,7 @@ def choose_layout(dim: int, dtype: DTypeLike, rows: int | None = None, *,
     at 1 KiB it would only make their chunks 256-512 bytes and the overhead 4-8%.)
     """
     name = check_storage(dtype)
-    rb = dim * code_dtype(name).itemsize
+    rb = dim * DTYPES[name].code.itemsize
     for what, v in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)):
         if v is not None:
             positive_int(v, what)
@@ -150,7 +150,8 @@ class TableWriter:
         one_of(compression, "compression", COMPRESSIONS)
         self.path = Path(os.fspath(path)).absolute()
         self.dim, self.storage = int(dim), check_storage(dtype)
-        self.dtype = logical_dtype(self.storage)  # rows are checked as this, stored as codes
+        self.record = DTYPES[self.storage]
+        self.dtype = self.record.logical  # rows are checked as this, stored as codes
         self.compression, self.overwrite = compression, bool(overwrite)
         self._layout_args = (chunk_rows, shard_rows)
         choose_layout(self.dim, self.storage, expected_rows, chunk_rows=chunk_rows,
@@ -191,36 +192,38 @@ class TableWriter:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
         cr, sr = choose_layout(self.dim, self.storage, rows, chunk_rows=self._layout_args[0],
                                shard_rows=self._layout_args[1], compression=self.compression)
-        codes = code_dtype(self.storage)
+        record = self.record
+        codes = record.code
         by_name: dict[str, list[Any]] = {
             "none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
         arr = self._group.create_array(
-            "vectors", shape=(0, self.dim), dtype=codes, chunks=(cr, self.dim),
+            "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
             shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
             compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
         meta = arr.metadata.to_dict()
-        if self.storage == "bfloat16":  # zarr-python 3.1 has no bfloat16: written as uint16
-            meta["data_type"] = "bfloat16"
+        if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
+            meta["data_type"] = record.name
             _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
-                          lambda doc: doc.update(data_type="bfloat16"))
+                          lambda doc: doc.update(data_type=record.name))
         layout = Layout.from_metadata(meta)
         assert layout is not None and layout.has_crc
         self._layout = layout
         self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
                                    make_codec(self.compression, codes.itemsize), self._sync)]
-        if self.storage == "int8":
-            scr = min(SCALE_CHUNK_ROWS, cr * _pow2_below(SCALE_CHUNK_ROWS / cr))
+        side = record.side
+        if side is not None:  # int8's row scales: an array of their own, 4 KiB chunks
+            scr = min(SIDE_CHUNK_ROWS, cr * _pow2_below(SIDE_CHUNK_ROWS / cr))
             ssr = max(scr, sr // scr * scr)
             sarr = self._group.create_array(
-                SCALE_ARRAY, shape=(0, 2), dtype="float32", chunks=(scr, 2), shards=(ssr, 2),
-                serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
-                fill_value=0, dimension_names=("scale_row", "scale_field"))
+                side.name, shape=(0, side.columns), dtype=side.dtype, chunks=(scr, side.columns),
+                shards=(ssr, side.columns), serializer=BytesCodec(endian="little"),
+                compressors=[Crc32cCodec()], fill_value=0, dimension_names=side.dimension_names)
             slayout = Layout.from_metadata(sarr.metadata.to_dict())
             assert slayout is not None
-            self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None,
+            self._streams.append(RowStream(os.path.join(self._tmp, side.name), slayout, None,
                                            self._sync))
         self._streams.append(create_norms_stream(self._group, self._tmp, self.storage, cr, sr,
                                                  self._sync))  # the rows' norms (normcalc.py)
@@ -233,19 +236,17 @@ class TableWriter:
         self._check_open()
         if self._zeros:
             raise ValueError("add_zeros() made this table complete; nothing can be added")
-        vec = np.asarray(vectors)
-        if vec.dtype.name == "bfloat16" and vec.dtype.itemsize == 2:  # ml_dtypes: widen (exact)
-            vec = bf16_decode(vec.view(np.uint16).reshape(vec.shape),
-                              np.empty(vec.shape, np.float32))
+        vec = widen(np.asarray(vectors))  # ml_dtypes' bfloat16 arrays: float32 (exact)
         if vec.ndim != 2 or vec.shape[1] != self.dim or vec.dtype.kind not in "fiu":
             raise ShapeMismatchError(f"expected numeric vectors of shape (n, {self.dim}), got "
                                      f"shape {vec.shape} and dtype {vec.dtype}")
         with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
             vec = np.ascontiguousarray(vec, dtype=self.dtype)
         finite = np.isfinite(vec).all(axis=1)
-        codes, scales = self._encode(vec)
-        if self.storage == "bfloat16":
-            finite &= bf16_finite(codes)  # the largest float32 values round to infinity
+        codes, scales = self.record.encode(vec)
+        coded_finite = self.record.finite(codes)  # bfloat16: the largest float32 round to inf
+        if coded_finite is not None:
+            finite &= coded_finite
         if not finite.all():
             i = int(np.argmin(finite))
             err = ShapeMismatchError(
@@ -267,20 +268,11 @@ class TableWriter:
         self._seen += len(finite)
         if codes.shape[0]:
             self._pending.append([codes] + ([] if scales is None else [scales])
-                                 + [decoded_norms(self.storage, codes, scales)])
+                                 + [decoded_norms(self.record, codes, scales)])
             self._pending_rows += codes.shape[0]
             self.rows += codes.shape[0]
             self._flush(final=False)
         return int(codes.shape[0])
-
-    def _encode(self, vec: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(codes, row_scale)`` of finite-checked rows (row_scale for int8 only)."""
-        if self.storage == "bfloat16":
-            return bf16_encode(vec), None
-        if self.storage == "int8":
-            ok = np.isfinite(vec).all(axis=1)
-            return int8_quantise(np.where(ok[:, None], vec, 0))
-        return vec, None
 
     def _flush(self, *, final: bool) -> None:
         """Write every whole inner chunk that is pending (all rows when ``final``).
@@ -353,8 +345,8 @@ class TableWriter:
                     "compression": self.compression, "has_keys": self._keys is not None,
                     "created_by": f"embstore {__version__}"}
             self._group.update_attributes({"embstore": {**self._attrs, **meta}})
-            if self.storage == "int8":
-                set_rows(self._tmp, self.rows, SCALE_ARRAY)
+            if self.record.side is not None:
+                set_rows(self._tmp, self.rows, self.record.side.name)
             set_rows(self._tmp, self.rows, NORMS_ARRAY)
             set_rows(self._tmp, self.rows)
             atomic.check_dest(self.path, self.overwrite)

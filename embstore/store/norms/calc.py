@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from ..codecs import Layout
-from ...dtypes.quant import bf16_decode, bf16_encode, int8_dequantise, int8_quantise
+from ...dtypes import DTYPES, StorageDtype
 from ..shard.write import BackgroundSync, RowStream
 
 __all__ = ["NORMS_ARRAY", "norms_dtype", "row_norms", "stored_rows", "create_norms_stream",
@@ -51,24 +51,15 @@ def row_norms(rows: np.ndarray, dtype=np.float32) -> np.ndarray:
 def stored_rows(storage: str, values: np.ndarray) -> np.ndarray:
     """The rows a table of storage dtype ``storage`` returns after storing ``values``
     (bfloat16 rounded, int8 quantised; other dtypes: ``values`` themselves)."""
-    if storage == "bfloat16":
-        return bf16_decode(bf16_encode(values), np.empty(values.shape, np.float32))
-    if storage == "int8":
-        codes, rs = int8_quantise(values)
-        return int8_dequantise(codes, rs, np.empty(values.shape, np.float32))
-    return values
+    return DTYPES[storage].stored(values)
 
 
-def decoded_norms(storage: str, codes: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
+def decoded_norms(record: StorageDtype, codes: np.ndarray, side: np.ndarray | None
+                  ) -> np.ndarray:
     """Norms of rows given as stored codes (what :class:`TableWriter` holds)."""
-    if storage == "bfloat16":
-        rows = bf16_decode(codes, np.empty(codes.shape, np.float32))
-    elif storage == "int8":
-        assert scales is not None
-        rows = int8_dequantise(codes, scales, np.empty(codes.shape, np.float32))
-    else:
-        rows = codes
-    return row_norms(rows, norms_dtype(storage))
+    rows = record.decode(codes, side, np.empty(codes.shape, record.logical)) \
+        if record.compact else codes
+    return row_norms(rows, norms_dtype(record.name))
 
 
 def norms_layout(shard_rows: int, chunk_rows: int) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from .ranged import RangedVocab, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from .chunkcache import ChunkCache
 from .objstore import ObjectClient
-from ...dtypes.quant import SCALE_ARRAY
+from ...dtypes import SIDE_ARRAYS
 
 __all__ = ["ObjectRanges", "open_remote_vocab", "download_key_arrays"]
 
@@ -145,7 +145,7 @@ def download_key_arrays(client: ObjectClient, cache: ChunkCache | None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".keys-", dir=parent))
     try:
         rels = [r for r, _ in client.list() if not r.startswith(
-            ("vectors/", f"{SCALE_ARRAY}/"))]
+            ("vectors/", *(f"{name}/" for name in SIDE_ARRAYS)))]
 
         def get(rel: str) -> None:
             data = client.get(rel)

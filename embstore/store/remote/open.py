@@ -15,9 +15,9 @@ from ..codecs import Layout
 from ..meta import check_group_meta, check_vectors_meta
 from ..subword.ngrams import NGRAMS, Subwords
 from .objstore import ObjectClient
-from ...dtypes.quant import SCALE_ARRAY
+from ...dtypes import DTYPES
 from .source import RemoteShardSource
-from ..source import Bf16Source, Int8Source, RowSource
+from ..source import CodedSource, RowSource, check_side_meta
 
 __all__ = ["open_remote_source", "read_remote_meta", "open_remote_ngrams"]
 
@@ -65,22 +65,19 @@ def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | Non
         cache = None if cache_dir is None else ChunkCache(cache_dir, client.url, version,
                                                           parse_bytes(cache_dir_bytes))
         codes = RemoteShardSource(client, _layout(meta, url), cache=cache)
-        kind = meta.get("data_type")
-        if kind == "bfloat16":
-            return attrs, Bf16Source(codes), codes
-        if kind != "int8":
+        record = DTYPES.get(meta.get("data_type"))  # type: ignore[arg-type]
+        if record is None or not record.compact:
             return attrs, codes, codes
-        where = client.where(f"{SCALE_ARRAY}/zarr.json")
-        smeta = _parse_json(client.get(f"{SCALE_ARRAY}/zarr.json"), where,
-                            f"{SCALE_ARRAY}/zarr.json (int8 vectors need their row scales)", url)
-        check_vectors_meta(smeta, where)
-        if smeta["data_type"] != "float32" or smeta["shape"][1] != 2 or \
-                smeta["shape"][0] < meta["shape"][0]:
-            raise CorruptStoreError(f"{where}: expected float32 of shape [>= {meta['shape'][0]}"
-                                    f", 2] (scale, offset per row), got {smeta['data_type']} "
-                                    f"{smeta['shape']}", path=url)
-        scales = RemoteShardSource(client, _layout(smeta, url), cache=cache, name=SCALE_ARRAY)
-        return attrs, Int8Source(codes, scales), codes
+        if record.side is None:
+            return attrs, CodedSource(codes, record), codes
+        name = record.side.name
+        where = client.where(f"{name}/zarr.json")
+        smeta = _parse_json(client.get(f"{name}/zarr.json"), where,
+                            f"{name}/zarr.json ({record.name} vectors need their "
+                            f"{record.side.called})", url)
+        check_side_meta(record, smeta, meta, where, url)
+        side = RemoteShardSource(client, _layout(smeta, url), cache=cache, name=name)
+        return attrs, CodedSource(codes, record, side), codes
     except BaseException:
         client.close()
         raise

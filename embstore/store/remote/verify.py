@@ -26,7 +26,7 @@ from .ranged import block_sidecar, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from ..codecs import Layout, check_chunk
 from .objstore import ObjectClient, is_url
-from ...dtypes.quant import SCALE_ARRAY
+from ...dtypes import SIDE_ARRAYS
 from .source import RemoteShardSource, _regions
 from .keys import download_key_arrays
 from .open import read_remote_meta
@@ -75,7 +75,7 @@ def verify_remote(url: str, *, storage_options: dict | None = None) -> VerifyRep
 
 
 def _check_rows(client: ObjectClient, meta: dict, report: VerifyReport) -> None:
-    for name in ("vectors", SCALE_ARRAY):
+    for name in ("vectors", *SIDE_ARRAYS):
         if name == "vectors":
             m: dict | None = meta
         else:
@@ -166,7 +166,7 @@ def _check_rest(client: ObjectClient, attrs: dict, report: VerifyReport) -> None
     try:
         start = len(report.damaged)
         names = sorted(p.name for p in root.iterdir() if (p / "zarr.json").is_file()
-                       and p.name not in ("vectors", SCALE_ARRAY))
+                       and p.name not in ("vectors", *SIDE_ARRAYS))
         deep = "keys" in names and all(n in names for n in INDEX_ARRAYS)
         if attrs.get("has_keys") and "keys" not in names:
             report.add(client.where("keys"), None, f"{client.where('keys')}: missing (the "
