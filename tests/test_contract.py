@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from contract import SavedTables, TableContract
+from contract import ROUND_TRIPS, SavedTables, TableContract
 
 import embstore
+from embstore.dtypes import DTYPES
 
 
 class TestMemoryTable(TableContract):
@@ -63,6 +64,14 @@ class TestInt8(SavedTables):
 
 class TestInt8SmallChunksZstd(TestInt8):
     layout = {"compression": "zstd", "chunk_rows": 4, "shard_rows": 16}
+
+
+def test_every_storage_dtype_runs_the_contract():
+    """A storage dtype added to embstore.dtypes.DTYPES needs its own round trip, written
+    independently of embstore, in contract.ROUND_TRIPS, and a subclass above."""
+    here = {c.storage_dtype for c in globals().values()
+            if isinstance(c, type) and issubclass(c, SavedTables) and c.__name__[:4] == "Test"}
+    assert sorted(here) == sorted(ROUND_TRIPS) == sorted(DTYPES)
 
 
 # -- not backends: the functional form and MemoryTable's wrapping --------------------------
