@@ -27,6 +27,10 @@ never a backend's name) and a ``make_table`` fixture, unless the rows are writte
     class TestInt8Zstd(SavedTables):
         storage_dtype = "int8"
         layout = {"compression": "zstd", "chunk_rows": 8, "shard_rows": 32}
+
+A new storage dtype also gives its round trip, computed without embstore, in
+``ROUND_TRIPS`` (tests/test_contract.py checks every record of embstore.dtypes.DTYPES has
+one and a subclass).
 """
 
 from __future__ import annotations
