@@ -22,13 +22,13 @@ from .gensim import from_gensim, to_gensim
 from .layer import Embedding
 from .memory import MemoryTable
 from .store import (TableWriter, VerifyReport, ZarrTable, create, open, repair,  # noqa: A004
-                    save, verify)
+                    save, upgrade, verify)
 from .table import Table
 
 __all__ = [
     "__version__",
     "Table", "MemoryTable", "ZarrTable", "CacheInfo",
-    "open", "create", "save", "verify", "repair", "VerifyReport", "TableWriter",
+    "open", "create", "save", "upgrade", "verify", "repair", "VerifyReport", "TableWriter",
     "embedding_lookup", "Embedding",
     "import_file", "export_table", "ImportResult", "ExportResult", "lookup_file",
     "from_gensim", "to_gensim",

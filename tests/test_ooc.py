@@ -1,5 +1,5 @@
 """The cold read path (issue 16): batches whose pages are not resident are prefetched
-(embstore/store/prefetch.py) and read exactly; results never differ from NumPy's.
+(embstore/store/shard/prefetch.py) and read exactly; results never differ from NumPy's.
 
 Cold is forced by making the residency check say so (deterministic), and once for real
 by evicting a table's pages and counting the bytes read (/proc/self/io).  No timing here:
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore.store import prefetch
+from embstore.store.shard import prefetch
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

@@ -67,7 +67,7 @@ def test_tensorstore_reads_vectors(tmp_path, E, layout):
 def test_default_layout_is_documented(tmp_path, rng):
     t = embstore.save(tmp_path / "t", rng.standard_normal((10, 16)).astype(np.float32))
     assert t.layout["chunk_rows"] == 10 and t.layout["shard_rows"] == 10  # clipped to size
-    from embstore.store.writer import choose_layout
+    from embstore.store.codecs import choose_layout
     assert choose_layout(256, "float32") == (1, 131072)  # docs/FORMAT.md section 3
     assert choose_layout(64, "float32") == (4, 524288)  # 1 KiB // 256 B -> 4 rows
     assert choose_layout(4096, "float32") == (1, 8192)  # at least one row
@@ -236,9 +236,10 @@ def test_not_a_table(tmp_path):
     with pytest.raises(embstore.NotATableError, match=r"ref.npy: is a file, not an embstore "
                        r"table .*MemoryTable\(np.load"):
         embstore.open(tmp_path / "ref.npy")
-    g = zarr.open_group(str(tmp_path / "v2"), mode="w", attributes={"embstore": {"format": 2}})
+    g = zarr.open_group(str(tmp_path / "v2"), mode="w", attributes={"embstore": {"format": 3}})
     g.create_array("vectors", shape=(1, 1), dtype="f4")
-    with pytest.raises(embstore.FormatError, match="format 2 is not supported"):
+    with pytest.raises(embstore.FormatError, match=r"format 3 is not supported \(this version "
+                       r"reads formats 1 and 2\)"):
         embstore.open(tmp_path / "v2")
 
 

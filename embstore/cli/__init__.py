@@ -20,7 +20,7 @@ import click
 from ..errors import EmbstoreError, NotATableError
 from .files import export_cmd, import_cmd, lookup
 from .tables import (copy_cmd, demo_cmd, index_cmd, info_cmd, reindex_cmd, repair_cmd,
-                     similar_cmd, verify_cmd)
+                     similar_cmd, upgrade_cmd, verify_cmd)
 
 __all__ = ["main", "cli", "flag_terms"]
 
@@ -93,5 +93,5 @@ def main() -> None:
 
 
 for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, repair_cmd,
-                 similar_cmd, index_cmd, lookup, copy_cmd, demo_cmd):
+                 upgrade_cmd, similar_cmd, index_cmd, lookup, copy_cmd, demo_cmd):
     cli.add_command(_command)

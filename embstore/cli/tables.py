@@ -1,4 +1,5 @@
-"""The commands about one table: info, verify, reindex, similar, index; and the demo."""
+"""The commands about one table: info, verify, reindex, repair, upgrade, similar, index, copy;
+and the demo."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..search.ann import METRICS, StaleIndexWarning, build_index
 from ..layer import Embedding
 from ..store import open as open_table
 from ..store import repair as repair_table
+from ..store import upgrade as upgrade_table
 from ..store import verify as verify_table
 from ..store.norms.source import store_norms
 from ..store.remote.objstore import is_url
@@ -43,7 +45,8 @@ def info_cmd(path, as_json, quiet):
     if as_json:
         print_json(info)
         return
-    for k in ("path", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys", "chunk_rows",
+    for k in ("path", "format", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys",
+              "chunk_rows",
               "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
         click.echo(f"{k + ':':15}{info.get(k)}")
     bare = info["unchecksummed_arrays"]
@@ -157,6 +160,31 @@ def repair_cmd(path, as_json, quiet):
         _echo_report(report, quiet)
     if not report.ok:
         sys.exit(1)
+
+
+@click.command("upgrade", short_help="Rewrite a format-1 table as format 2.")
+@click.argument("path", type=TABLE)
+@options
+def upgrade_cmd(path, as_json, quiet):
+    """Rewrite the format-1 table at PATH as format 2 (rows at a fixed stride, a checksum
+    per 4 KiB page: docs/FORMAT.md), in one step: written beside PATH and swapped in, keys,
+    n-grams and the approximate index kept.  Compressed tables keep format 1.
+
+    \b
+    Example:
+      embstore upgrade news.emb
+    """
+    before = open_table(path, cache_bytes=0)
+    was = before.info().get("format", 1)
+    before.close()
+    with upgrade_table(path, cache_bytes=0) as t:
+        now = t.info().get("format", 1)
+    if as_json:
+        print_json({"path": os.fspath(path), "format_before": was, "format": now})
+    elif not quiet:
+        click.echo(f"{path}: format {was} -> {now}" if now != was else
+                   f"{path}: format {now} (nothing to do"
+                   + (": compressed tables keep format 1)" if now == 1 else ")"))
 
 
 @click.command("similar", short_help="Nearest rows by cosine similarity.")

@@ -19,7 +19,9 @@ from ..dtypes import STORAGE_DTYPES
 from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
 from ..fs.files import MAX_JSON_BYTES, open_regular, read_small, within
 
-__all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
+FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 1 unless asked
+
+__all__ = ["FORMATS", "check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES"]
 
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
@@ -49,9 +51,9 @@ def check_group_meta(group: dict, where) -> dict:
     if not isinstance(attrs, dict):
         raise CorruptStoreError(f"{where}: attributes.embstore must be a JSON object, got "
                                 f"{type(attrs).__name__}", path=str(where))
-    if attrs and (not _is_int(attrs.get("format")) or attrs.get("format") != 1):
+    if attrs and (not _is_int(attrs.get("format")) or attrs.get("format") not in FORMATS):
         raise FormatError(f"embstore format {attrs.get('format')!r} is not supported "
-                          "(this version reads format 1)", path=str(where))
+                          "(this version reads formats 1 and 2)", path=str(where))
     return attrs
 
 

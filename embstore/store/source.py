@@ -1,11 +1,13 @@
 """Where rows leave (and enter) the store: the row-source interface of :class:`ZarrTable`.
 
-A :class:`RowSource` reads and writes the ``vectors`` array of one table:
+A :class:`~embstore.store.base.RowSource` reads and writes the ``vectors`` array of one
+table:
 
 - :class:`ShardSource`, the fast path: format-v1 shard files read through their indexes
   (memory-mapped gathers, crc32c checked once per chunk) and rewritten copy-on-write;
 - :class:`ZarrSource`, any other Zarr v3 layout (other codecs, no sharding), read and
-  written by zarr-python.
+  written by zarr-python;
+- :class:`~embstore.store.rows.source.PagedSource` (format 2): rows at a fixed stride.
 
 - :class:`CodedSource` wraps the source of the stored codes (and of a side array such as
   int8's ``row_scale``) of a compact storage dtype and decodes rows through the dtype's
@@ -13,12 +15,12 @@ A :class:`RowSource` reads and writes the ``vectors`` array of one table:
   cache only ever see float rows.
 
 Ids given to a source are validated 1-D int64 arrays; rows are ``(n, dim)`` arrays of the
-table's dtype.  A remote table is one more implementation here.
+table's dtype.  A remote table is one more implementation
+(:mod:`embstore.store.remote.source`).
 """
 
 from __future__ import annotations
 
-import abc
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,104 +30,16 @@ from ..errors import CorruptStoreError, FormatError
 from .codecs import Layout
 from .meta import check_vectors_meta, read_json
 from ..dtypes import DTYPES, StorageDtype
+from .base import LayoutSource, RowSource
 from .commit import Transaction
+from .rows.layout import PAGE_CRC, RowLayout
+from .rows.source import PagedSource
 from .shard.read import ShardReader
 from .shard.write import rewrite_shard
 from .writer import set_rows
 
-__all__ = ["RowSource", "LayoutSource", "ShardSource", "ZarrSource", "CodedSource",
+__all__ = ["ShardSource", "ZarrSource", "CodedSource",
            "check_side_meta", "open_source"]
-
-
-class RowSource(abc.ABC):
-    """Rows of one ``vectors`` array: geometry, reads, writes."""
-
-    @property
-    @abc.abstractmethod
-    def shape(self) -> tuple[int, int]: ...
-
-    @property
-    @abc.abstractmethod
-    def dtype(self) -> np.dtype: ...
-
-    @property
-    @abc.abstractmethod
-    def layout(self) -> dict:
-        """``chunk_rows``, ``shard_rows``, ``compression`` (None if unknown), ``fast_path``."""
-
-    #: reading a row costs about what a row-cache hit costs (uncompressed, memory-mapped)
-    cheap_reads = False
-
-    @property
-    def storage_dtype(self) -> str:
-        """The dtype of the stored values (``bfloat16`` and ``int8`` are decoded to float32)."""
-        return self.dtype.name
-
-    def raw(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """``(codes, scale, offset)`` of rows ``ids`` as stored (floats: the rows, None, None)."""
-        return self.take(ids), None, None
-
-    def reads_cold(self) -> bool:
-        """Whether the last reads found their rows out of memory (then no read is cheap)."""
-        return False
-
-    @abc.abstractmethod
-    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` (``(len(ids), dim)``) with rows ``ids``."""
-
-    def take(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` as a new ``(len(ids), dim)`` array."""
-        out = np.empty((ids.size, self.shape[1]), dtype=self.dtype)
-        if ids.size:
-            self.gather(ids, out)
-        return out
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start..stop-1`` as a new array."""
-        return self.take(np.arange(start, stop, dtype=np.int64))
-
-    @abc.abstractmethod
-    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        """Set rows ``ids`` (distinct, ascending) to ``values`` when ``txn`` commits."""
-
-    @abc.abstractmethod
-    def append(self, values: np.ndarray, txn: Transaction) -> None:
-        """Store rows after the last one when ``txn`` commits (with :meth:`publish_rows`)."""
-
-    @abc.abstractmethod
-    def publish_rows(self, rows: int, txn: Transaction) -> None:
-        """Make the table ``rows`` rows long when ``txn`` commits (its last file)."""
-
-    def refresh(self) -> None:
-        """Forget what was read of the store (another process may have changed it)."""
-
-    def close(self) -> None:
-        """Release maps and files (reads in flight finish first)."""
-
-
-class LayoutSource(RowSource):
-    """A source of format-v1 shards: its geometry comes from its :class:`Layout`."""
-
-    #: whether reads take the local memory-mapped path (``layout["fast_path"]``)
-    fast_path = True
-
-    @property
-    @abc.abstractmethod
-    def _layout(self) -> Layout: ...
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._layout.rows, self._layout.dim)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self._layout.dtype.name)
-
-    @property
-    def layout(self) -> dict:
-        L = self._layout
-        return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
-                "compression": L.compression, "fast_path": self.fast_path}
 
 
 class ShardSource(LayoutSource):
@@ -322,8 +236,11 @@ def check_side_meta(record: StorageDtype, side_meta: dict, meta: dict, where, pa
             f"({side.meaning}), got {side_meta['data_type']} {side_meta['shape']}", path=path)
 
 
-def _open_array(root: Path, meta: dict, mode: str, name: str) -> ShardSource | ZarrSource:
+def _open_array(root: Path, meta: dict, mode: str, name: str) -> RowSource:
     """The fast path when it knows the layout of the array (``meta``), else zarr-python."""
+    rows = RowLayout.from_metadata(meta) if name == "vectors" else None
+    if rows is not None and (root / PAGE_CRC / "zarr.json").is_file():
+        return PagedSource(root, rows, name)  # format 2: rows at a fixed stride
     layout = Layout.from_metadata(meta)
     if layout is None:
         return ZarrSource(root, mode, name)

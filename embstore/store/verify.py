@@ -27,6 +27,8 @@ from ..errors import CorruptStoreError, FormatError, LockTimeoutError, NotATable
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .codecs import Layout
+from .rows.layout import PAGE_CRC, RowLayout
+from .rows.verify import verify_rows
 from .commit import area_of, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS
@@ -154,6 +156,8 @@ def checksum_status(path) -> dict[str, bool]:
                 continue
             if meta.get("node_type") == "array":
                 out[entry] = checksummed(meta)
+    if out.get(PAGE_CRC):  # format 2: the rows' checksums live in page_crc
+        out["vectors"] = True
     return out
 
 
@@ -187,8 +191,16 @@ def verify(path: PathLike) -> VerifyReport:
     except (FormatError, CorruptStoreError, LockTimeoutError) as exc:
         report.add(str(root), None, str(exc))
         return report
-    fast = set()
+    fast: set[str] = set()
+    rows = RowLayout.from_metadata(meta)
+    if rows is not None and _array_meta(root, PAGE_CRC) is not None:  # format 2
+        fast.update(("vectors", PAGE_CRC))
+        for file, chunk, message in verify_rows(root, rows):
+            report.add(file, chunk, message)
+        report.vocab_size, report.shards, report.chunks = rows.rows, rows.n_chunks, rows.n_chunks
     for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
+        if name in fast:
+            continue
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:

@@ -161,7 +161,7 @@ VECTOR_EDITS = {  # name -> (edit of vectors/zarr.json, must refuse)
 }
 
 GROUP_EDITS = {
-    "format-2": (_set("attributes", "embstore", "format", value=2), True),
+    "format-3": (_set("attributes", "embstore", "format", value=3), True),  # 1 and 2 are read
     "format-string": (_set("attributes", "embstore", "format", value="1"), True),
     "attributes-list": (_set("attributes", value=[1]), True),
     "embstore-string": (_set("attributes", "embstore", value="x"), True),

@@ -25,7 +25,8 @@ from ..lock import writer_lock
 from ..meta import read_json, read_table_meta
 from .calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms, stored_rows
 from ..shard.write import RowStream
-from ..source import RowSource, ShardSource, open_source
+from ..base import RowSource
+from ..source import ShardSource, open_source
 from ..writer import set_rows
 
 __all__ = ["NormsSource", "attach_norms", "store_norms", "check_norms", "has_norms"]

@@ -17,7 +17,8 @@ from ..subword.ngrams import NGRAMS, Subwords
 from .objstore import ObjectClient
 from ...dtypes import DTYPES
 from .source import RemoteShardSource
-from ..source import CodedSource, RowSource, check_side_meta
+from ..base import RowSource
+from ..source import CodedSource, check_side_meta
 
 __all__ = ["open_remote_source", "read_remote_meta", "open_remote_ngrams"]
 

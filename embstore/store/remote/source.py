@@ -1,7 +1,7 @@
 """The remote read path: format-v1 shards on object storage, read by ranges.
 
 :class:`RemoteShardSource` is the third :class:`~embstore.store.source.RowSource` (a
-:class:`~embstore.store.source.LayoutSource`, as the local shard source).  For a
+:class:`~embstore.store.base.LayoutSource`, as the local shard source).  For a
 batch of ids it
 
 1. fetches the index of each touched shard it has not seen yet: one suffix-range GET of
@@ -33,7 +33,7 @@ from .chunkcache import ChunkCache
 from ..codecs import ABSENT, Layout, check_chunk, make_codec
 from .objstore import ObjectClient
 from .keys import download_key_arrays, open_remote_vocab
-from ..source import LayoutSource
+from ..base import LayoutSource
 
 __all__ = ["RemoteShardSource", "parse_index"]
 

@@ -24,9 +24,9 @@ import numpy as np
 
 from ...fs.files import open_regular
 from ...fs.forksafe import renew_after_fork
-from .. import prefetch
+from . import prefetch
 
-__all__ = ["JoinedMap", "available"]
+__all__ = ["JoinedMap", "available", "reserve", "map_fixed", "release"]
 
 _PROT_NONE, _PROT_READ = 0, 1
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_NORESERVE = 1, 2, 0x10, 0x20, 0x4000
@@ -116,3 +116,20 @@ def stride_for(layout) -> int:
     size = n * (layout.chunk_bytes + (4 if layout.has_crc else 0)) + 16 * n + 4
     page = mmap.PAGESIZE
     return -(-size // page) * page
+
+
+def reserve(total: int) -> int:
+    """An address range of ``total`` bytes with nothing behind it (``PROT_NONE``)."""
+    return _check(_libc.mmap(None, total, _PROT_NONE, _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE,
+                             -1, 0))
+
+
+def map_fixed(addr: int, fd: int, size: int) -> None:
+    """Map ``size`` bytes of the open file ``fd`` read-only at ``addr`` (inside a reserved
+    range), with no read-ahead around its faults (``MADV_RANDOM``)."""
+    _check(_libc.mmap(addr, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0))
+    prefetch.advise_random(addr, size)
+
+
+def release(base: int, total: int) -> None:
+    _libc.munmap(base, total)

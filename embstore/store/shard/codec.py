@@ -11,7 +11,7 @@ import numpy as np
 import zstandard
 from crc32c import crc32c
 
-from .. import prefetch
+from . import prefetch
 from ...errors import CorruptStoreError
 from ..codecs import Layout, pool
 from .file import ShardFile

@@ -8,7 +8,7 @@ import os
 import numpy as np
 from crc32c import crc32c
 
-from .. import prefetch
+from . import prefetch
 from ...errors import CorruptStoreError, ResourceLimitError
 from ...fs.files import map_file, open_regular
 from ..codecs import ABSENT, Layout, check_chunk
@@ -90,7 +90,7 @@ class ShardFile:
         self.mm = mm
         self.buf = memoryview(mm).cast("B")  # type: ignore[arg-type]  # slicing a memoryview is cheap, a memmap's is not
         self.addr = mm.ctypes.data if size else 0
-        prefetch.advise_random(self.addr, size)  # see embstore/store/prefetch.py
+        prefetch.advise_random(self.addr, size)  # see embstore/store/shard/prefetch.py
         self.all_verified = not layout.has_crc
         self.verified[~present] = True
         rb = layout.row_bytes

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from . import arena as joined
-from .. import prefetch
+from . import prefetch
 from ...errors import CorruptStoreError
 from ...fs.forksafe import renew_after_fork
 from ..codecs import Layout, check_chunk, make_codec, pool
@@ -192,7 +192,7 @@ class ShardReader(ChunkDecoding):
 
     def _prefetch_joined(self, jm, at, absent, seen, fresh):
         """Start reading, all at once, what the batch needs and is not resident (see
-        embstore/store/prefetch.py); returns whether anything was asked for.
+        embstore/store/shard/prefetch.py); returns whether anything was asked for.
 
         The advice is given here, before the batch reads anything: it returns once the last
         read is queued (the device queue holds a few hundred), and the checks and the

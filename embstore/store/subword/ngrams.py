@@ -27,8 +27,10 @@ from .hashing import HASH_NAME, compose, ngram_buckets
 from ..codecs import Layout, make_codec
 from ..meta import check_vectors_meta, read_json
 from ..shard.write import BackgroundSync, RowStream
-from ..source import RowSource, ShardSource, ZarrSource
-from ..writer import choose_layout, set_rows
+from ..base import RowSource
+from ..source import ShardSource, ZarrSource
+from ..codecs import choose_layout
+from ..writer import set_rows
 
 __all__ = ["NGRAMS", "NgramWriter", "Subwords", "subword_attrs"]
 
