@@ -66,6 +66,20 @@ class TestInt8SmallChunksZstd(TestInt8):
     layout = {"compression": "zstd", "chunk_rows": 4, "shard_rows": 16}
 
 
+# format 2 (docs/FORMAT.md): rows at a fixed stride in plain chunks, a crc32c per 4 KiB page
+# (chunks are whole pages: the tables here fit in one chunk)
+class TestFormat2(SavedTables):
+    layout = {"format_version": 2}
+
+
+class TestFormat2Int8(TestInt8):
+    layout = {"format_version": 2}
+
+
+class TestFormat2Bfloat16(TestBfloat16):
+    layout = {"format_version": 2}
+
+
 def test_every_storage_dtype_runs_the_contract():
     """A storage dtype added to embstore.dtypes.DTYPES needs its own round trip, written
     independently of embstore, in contract.ROUND_TRIPS, and a subclass above."""
