@@ -17,7 +17,7 @@ from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError
                      FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
                      ResourceLimitError, ResultTooLargeError, ShapeMismatchError,
-                     TableChangedError)
+                     TableChangedError, InvalidTypeError)
 from .gensim import from_gensim, to_gensim
 from .layer import Embedding
 from .memory import MemoryTable
@@ -35,7 +35,7 @@ __all__ = [
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
     "LockTimeoutError", "MissingDependencyError", "ClosedTableError", "InvalidOptionError",
-    "ResultTooLargeError", "ResourceLimitError", "TableChangedError",
+    "ResultTooLargeError", "ResourceLimitError", "TableChangedError", "InvalidTypeError",
     "build_index", "StaleIndexWarning", "IndexNotFoundError",
 ]
 

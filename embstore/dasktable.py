@@ -18,6 +18,7 @@ import uuid
 
 import numpy as np
 
+from .errors import InvalidOptionError
 from .ids import as_ids
 from .optional import require
 
@@ -122,7 +123,7 @@ def to_dask(table, block_rows: int | None = None):
     da = _dask_array()
     rows = block_rows_of(table) if block_rows is None else block_rows
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
-        raise ValueError(f"block_rows must be a positive integer, got {rows!r}")
+        raise InvalidOptionError(f"block_rows must be a positive integer, got {rows!r}")
     plain = da.from_array(_Rows(table), chunks=(int(rows), table.dim), asarray=False,
                           lock=False, name=f"embstore-table-{uuid.uuid4().hex}",
                           meta=np.empty((0, 0), dtype=table.dtype))

@@ -22,6 +22,7 @@ __all__ = [
     "MissingDependencyError",
     "ClosedTableError",
     "InvalidOptionError",
+    "InvalidTypeError",
     "ResultTooLargeError",
     "ResourceLimitError",
     "LockTimeoutError",
@@ -131,7 +132,12 @@ class ClosedTableError(EmbstoreError, ValueError):
 
 
 class InvalidOptionError(EmbstoreError, ValueError):
-    """An option value that cannot be used (a byte size such as ``"1XB"`` or ``-5``)."""
+    """An option value that cannot be used (a byte size such as ``"1XB"`` or ``-5``, an
+    unknown mode, a negative ``max_norm``): every argument error of the API is one."""
+
+
+class InvalidTypeError(EmbstoreError, TypeError):
+    """An argument of the wrong type (``padding_idx=1.5``, a list where a table goes)."""
 
 
 class ResultTooLargeError(EmbstoreError, MemoryError):

@@ -39,14 +39,16 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
-def positive_int(value: object, name: str, *, error: type[Exception] = ValueError) -> int:
+def positive_int(value: object, name: str, *,
+                 error: type[Exception] = InvalidOptionError) -> int:
     """``int(value)`` if ``value`` is an integer >= 1, else ``error`` naming ``name``."""
     if not is_int(value) or value < 1:  # type: ignore[operator]
         raise error(f"{name} must be a positive int, got {value!r}")
     return int(value)  # type: ignore[call-overload]
 
 
-def non_negative_int(value: object, name: str, *, error: type[Exception] = ValueError) -> int:
+def non_negative_int(value: object, name: str, *,
+                     error: type[Exception] = InvalidOptionError) -> int:
     """``int(value)`` if ``value`` is an integer >= 0, else ``error`` naming ``name``."""
     if not is_int(value) or value < 0:  # type: ignore[operator]
         raise error(f"{name} must be an int >= 0, got {value!r}")
@@ -56,7 +58,8 @@ def non_negative_int(value: object, name: str, *, error: type[Exception] = Value
 def one_of(value: object, name: str, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of the strings ``choices``, else a :class:`ValueError`."""
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise InvalidOptionError(f"{name} must be one of {', '.join(map(repr, choices))}, "
+                                 f"got {value!r}")
     return value
 
 

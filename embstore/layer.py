@@ -37,11 +37,12 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidIdError, InvalidOptionError, ShapeMismatchError
+from .errors import InvalidIdError, InvalidOptionError, InvalidTypeError, ShapeMismatchError
 from .ids import _bad_type, _to_array, as_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
 from .pooling import pool_bags
+from .renorm import renorm
 from .search.stream import logits, most_similar
 from .search.subword import holds_keys, similar_keys
 from .table import Table
@@ -82,7 +83,7 @@ def _as_table(table) -> Table:
 
 def _check_int(value, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     return int(value)
 
 
@@ -134,20 +135,22 @@ class Embedding:
         self.oov: str = oov
         if isinstance(scale, str):
             if scale != "sqrt_dim":
-                raise ValueError(f"scale must be a number or 'sqrt_dim', got {scale!r}")
+                raise InvalidOptionError(f"scale must be a number or 'sqrt_dim', got {scale!r}")
         elif scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
                                     or not math.isfinite(scale)):
-            raise ValueError(f"scale must be a finite number or 'sqrt_dim', got {scale!r}")
+            raise InvalidOptionError(f"scale must be a finite number or 'sqrt_dim', got "
+                                     f"{scale!r}")
         self.scale = scale
         if max_norm is not None:
             if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or \
                     not max_norm > 0:
-                raise ValueError(f"max_norm must be a positive number, got {max_norm!r}")
+                raise InvalidOptionError(f"max_norm must be a positive number, got {max_norm!r}")
             max_norm = float(max_norm)
         self.max_norm: float | None = max_norm
         if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or \
                 not norm_type > 0:
-            raise ValueError(f"norm_type must be a positive number (or inf), got {norm_type!r}")
+            raise InvalidOptionError(f"norm_type must be a positive number (or inf), got "
+                                     f"{norm_type!r}")
         self.norm_type: float = float(norm_type)
 
     # -- geometry ---------------------------------------------------------------------
@@ -205,7 +208,7 @@ class Embedding:
                 oob = None
         if unk is not None:
             if self.unk_id is None:
-                raise ValueError("unk= needs an Embedding with unk_id")
+                raise InvalidOptionError("unk= needs an Embedding with unk_id")
             listed = as_ids(unk, vocab).reshape(-1)
             hit = np.isin(idx, listed)
             if oob is not None:
@@ -230,16 +233,8 @@ class Embedding:
 
     def _renorm(self, flat: np.ndarray) -> None:
         """Scale rows (in place) whose norm exceeds ``max_norm`` as PyTorch does."""
-        work = flat.astype(np.float32) if flat.dtype == np.float16 else flat
-        p = self.norm_type
-        if p == 2.0:
-            norms = np.sqrt(np.einsum("ij,ij->i", work, work))
-        else:
-            norms = np.linalg.norm(work, ord=p, axis=1)
-        big = norms > self.max_norm
-        if big.any():
-            factor = self.max_norm / (norms[big] + 1e-7)
-            flat[big] = (work[big] * factor[:, None].astype(work.dtype)).astype(flat.dtype)
+        if self.max_norm is not None:
+            renorm(flat, self.max_norm, self.norm_type)
 
     def _check_like_ids(self, value, shape, name: str) -> np.ndarray:
         arr = np.asarray(value)
@@ -278,7 +273,7 @@ class Embedding:
             return self._table.lookup(ids)  # the plain lookup: nothing to do on top
         if keyed:  # keys: known ones by row, unknown ones from their n-grams
             if unk is not None:
-                raise ValueError("unk= lists ids; it does not apply to keys")
+                raise InvalidOptionError("unk= lists ids; it does not apply to keys")
             rows = np.array(self._table.lookup_keys(ids, oov="subword"), order="C")
             if self.max_norm is not None and rows.size:
                 self._renorm(rows.reshape(-1, self.dim))
@@ -360,7 +355,8 @@ class Embedding:
 
         2-D ``ids`` are fixed-length bags (``offsets`` must be None); 1-D ``ids``
         with ``offsets`` (first 0, non-decreasing) are variable-length bags, and
-        ``include_last_offset=True`` means the last offset closes the last bag.
+        ``include_last_offset=True`` means the last offset is no bag's start (the last bag
+        runs to the end of the ids, as torch's with a ``padding_idx``).
         ``mode``: ``"sum"``, ``"mean"`` or ``"max"``.  ``weights`` (the shape of
         ``ids``) multiply rows for ``sum``; for ``mean`` they give the weighted
         average ``sum(w*x)/sum(w)``; ``max`` takes none.  ``padding_idx`` entries
@@ -382,7 +378,7 @@ class Embedding:
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
-    def most_similar(self, query: ArrayLike, k: int = 10, exclude: ArrayLike = (), *,
+    def most_similar(self, query: ArrayLike, k: int | None = 10, exclude: ArrayLike = (), *,
                      block_rows: int | None = None, approx: bool = False,
                      ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them);

@@ -34,7 +34,7 @@ def check_oov(oov: object, unk_id: object, modes: tuple[str, ...] = OOV_MODES) -
     """``oov`` if it is one of ``modes`` (and ``"unk"`` comes with an ``unk_id``)."""
     one_of(oov, "oov", modes)
     if oov == "unk" and unk_id is None:
-        raise ValueError("oov='unk' needs unk_id")
+        raise InvalidOptionError("oov='unk' needs unk_id")
     return str(oov)
 
 
@@ -48,7 +48,7 @@ def map_oov(ids: np.ndarray, bad: np.ndarray, oov: str, *, unk_id: int | None = 
     """
     if oov == "unk":
         if unk_id is None:
-            raise ValueError("oov='unk' needs unk_id")
+            raise InvalidOptionError("oov='unk' needs unk_id")
         return np.where(bad, np.int64(unk_id), ids)
     if oov == "zero":
         return np.where(bad, np.int64(zero_id), ids)
@@ -58,7 +58,7 @@ def map_oov(ids: np.ndarray, bad: np.ndarray, oov: str, *, unk_id: int | None = 
                                  id=None, position=None, vocab_size=0)
         below = bad if low is None else low
         return np.where(below, np.int64(0), np.where(bad, np.int64(vocab_size - 1), ids))
-    raise ValueError(f"oov={oov!r} maps no ids (expected 'zero', 'unk' or 'clip')")
+    raise InvalidOptionError(f"oov={oov!r} maps no ids (expected 'zero', 'unk' or 'clip')")
 
 
 def subword_rows(table, keys: np.ndarray) -> np.ndarray:

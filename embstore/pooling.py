@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import ShapeMismatchError
+from .errors import InvalidOptionError, ShapeMismatchError
 from .ids import one_of
 
 __all__ = ["pool_bags", "bag_bounds"]
@@ -46,9 +46,11 @@ class Embedding(Protocol):
 def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, ends)`` (int64) of the bags of 1-D ids of length ``n`` given ``offsets``.
 
-    As PyTorch: ``offsets[0]`` must be 0 and offsets non-decreasing; without
-    ``include_last_offset`` the last bag runs to the end of the ids, with it the
-    last offset ends the last bag and must equal ``n``.
+    As PyTorch: ``offsets[0]`` must be 0 and offsets non-decreasing, at most ``n``; the
+    last bag runs to the end of the ids.  With ``include_last_offset`` there is one bag
+    fewer than offsets, and the last offset (documented as ``n``) is not an end either:
+    a smaller one still leaves the last bag running to the end, as torch does with a
+    ``padding_idx`` and in mode ``max`` (torch's test_embeddingbag_include_last_offset).
     """
     off = np.asarray(offsets)
     if off.ndim != 1:
@@ -72,13 +74,8 @@ def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, 
                                      f"{off[i - 1]} > offsets[{i}] = {off[i]}")
         if off[-1] > n:
             raise ShapeMismatchError(f"offsets must be <= len(ids) = {n}, got {off[-1]}")
-        if include_last_offset and off[-1] != n:
-            # PyTorch documents the last offset as len(ids); what it does otherwise
-            # differs between its modes, so refuse instead of guessing.
-            raise ShapeMismatchError(f"with include_last_offset=True the last offset must be "
-                                     f"len(ids) = {n}, got {off[-1]}")
     if include_last_offset:
-        return off[:-1], off[1:]
+        off = off[:-1]
     return off, np.append(off[1:], np.int64(n))
 
 
@@ -126,7 +123,8 @@ def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_
     """The body of :meth:`Embedding.bag` (see there for the semantics)."""
     one_of(mode, "mode", _MODES)
     if weights is not None and mode == "max":
-        raise ValueError("per-sample weights are supported for mode='sum' and mode='mean', "
+        raise InvalidOptionError("per-sample weights are supported for mode='sum' and "
+                                 "mode='mean', "
                          "not for mode='max'")
     idx, zero = emb._map_ids(ids, unk)
     if idx.ndim == 2:

@@ -20,7 +20,7 @@ from ._types import KeysLike
 from .cache.rows import CacheInfo
 from .dasktable import to_dask
 from .dtypes.bfloat16 import widen
-from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
+from .errors import ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
 from .ids import as_ids, check_result_size, position_of, positive_int
 from .oov import KEY_OOV_MODES, OOV, check_oov, map_oov, subword_rows
 
@@ -311,7 +311,7 @@ class Table(abc.ABC):
         """int64 row ids for ``keys`` of any shape; ``missing=-1`` puts -1 for unknown keys."""
         if not (isinstance(missing, str) and missing == "error") and not (
                 isinstance(missing, int) and missing == -1):
-            raise ValueError(f"missing must be 'error' or -1, got {missing!r}")
+            raise InvalidOptionError(f"missing must be 'error' or -1, got {missing!r}")
         arr = as_key_array(keys)
         vocab = self._require_vocab()
         ids = vocab.find(arr.reshape(-1)).reshape(arr.shape)

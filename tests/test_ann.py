@@ -139,7 +139,7 @@ def test_index_files_and_refusals(tmp_path):
     embstore.build_index(path)
     d = index_path(path)
     assert d == path / "vectors" / ".embstore" / "ann"
-    assert sorted(os.listdir(d)) == sorted([INDEX_FILE, DATA_FILE, META_FILE])
+    assert sorted(os.listdir(d)) == sorted([INDEX_FILE, DATA_FILE, "lists.crc32c", META_FILE])
     assert [n for n in os.listdir(d.parent) if n.startswith("ann")] == ["ann"]  # no temp
     with pytest.raises(embstore.DestinationExistsError, match="overwrite=True"):
         embstore.build_index(path)

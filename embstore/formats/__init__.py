@@ -322,7 +322,7 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
             return s.name
     m = _HEADER_RE.match(head)
     if m:
-        if _binary_record(head[m.end():], int(m.group(2))):
+        if _binary_record(head[m.end():], int(m.group(2)), ext):
             return "word2vec-binary"
         return "fasttext" if ext in _SPEC["fasttext"].extensions else "word2vec"
     if _looks_binary(head[:4096]):
@@ -334,17 +334,33 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
 _NUMERIC = frozenset(b"0123456789.+-eEinfatyINFATY \t\r")
 
 
-def _binary_record(rest: bytes, dim: int) -> bool:
-    """Whether the first record after a ``COUNT DIM`` header holds raw bytes, not text."""
+def _text_record(line: bytes, dim: int) -> bool:
+    """Whether ``line`` is a whole text record: a key, then ``dim`` numbers (a key may hold
+    spaces, so the numbers are the last ``dim`` tokens)."""
+    toks = line.split()
+    return len(toks) > dim and all(set(t) <= _NUMERIC for t in toks[-dim:]) and \
+        not _looks_binary(line)
+
+
+def _binary_record(rest: bytes, dim: int, ext: str) -> bool:
+    """Whether the first record after a ``COUNT DIM`` header holds raw bytes, not text.
+
+    Text only when the first line is a whole text record (key, then ``dim`` numbers): raw
+    float32 bytes can hold anything, a ``\n`` (0x0a) or digits included, so bytes that
+    merely could be text prove nothing.  A ``.bin`` name counts toward binary; otherwise
+    the ``4 * dim`` bytes after the key decide (control bytes, NUL, invalid UTF-8).
+    """
     rest = rest.lstrip(b"\n")
     sp = rest.find(b" ")
     if sp < 0:
-        return _looks_binary(rest[:4096])
-    end = rest.find(b"\n", sp)
-    sample = rest[sp + 1:end if end >= 0 else len(rest)]
-    if set(sample[:4096]) <= _NUMERIC:
+        return ext == ".bin" or _looks_binary(rest[:4096])
+    nl = rest.find(b"\n", sp)
+    if _text_record(rest[:nl if nl >= 0 else len(rest)], dim):
         return False
-    return _looks_binary(sample[:4096]) or len(sample.split()) != dim
+    if ext == ".bin":
+        return True
+    vec = rest[sp + 1:sp + 1 + 4 * dim]
+    return _looks_binary(vec) or len(rest[sp + 1:nl if nl >= 0 else len(rest)].split()) != dim
 
 
 def _looks_binary(data: bytes) -> bool:

@@ -2,13 +2,19 @@
 
 - :func:`open_regular` opens a file for reading with ``O_NONBLOCK`` (a FIFO would block
   ``open`` until a writer appears) and refuses anything that is not a regular file, or
-  a file whose real path leaves the table's directory (a shard symlinked to another
-  table's shard).
+  (given the table's directory) a path with a symbolic link below it: a shard linked to
+  another table's shard, or to another shard of the same table, whose rows it would give
+  (:func:`link_below`; the table's own path may be a link).
 - :func:`map_file` maps a whole file read-only and keeps no descriptor: ``np.memmap`` and
   ``mmap.mmap`` each keep a duplicated descriptor per mapping, so a table of more than
   ~1,000 shards ran out of descriptors under ``ulimit -n 1024``.  Here the mapping is
   made with ``mmap(2)`` through ctypes (Linux, macOS) and unmapped when the last array
   viewing it is gone; the caller closes its descriptor right away.
+- :func:`real_dir` walks a path inside a table with ``lstat``: every part must be a
+  directory itself, never a symbolic link (the commit area ``vectors/.embstore/``, the
+  approximate index's ``ann/``, the directory a commit moves a file into), so a writer
+  never writes or deletes outside the table's directory; ``open_regular(...,
+  nofollow=True)`` and :func:`create_new` open the files there without following a link.
 - :func:`resource_error` turns ``EMFILE``/``ENFILE``/``ENOMEM`` into a
   :class:`~embstore.errors.ResourceLimitError` naming the limit, never a corrupt store.
 """
@@ -21,13 +27,14 @@ import mmap
 import os
 import stat
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import CorruptStoreError, ResourceLimitError
 
 __all__ = ["open_regular", "map_file", "read_small", "resource_error", "within",
-           "RESOURCE_ERRNOS", "MAX_JSON_BYTES"]
+           "real_dir", "create_new", "link_below", "RESOURCE_ERRNOS", "MAX_JSON_BYTES"]
 
 #: The largest metadata file read (a ``zarr.json``): metadata is small, a huge one is hostile.
 MAX_JSON_BYTES = 16 << 20
@@ -35,6 +42,8 @@ MAX_JSON_BYTES = 16 << 20
 RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_LINK = "refused: nothing inside a table follows a symbolic link"
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"))
@@ -64,31 +73,86 @@ def within(path, root) -> bool:
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
 
 
-def open_regular(path, *, root=None, dir_fd: int | None = None, shown=None) -> int:
+def link_below(path, root) -> str | None:
+    """None when no part of ``path`` below ``root`` is a symbolic link (``root`` itself may
+    be one); else the message refusing it."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if os.path.realpath(path) == os.path.normpath(os.path.join(os.path.realpath(root), rel)):
+        return None
+    if not within(path, root):
+        return (f"{path}: a symbolic link out of the table's directory {root} (refused: "
+                "tables do not share files)")
+    return (f"{path}: a symbolic link inside the table ({_LINK}: a shard linked to another "
+            "shard would give that shard's rows)")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def real_dir(root, parts, *, create: bool = False) -> Path:
+    """``root / parts...`` where every part is a directory itself (``lstat``), never a
+    symbolic link, a FIFO or a file; missing parts are made with ``create``, else the path
+    is returned as is (opening in it then finds nothing).  Raises :class:`CorruptStoreError`
+    naming the part."""
+    path = Path(root)
+    for part in parts:  # a loop per path component
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            if not create:
+                return Path(root).joinpath(*parts)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass
+            mode = os.lstat(path).st_mode
+        if not stat.S_ISDIR(mode):
+            raise CorruptStoreError(f"{path}: expected a directory of the table, got "
+                                    f"{_kind(mode)} ({_LINK} and a writer never writes or "
+                                    "deletes outside the table's directory)", path=str(path))
+    return path
+
+
+def create_new(path) -> int:
+    """A write-only descriptor of the new file ``path`` (``O_EXCL``: never an existing
+    file, a link or a FIFO)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC,
+                   0o644)
+
+
+def open_regular(path, *, root=None, dir_fd: int | None = None, shown=None,
+                 nofollow: bool = False) -> int:
     """A read-only descriptor of the regular file ``path`` (relative to ``dir_fd`` if given).
 
     Never blocks.  Raises :class:`CorruptStoreError` for a FIFO, socket, device or
-    directory, or (with ``root``) a file whose real path leaves ``root``;
+    directory, or (with ``root``) a file whose real path leaves ``root``, or (with
+    ``nofollow``: the table's private files) a symbolic link;
     :class:`ResourceLimitError` when out of descriptors; ``FileNotFoundError`` as is.
     ``shown`` is the path named in messages (default ``path``).
     """
     shown = path if shown is None else shown
+    flags = os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | (_O_NOFOLLOW if nofollow else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in RESOURCE_ERRNOS:
             raise resource_error(exc, shown) from None
+        if nofollow and exc.errno == errno.ELOOP:
+            raise CorruptStoreError(f"{shown}: expected a regular file, got a symbolic link "
+                                    f"({_LINK})", path=str(shown)) from None
         raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-            raise CorruptStoreError(f"{shown}: expected a regular file, got {kind}",
+            raise CorruptStoreError(f"{shown}: expected a regular file, got {_kind(mode)}",
                                     path=str(shown))
-        if root is not None and not within(shown, root):
-            raise CorruptStoreError(f"{shown}: a symbolic link out of the table's directory "
-                                    f"{root} (refused: tables do not share files)",
-                                    path=str(shown))
+        refused = None if root is None else link_below(shown, root)
+        if refused is not None:
+            raise CorruptStoreError(refused, path=str(shown))
     except BaseException:
         os.close(fd)
         raise

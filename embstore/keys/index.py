@@ -79,7 +79,7 @@ class DiskVocab(Vocab):
             return self._group
         import zarr
 
-        group = zarr.open_group(str(self.path), mode=mode)
+        group = zarr.open_group(str(self.path), mode=mode, use_consolidated=False)
         if mode != "r":
             self._group = group
         return group
@@ -241,7 +241,7 @@ class DiskVocab(Vocab):
         if not m:
             return []
         n, stage = self._n, Path(stage)
-        g = zarr.open_group(str(stage), mode="a")
+        g = zarr.open_group(str(stage), mode="a", use_consolidated=False)
         h = hash_encoded(enc, self._hash_key)
         flat = enc.buf[: enc.nbytes]
         new_offsets = self._nbytes + np.cumsum(enc.lengths)

@@ -2,8 +2,10 @@
 
 ``build_index(table)`` builds a FAISS inverted-file index (IVF, :mod:`embstore.search.ivf`)
 by streaming the table's rows and saves it at ``<table>/vectors/.embstore/ann/``
-(``index.faiss``, ``lists.ivfdata``, ``meta.json``): written beside, fsynced and renamed
-into place, in the table's private area where Zarr readers never look.  Searches read
+(``index.faiss``, ``lists.ivfdata``, ``lists.crc32c``, ``meta.json``): written beside,
+fsynced and renamed into place, in the table's private area where Zarr readers never
+look.  Nothing of it is trusted blindly (:mod:`embstore.search.integrity`): checksums, layout and
+sizes are checked on open, each list on first touch, every returned id against the table.  Searches read
 ``index.faiss`` (the centroids: a few MB) and map ``lists.ivfdata``: the lists are not
 read in; the pages of the lists a search probes come in as it scans them.
 
@@ -53,8 +55,11 @@ from ..fs.beside import fsync_path as _fsync
 from ..fs.beside import sweep_beside
 from .._types import PathLike
 from .._version import __version__
+from . import integrity as check
 from .ivf import DATA_FILE, FEATURE, INDEX_FILE, IvfIndex, build_ivf
-from ..errors import DestinationExistsError, IndexNotFoundError, ShapeMismatchError
+from ..errors import (CorruptStoreError, DestinationExistsError, IndexNotFoundError,
+                      ShapeMismatchError)
+from ..fs.files import open_regular, read_small, real_dir
 from ..ids import one_of, positive_int
 from ..optional import require
 from ..store.commit import AREA, LAST, area_of, last_commit
@@ -79,7 +84,8 @@ class StaleIndexWarning(UserWarning):
 def index_path(table: PathLike | ZarrTable) -> Path:
     """The directory of the approximate index of the table at ``table``."""
     root = table.path if isinstance(table, ZarrTable) else Path(os.fspath(table)).absolute()
-    return area_of(root) / "ann"
+    area_of(root)  # (refused when a symbolic link)
+    return real_dir(root, ("vectors", AREA[0], "ann"))
 
 
 def _local(table) -> tuple[ZarrTable, bool]:
@@ -151,7 +157,9 @@ def build_index(table: PathLike | ZarrTable, *, metric: str = "cos", nlist: int 
                     "expansion_search": built["nprobe"], "dim": t.dim, "table_rows": rows,
                     "table_commit": commit,
                     "build_seconds": round(time.perf_counter() - t0, 3),
-                    "created_by": f"embstore {__version__}"}
+                    "created_by": f"embstore {__version__}",
+                    check.SUMS: check.make_sums(tmp, INDEX_FILE, DATA_FILE)}
+            meta[check.META_CRC] = check.meta_crc(meta)
             _save(meta, tmp, dest, overwrite)
         except BaseException:
             atomic.remove(tmp)
@@ -166,7 +174,7 @@ def _save(meta: dict, tmp: Path, dest: Path, overwrite: bool) -> None:
     """Write the metadata beside the index files in ``tmp``, fsync, rename to ``dest``."""
     with open(tmp / META_FILE, "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
-    for name in (INDEX_FILE, DATA_FILE, META_FILE):
+    for name in (INDEX_FILE, DATA_FILE, check.LIST_SUMS, META_FILE):
         _fsync(tmp / name)
     _fsync(tmp, directory=True)
     if dest.exists() and not overwrite:
@@ -180,11 +188,16 @@ def index_info(table: PathLike | ZarrTable) -> dict | None:
     whether the table changed since the index was built."""
     path = index_path(table) / META_FILE
     try:
-        with open(path, "rb") as f:
-            meta = json.loads(f.read(1 << 20))
+        fd = open_regular(path, nofollow=True)
+        try:
+            meta = json.loads(read_small(fd, path, 1 << 20))
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except CorruptStoreError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
         raise IndexNotFoundError(f"{path}: unreadable index metadata ({exc})",
                                  path=str(path)) from None
     if not (isinstance(meta, dict) and meta.get("embstore_ann") == 1 and
@@ -212,7 +225,7 @@ class AnnIndex:
         self.ivf: IvfIndex | None = None
         self.hnsw: Any = None
         if meta.get("library", "usearch") == "faiss":
-            self.ivf = IvfIndex(path)
+            self.ivf = IvfIndex(path, meta)
             size = len(self.ivf)
             if self.ivf.dim != meta["dim"]:
                 raise IndexNotFoundError(f"{path / INDEX_FILE}: an index of dim "
@@ -233,11 +246,31 @@ class AnnIndex:
     def __len__(self) -> int:
         return self.size
 
-    def search(self, q: np.ndarray, count: int, ef: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, q: np.ndarray, count: int, ef: int | None = None, *,
+               rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, ids)`` ``(n, count)`` best first; missing places: score -inf, id -1.
         Scores: cosine (``cos``), inner product (``ip``), minus the Euclidean distance
-        (``l2``).  ``ef``: the search effort (IVF: lists scanned)."""
+        (``l2``).  ``ef``: the search effort (IVF: lists scanned).  Every id is checked
+        against ``rows`` (the table's row count), cosines against [-1, 1]: an index that
+        gives another answer is damaged (:class:`CorruptStoreError`), never a wrong row."""
+        scores, ids = self._search(q, count, ef)
+        limit = self.meta.get("table_rows") if rows is None else rows
+        found = ids >= 0
+        wrong = (ids < -1) | (ids >= limit) if isinstance(limit, int) else ids < -1
+        where = self.path / (DATA_FILE if self.ivf is not None else USEARCH_FILE)
+        if wrong.any():
+            raise check.damaged(where, f"the index returned row id {int(ids[wrong][0])} "
+                                       f"for a table of {limit} rows")
+        if self.metric == "cos":
+            q = np.asarray(q)
+            s = scores[found & np.any(q != 0, axis=1)[:, None]]  # (a zero query's: nan)
+            if s.size and not bool((np.abs(s) <= 1.001).all()):
+                bad = s[~(np.abs(s) <= 1.001)][0]
+                raise check.damaged(where, f"the index returned a cosine of {bad:.6g}")
+        return scores, ids
+
+    def _search(self, q: np.ndarray, count: int, ef: int | None
+                ) -> tuple[np.ndarray, np.ndarray]:
         count = max(1, min(int(count), self.size))
         effort = int(ef or self.meta["expansion_search"])
         q = np.ascontiguousarray(q, dtype=np.float32)
@@ -272,7 +305,7 @@ class AnnIndex:
 def _sig(path: str):
     """What changes when ``path`` is replaced or rewritten (None: absent)."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return None
     return st.st_ino, st.st_mtime_ns, st.st_size
@@ -332,7 +365,7 @@ def approx_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
         raise ShapeMismatchError(f"queries of dim {q.shape[1]}, index of dim "
                                  f"{index.meta['dim']}")
     extra = exclude.size + (1 if own is not None else 0)
-    scores, ids = index.search(q, k + extra, ef)
+    scores, ids = index.search(q, k + extra, ef, rows=table.vocab_size)
     bad = ids < 0
     if not extra and ids.shape[1] == k and not bad.any():  # (the usual single query)
         return scores, ids

@@ -19,8 +19,10 @@ computes the exact top-10 of a sample of rows, with which the default search eff
 
 Open: ``index.faiss`` is read (its stored data file name rewritten to the absolute path
 of ``lists.ivfdata`` beside it, so the table directory can be moved) and
-``lists.ivfdata`` is mapped read-only: nothing of the lists is read until a search
-touches them.  (FAISS's ``IO_FLAG_ONDISK_SAME_DIR`` does the same but prints to stdout.)
+``lists.ivfdata`` is mapped read-only once its size was checked against the header:
+nothing of the lists is read until a search touches them, and each list is checked
+against its crc32c the first time a search probes it (:mod:`embstore.search.integrity`).
+(FAISS's ``IO_FLAG_ONDISK_SAME_DIR`` does the same but prints to stdout.)
 """
 
 from __future__ import annotations
@@ -33,19 +35,24 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import IndexNotFoundError, TableChangedError
+from . import integrity as check
+from .integrity import DATA_FILE, INDEX_FILE, LIST_SUMS
+from ..errors import CorruptStoreError, IndexNotFoundError, TableChangedError
+from ..fs.files import map_file, open_regular
 from ..optional import require
 from ..store.scan import scan_blocks
 from ..store.table import ZarrTable
 
 __all__ = ["build_ivf", "IvfIndex", "INDEX_FILE", "DATA_FILE", "default_nlist"]
 
-INDEX_FILE, DATA_FILE = "index.faiss", "lists.ivfdata"
 FEATURE = "an approximate nearest-neighbour index"
 _BLOCK_BYTES = 32 << 20  # rows per streamed block: about this many bytes of float32
 _CALIBRATION_QUERIES = 128
 _SAMPLE_BYTES = 256 << 20  # the k-means sample: at most this many bytes (or 4 rows a list)
 _K = 10
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: the largest index.faiss read (its centroids: 65,536 lists of dim 4,096 are 1 GiB)
+MAX_INDEX_BYTES = 1 << 30
 _forked_hook = False
 
 
@@ -257,61 +264,93 @@ def _calibrate(index: "IvfIndex", truth: _Truth, nlist: int, recall: float,
     return best[0], round(best[1], 4)
 
 
-def _open_both(path: Path) -> tuple[bytes, int]:
-    """The bytes of ``index.faiss`` and an open descriptor of ``lists.ivfdata``, both of one
-    build (both opened through one descriptor of the directory; tried again when a rebuild
-    removed the directory between)."""
+def _open_all(path: Path, sums: dict | None) -> tuple[bytes, int, int | None]:
+    """The bytes of ``index.faiss`` and open descriptors of ``lists.ivfdata`` (and, with
+    ``sums``, ``lists.crc32c``), all of one build: opened through one descriptor of the
+    directory (tried again when a rebuild removed the directory between), never through a
+    symbolic link, never a FIFO or a device."""
     for attempt in range(3):
-        d = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        d = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_NOFOLLOW)
+        fds: list[int] = []
         try:
-            with os.fdopen(os.open(INDEX_FILE, os.O_RDONLY, dir_fd=d), "rb") as f:
-                raw = f.read()
-            return raw, os.open(DATA_FILE, os.O_RDONLY, dir_fd=d)
+            for name in (INDEX_FILE, DATA_FILE, LIST_SUMS)[:3 if sums is not None else 2]:
+                fds.append(open_regular(name, dir_fd=d, shown=path / name, nofollow=True))
+            with os.fdopen(fds.pop(0), "rb") as f:
+                raw = f.read(MAX_INDEX_BYTES + 1)
+            return raw, fds[0], fds[1] if len(fds) > 1 else None
         except FileNotFoundError:
+            for fd in fds:
+                os.close(fd)
             try:
                 moved = os.stat(path).st_ino != os.fstat(d).st_ino  # a rebuild swapped in
             except OSError:
                 moved = False
             if attempt == 2 or not moved:
                 raise
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
         finally:
             os.close(d)
     raise AssertionError("unreachable")
 
 
 class IvfIndex:
-    """An IVF index opened read-only, its lists mapped."""
+    """An IVF index opened read-only, its lists mapped, checked as :mod:`embstore.search.integrity`
+    says (``meta``: its ``meta.json``, None while building)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, meta: dict | None = None):
         faiss = faiss_module()
         self.path = path
         name = path / INDEX_FILE
-        # both files opened at once through one descriptor of the directory: a rebuild
+        # all files opened at once through one descriptor of the directory: a rebuild
         # swaps a new directory in (and removes the old) at any moment, and the lists of one
         # build under the header of another are garbage.  FAISS maps the lists through the
         # descriptor kept open here (a file removed meanwhile stays readable).
         self._lists: int | None = None
+        self.data: np.ndarray | None = None
+        self.list_crcs: np.ndarray | None = None
+        self.sums = None if meta is None else check.check_meta(meta, path / "meta.json")
         try:
-            raw, self._lists = _open_both(path)
+            raw, self._lists, sum_fd = _open_all(path, self.sums)
         except OSError as exc:
+            if isinstance(exc, CorruptStoreError):
+                raise
             raise IndexNotFoundError(f"{name}: unreadable index ({exc})", path=str(name)) from None
-        stored = DATA_FILE.encode()
-        tail = 8 + len(stored) + 8  # the data file name (a length, its bytes), totsize
-        if len(raw) < tail or raw[-tail:-8] != struct.pack("<Q", len(stored)) + stored:
+        try:
+            if len(raw) > MAX_INDEX_BYTES:
+                raise check.damaged(name, f"more than {MAX_INDEX_BYTES} bytes")
+            check.file_sum(raw, INDEX_FILE, self.sums, name)
+            self.header = h = check.parse_header(raw, name, DATA_FILE)
+            check.check_header(h, meta, name)
+            size = os.fstat(self._lists).st_size
+            check.check_data_size(h, size, path / DATA_FILE)
+            if self.sums is not None:
+                if size != self.sums[DATA_FILE]["bytes"]:
+                    raise check.damaged(path / DATA_FILE, f"{size} bytes, meta.json records "
+                                                          f"{self.sums[DATA_FILE]['bytes']}")
+                assert sum_fd is not None
+                self.list_crcs = check.read_list_sums(sum_fd, h, self.sums, path / LIST_SUMS)
+                self.data = map_file(self._lists, size, path / DATA_FILE)  # size checked
+        except BaseException:
             self.close()
-            raise IndexNotFoundError(f"{name}: expected a FAISS IVF index whose lists are in "
-                                     f"{DATA_FILE}, got another file", path=str(name))
+            raise
+        finally:
+            if sum_fd is not None:
+                os.close(sum_fd)
+        self.checked = np.zeros(h.nlist, bool)  # lists whose crc32c was checked
+        self.all_checked = False
         held = Path(f"/proc/self/fd/{self._lists}")  # (Linux)
         data = os.fsencode(held if held.exists() else path.absolute() / DATA_FILE)
-        patched = raw[:-tail] + struct.pack("<Q", len(data)) + data + raw[-8:]
+        patched = raw[:-h.tail] + struct.pack("<Q", len(data)) + data + raw[-8:]
         try:
             self.index = faiss.deserialize_index(np.frombuffer(patched, np.uint8),
                                                  faiss.IO_FLAG_READ_ONLY)
         except RuntimeError as exc:
             self.close()
-            raise IndexNotFoundError(f"{name}: not a readable FAISS index "
-                                     f"({str(exc).splitlines()[0][:200]})",
-                                     path=str(name)) from None
+            raise check.damaged(name, f"not a readable FAISS index "
+                                      f"({str(exc).splitlines()[0][:200]})") from None
         lists = faiss.downcast_InvertedLists(self.index.invlists)
         if isinstance(lists, faiss.OnDiskInvertedLists):
             # no prefetch threads: page faults bring the probed lists in; and its threads
@@ -321,6 +360,7 @@ class IvfIndex:
         self.ntotal = int(self.index.ntotal)
         self.dim = int(self.index.d)
         self._params = faiss.SearchParametersIVF
+        self._faiss = faiss
         self._made: dict[int, Any] = {}
 
     def __len__(self) -> int:
@@ -333,11 +373,40 @@ class IvfIndex:
         params = self._made.get(p)
         if params is None:  # (read-only during a search: shared by threads)
             params = self._made[p] = self._params(nprobe=p)
-        return self.index.search(np.ascontiguousarray(q, dtype=np.float32), int(count),
-                                 params=params)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if self.sums is None:  # (an index built without checksums: nothing to check)
+            return self.index.search(q, int(count), params=params)
+        near, probed = self.index.quantizer.search(q, p)  # the lists FAISS would scan
+        self.check_lists(probed)
+        n, k = q.shape[0], int(count)
+        dist, ids = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
+        ptr = self._faiss.swig_ptr  # (the Python wrapper of search_preassigned takes no params)
+        self.index.search_preassigned_c(n, ptr(q), k, ptr(np.ascontiguousarray(probed)),
+                                        ptr(np.ascontiguousarray(near)), ptr(dist), ptr(ids),
+                                        False, params)
+        return dist, ids
+
+    def check_lists(self, lists: np.ndarray) -> None:
+        """Check each of ``lists`` not checked yet against its crc32c (first touch)."""
+        if self.all_checked:
+            return
+        todo = np.unique(lists[lists >= 0])
+        todo = todo[~self.checked[todo]]
+        if not todo.size:
+            return
+        if self.data is None or self.list_crcs is None:
+            raise ValueError("the index is closed")
+        bad = check.bad_lists(self.header, self.data, self.list_crcs, todo)
+        if bad:
+            a, b = self.header.span(bad[0])
+            raise check.damaged(self.path / DATA_FILE, f"list {bad[0]} (bytes {a}..{b - 1}) "
+                                f"fails its crc32c")
+        self.checked[todo] = True
+        self.all_checked = bool(self.checked.all())
 
     def close(self) -> None:
         self.index = None
+        self.data = None
         fd, self._lists = self._lists, None
         if fd is not None:
             os.close(fd)

@@ -9,12 +9,13 @@ score of places left empty by ``exclude``).
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 
-from ..errors import ShapeMismatchError
-from ..ids import as_ids, positive_int
+from ..errors import InvalidOptionError, ShapeMismatchError
+from ..ids import as_ids, non_negative_int, positive_int
 from ..table import Table, as_key_array
 from .ann import approx_top_k
 from .exact import cosine_top_k
@@ -76,7 +77,7 @@ def logits(table: Table, hidden, *, top_k: int | None = None, block_rows: int | 
     h = _as_vectors(table, hidden, "hidden")
     dtype = _compute_dtype(table, h)
     lead = h.shape[:-1]
-    h2 = np.ascontiguousarray(h.reshape(-1, table.dim), dtype=dtype)
+    h2 = np.ascontiguousarray(h.reshape(math.prod(lead), table.dim), dtype=dtype)  # dim 0 too
     n = h2.shape[0]
     rows = _check_block_rows(table, block_rows, n)
     vocab = table.vocab_size
@@ -139,10 +140,29 @@ def _resolve_query(table: Table, query):
     vec = _as_vectors(table, arr, "a query vector")
     if vec.ndim > 2:
         raise ShapeMismatchError(f"query vectors must be (dim,) or (n, dim), got {vec.shape}")
-    return vec.reshape(-1, table.dim), None, vec.ndim == 1
+    return vec.reshape(math.prod(vec.shape[:-1]), table.dim), None, vec.ndim == 1
 
 
-def most_similar(table: Table, query, *, k: int = 10, exclude=(),
+def _all_scores(table: Table, q: np.ndarray, dtype, excl: np.ndarray, single: bool,
+                block_rows: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``k=None``: every row's cosine, in row order (gensim's ``topn=None``)."""
+    q = np.ascontiguousarray(q, dtype=dtype)
+    qnorm = np.sqrt(np.einsum("ij,ij->i", q, q))
+    q = q / np.where(qnorm == 0, 1, qnorm)[:, None]
+    n, vocab = q.shape[0], table.vocab_size
+    scores = np.empty((n, vocab), dtype=dtype)
+    rows = _check_block_rows(table, block_rows, n)
+    for start, block in table.iter_blocks(rows):
+        b = block.astype(dtype, copy=False)
+        norms = np.sqrt(np.einsum("ij,ij->i", b, b))
+        with np.errstate(invalid="ignore", divide="ignore"):  # a zero row: NaN, as gensim
+            scores[:, start:start + b.shape[0]] = (q @ b.T) / norms
+    scores[:, excl] = -np.inf
+    ids = np.broadcast_to(np.arange(vocab, dtype=np.int64), (n, vocab)).copy()
+    return (ids[0], scores[0]) if single else (ids, scores)
+
+
+def most_similar(table: Table, query, *, k: int | None = 10, exclude=(),
                  block_rows: int | None = None, approx: bool = False,
                  ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact cosine top-``k``: ``(ids, scores)``, streamed by blocks of rows.
@@ -154,6 +174,9 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
     ``cosine = q . row / (|q| |row|)``.  Cosine is undefined for a row or query
     of norm zero: it scores NaN and ranks below every row with a real score
     (so a zero row never outranks a real neighbour, even one of cosine -1).
+    ``k=0`` gives empty results; ``k=None`` every row's score in row order (ids
+    ``0..vocab_size-1``), as gensim's ``topn=None``: the query itself included, rows in
+    ``exclude`` scoring -inf (always exact).
     When fewer than ``k`` rows remain, the result has as many columns as the
     query with the most candidates; the missing places of other queries hold id
     -1 and score -inf.
@@ -163,11 +186,18 @@ def most_similar(table: Table, query, *, k: int = 10, exclude=(),
     index's metric.  A stale index (the table changed since) warns
     (:class:`embstore.search.ann.StaleIndexWarning`) and the search runs exactly.
     """
-    k = _check_k(k, "k")
+    if k is not None:
+        k = non_negative_int(k, "k", error=InvalidOptionError)
+    if table.dim == 0:
+        raise ShapeMismatchError("cosine similarity needs rows of dim >= 1, the table has dim 0")
     q, own, single = _resolve_query(table, query)
     excl = np.unique(_resolve_ids_or_keys(table, exclude)) if exclude is not None else \
         np.empty(0, dtype=np.int64)
     dtype = _compute_dtype(table, q)
+    if k is None:
+        if block_rows is not None:
+            block_rows = positive_int(block_rows, "block_rows")
+        return _all_scores(table, q, dtype, excl, single, block_rows)
     raw = q = np.ascontiguousarray(q, dtype=dtype)
     n = q.shape[0]
     if ef is not None:

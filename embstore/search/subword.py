@@ -28,7 +28,7 @@ def holds_keys(value) -> bool:
                                       and isinstance(arr.reshape(-1)[0], str))
 
 
-def similar_keys(table: Table, query, *, k: int = 10, exclude=(),
+def similar_keys(table: Table, query, *, k: int | None = 10, exclude=(),
                  block_rows: int | None = None, approx: bool = False,
                  ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``most_similar`` of keys, unknown ones by their subword vectors: ``(ids, scores)`` of

@@ -16,11 +16,11 @@ from crc32c import crc32c
 from numpy.typing import DTypeLike
 
 from ..dtypes import DTYPES, check_storage
-from ..errors import CorruptStoreError
+from ..errors import CorruptStoreError, InvalidOptionError
 from ..ids import positive_int
 
-__all__ = ["Layout", "choose_layout", "pow2_below", "SIDE_CHUNK_ROWS", "ABSENT", "COMPRESSIONS", "Compression", "make_codec",
-           "encode_chunks", "check_chunk", "pool"]
+__all__ = ["Layout", "choose_layout", "pow2_below", "SIDE_CHUNK_ROWS", "ABSENT", "COMPRESSIONS",
+           "Compression", "make_codec", "encode_chunks", "check_chunk", "pool"]
 
 ABSENT = np.uint64(2**64 - 1)
 COMPRESSIONS: tuple[str, ...] = ("none", "zstd", "blosc")
@@ -61,8 +61,8 @@ def make_codec(compression: str, itemsize: int):
     if compression == "blosc":
         return Blosc(cname="zstd", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0,
                      typesize=itemsize)
-    raise ValueError(f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}, got "
-                     f"{compression!r}")
+    raise InvalidOptionError(f"compression must be one of "
+                             f"{', '.join(map(repr, COMPRESSIONS))}, got {compression!r}")
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,6 @@ def choose_layout(dim: int, dtype: DTypeLike, rows: int | None = None, *,
         if rows is not None:
             sr = min(sr, max(cr, -(-rows // cr) * cr))
     if sr % cr:
-        raise ValueError(f"shard_rows must be a multiple of chunk_rows: got shard_rows={sr}, "
-                         f"chunk_rows={cr}")
+        raise InvalidOptionError(f"shard_rows must be a multiple of chunk_rows: got "
+                                 f"shard_rows={sr}, chunk_rows={cr}")
     return int(cr), int(sr)

@@ -19,7 +19,7 @@ import numpy as np
 from .._types import Bytes, OpenMode, PathLike
 from ..cache.rows import CacheInfo, parse_bytes
 from ..cache.null import make_cache
-from ..errors import (CorruptStoreError, InvalidIdError,
+from ..errors import (CorruptStoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
                       ReadOnlyError, ShapeMismatchError)
 from ..fs.beside import sweep_beside
 from .commit import Transaction, last_commit, recover, settle
@@ -54,11 +54,11 @@ class ZarrTable(Table):
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
                  lock_timeout: float | None = None, **remote: Any):
         if mode not in ("r", "r+"):
-            raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
+            raise InvalidOptionError(f"mode must be 'r' or 'r+', got {mode!r}")
         # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
         self._remote = remote if is_url(path) else None
         if remote and self._remote is None:
-            raise TypeError(f"{', '.join(remote)}: options of tables on object storage "
+            raise InvalidTypeError(f"{', '.join(remote)}: options of tables on object storage "
                             f"(URLs), not of the local path {path!r}")
         # a str for a URL, a Path on disk (Any: the local code below never sees a URL)
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(

@@ -14,7 +14,6 @@ other arrays without one (a foreign ``keys``) are read and listed as not checksu
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -29,9 +28,11 @@ from ..keys.mapped import read_array_meta
 from .codecs import Layout
 from .rows.layout import PAGE_CRC, RowLayout
 from .rows.verify import verify_rows
-from .commit import area_of, last_commit, settle
+from ..search.integrity import verify_index
+from ..fs.files import real_dir
+from .commit import AREA, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
-from .subword.ngrams import NGRAMS
+from .subword.ngrams import NGRAMS, check_subwords
 from ..dtypes import SIDE_ARRAYS
 from .norms.calc import NORMS_ARRAY
 from .norms.source import check_norms
@@ -220,6 +221,9 @@ def verify(path: PathLike) -> VerifyReport:
             report.arrays.append(name)
             if not layout.has_crc:
                 report.unchecked_arrays.append(name)
+    if not any(d.file.startswith(str(root / NGRAMS)) for d in report.damaged):
+        for file, message in check_subwords(root, attrs, int(meta["shape"][1])):
+            report.add(file, None, message)  # n-grams the checksums pass but nobody can use
     import zarr
     # arrays listed from the directory: zarr-python cannot open a group holding bfloat16
     # (not arrays an older embstore left half written beside the live ones: not the table)
@@ -259,24 +263,23 @@ def verify(path: PathLike) -> VerifyReport:
             check_norms(root, lambda file, msg: report.add(file, None, msg))
         except (CorruptStoreError, FormatError) as exc:
             report.add(str(root / NORMS_ARRAY), None, str(exc))
-    report.index = _index_note(root, report.vocab_size)
+    report.index = _index_note(root, report)
     if report.unchecked:
         report.ok = False
     return report
 
 
-def _index_note(root: Path, rows: int | None) -> str:
-    """What the approximate index (embstore/search/ann.py) says of itself ("" if none)."""
+def _index_note(root: Path, report: VerifyReport) -> str:
+    """What the approximate index (embstore/search/ann.py) is: checked
+    (embstore/search/integrity.py), its damage reported ("" if there is none)."""
     try:
-        with open(area_of(root) / "ann" / "meta.json", "rb") as f:
-            meta = json.loads(f.read(1 << 20))
-        stale = meta["table_commit"] != last_commit(root) or meta["table_rows"] != rows
-        return (f"{meta['indexed_rows']} rows, {meta['metric']}, "
-                f"{'stale (the table changed since it was built)' if stale else 'up to date'}")
-    except FileNotFoundError:
-        return ""
-    except (OSError, ValueError, KeyError, TypeError):
-        return "unreadable metadata (build it again)"
+        home = real_dir(root, ("vectors", AREA[0], "ann"))
+        note, problems = verify_index(home, report.vocab_size, last_commit(root))
+    except CorruptStoreError as exc:
+        note, problems = "damaged", [(str(exc.path), str(exc))]
+    for file, message in problems:
+        report.add(file, None, f"approximate index: {message}")
+    return note
 
 
 def _array_meta(root: Path, name: str) -> dict | None:

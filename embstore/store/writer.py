@@ -103,6 +103,9 @@ class TableWriter:
                  attrs: dict | None = None,
                  duplicate_keys: Literal["drop", "error"] = "drop", format_version: int = 1):
         import zarr
+        if dim == 0 and not isinstance(dim, bool):  # as torch's nn.Embedding(n, 0)
+            raise ShapeMismatchError("a stored table needs dim >= 1 (Zarr chunks of 0-value "
+                                     "rows hold nothing); a MemoryTable takes dim 0")
         positive_int(dim, "dim", error=ShapeMismatchError)
         one_of(compression, "compression", COMPRESSIONS)
         self.path = Path(os.fspath(path)).absolute()

@@ -173,11 +173,14 @@ class FastTextBinReader(Reader):
         self.counts = counts
 
     def _decode(self, raw: list[bytes], at: int) -> list[str]:
+        # "replace" as gensim's load_facebook_vectors: bytes that do not decode become
+        # backslash escapes ("\\xff"), and the word's n-grams are those of that key
+        errors = "backslashreplace" if self.unicode_errors == "replace" else self.unicode_errors
         try:
-            words = b"\0".join(raw).decode(self.encoding, self.unicode_errors).split("\0")
+            words = b"\0".join(raw).decode(self.encoding, errors).split("\0")
             if len(words) == len(raw):
                 return words
-            return [w.decode(self.encoding, self.unicode_errors) for w in raw]  # UTF-16...
+            return [w.decode(self.encoding, errors) for w in raw]  # UTF-16...
         except UnicodeDecodeError:
             for i, w in enumerate(raw):
                 try:

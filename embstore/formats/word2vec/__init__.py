@@ -14,13 +14,14 @@ exactly) or ``repr`` (float64), one C-level ``%`` per row.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 
 import numpy as np
 
 from ...errors import FormatError
-from .. import DEFAULT_BLOCK_ROWS, open_output, Reader
+from .. import DEFAULT_BLOCK_ROWS, open_output, Reader, _fasttext_old
 from ..source import open_source, stream_row_bound
 from .._textparse import _number, parse_block
 
@@ -62,10 +63,11 @@ class TextReader(Reader):
             raise
 
     def _read_head(self, header: bool) -> None:
-        first = self._f.readline(MAX_LINE_BYTES)
-        if first.startswith(FASTTEXT_BIN_MAGIC):
+        kind = is_fasttext_bin(self._src)
+        if kind is not False:
             raise fasttext_bin_error(self.path, "fastText .vec" if self.format == "fasttext"
-                                     else self.format)
+                                     else self.format, old=kind is None)
+        first = self._f.readline(MAX_LINE_BYTES)
         if first.startswith(BOM):  # a UTF-8 byte order mark is not part of the first key
             first = first[len(BOM):]
         if b"\r" in first.rstrip(b"\r\n"):
@@ -190,10 +192,24 @@ class TextReader(Reader):
         self._src.close()
 
 
-def fasttext_bin_error(path: str, fmt: str) -> FormatError:
-    """A fastText binary model read as a text format: say what it is and what reads it."""
-    return FormatError(f"this is a fastText binary model (.bin, magic number 0x2F4F16BA), not "
+def fasttext_bin_error(path: str, fmt: str, *, old: bool = False) -> FormatError:
+    """A fastText binary model read as a text format: say what it is and what reads it
+    (``old``: a model of the format before 2017, which has no magic number)."""
+    what = "of the old format (.bin, no magic number)" if old else \
+        "(.bin, magic number 0x2F4F16BA)"
+    return FormatError(f"this is a fastText binary model {what}, not "
                        f"the {fmt} text format; read it with format 'fasttext-bin'", path=path)
+
+
+def is_fasttext_bin(src) -> bool | None:
+    """Whether the :class:`~.source.Source` ``src`` starts like a fastText ``.bin``:
+    ``True`` (magic number), ``None`` (the old format: no magic, plausible arguments and
+    a ``.bin``/``.ftz`` name), else ``False``."""
+    if src.head.startswith(FASTTEXT_BIN_MAGIC):
+        return True
+    size = src.size if src.size is not None else 1 << 62
+    return None if _fasttext_old(src.head, os.path.splitext(src.name)[1].lower(), size) \
+        else False
 
 
 def _check_line_ends(reader, text: bytes, first_line: int) -> None:

@@ -5,12 +5,16 @@ space, ``DIM`` little-endian float32 values, and (C tool: always; gensim: never)
 a ``\\n``.  Quirks handled as the reference readers do: a ``\\n`` before a key is
 skipped (gensim's ``lstrip``); in files with the ``\\n`` after each vector a key
 holding spaces is read whole (the space before the vector is the one whose
-vector is followed by ``\\n``), where gensim would cut it at its first space.
+vector is followed by ``\\n``), where gensim would cut it at its first space
+(only text before a later space counts as a key: raw vector bytes before it mean the
+first space ends the key, as in gensim's files without ``\\n``).  Export refuses such
+keys (gensim and the C tool would read shifted vectors).
 The header's count is checked against the file, and only used as a size hint.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,12 +23,27 @@ from ...errors import FormatError
 from .. import DEFAULT_BLOCK_ROWS, open_output, Reader, check_finite
 from .._textparse import decode_keys
 from ..source import open_source, stream_row_bound
-from . import FASTTEXT_BIN_MAGIC, MAX_LINE_BYTES, _show, fasttext_bin_error
+from . import MAX_LINE_BYTES, _show, fasttext_bin_error, is_fasttext_bin
 
 __all__ = ["read", "write", "BinaryReader"]
 
 CHUNK_BYTES = 8 << 20
 MAX_KEY_BYTES = 1 << 16
+
+
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+
+
+def _text_key(key: bytes) -> bool:
+    """Whether ``key`` can be a key holding spaces: UTF-8 text without control bytes (the
+    bytes of a vector misread as part of a key are neither)."""
+    if _CONTROL.search(key) is not None:
+        return False
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class BinaryReader(Reader):
@@ -43,9 +62,10 @@ class BinaryReader(Reader):
         self._src = self._f = open_source(path)
         self.progress_total = self._src.size  # stored bytes (compressed); None for a pipe
         try:
+            kind = is_fasttext_bin(self._src)
+            if kind is not False:
+                raise fasttext_bin_error(self.path, self.format, old=kind is None)
             first = self._f.readline(4096)
-            if first.startswith(FASTTEXT_BIN_MAGIC):
-                raise fasttext_bin_error(self.path, self.format)
             toks = first.split()
             if not first:
                 raise self.error("the file is empty; expected a 'COUNT DIM' header")
@@ -94,6 +114,8 @@ class BinaryReader(Reader):
             stop = pos + MAX_KEY_BYTES if stop < 0 else stop
             cand = sp
             while 0 <= cand < stop:
+                if cand != sp and not _text_key(buf[pos:cand]):
+                    break  # raw bytes before this space: the first space ends the key
                 end = cand + 1 + vb
                 if end >= n and not eof:
                     return None
@@ -170,6 +192,20 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
                         dtype=dtype)
 
 
+_KEY_BREAK = re.compile(r"[ \t\n\r\x0b\x0c]")  # where gensim and the C tool end a key
+
+
+def _check_keys(keys: list[str], first_row: int) -> None:
+    """Keys the readers would cut (whitespace) or lose (empty) raise naming the row."""
+    if _KEY_BREAK.search("\x00".join(keys)) is None and "" not in keys:
+        return
+    for i, k in enumerate(keys):
+        if not k or _KEY_BREAK.search(k):
+            raise FormatError(f"row {first_row + i}: key {k!r} is empty or holds whitespace; "
+                              "word2vec-binary cannot store it (gensim and the C tool end a "
+                              "key at its first space and would read shifted vectors)")
+
+
 def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
           progress=None) -> int:
     """Write ``table`` as the C tool does (``\\n`` after each vector); gensim reads it back."""
@@ -186,11 +222,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
             stop = min(n, start + block_rows)
             data = np.ascontiguousarray(table[start:stop], dtype="<f4").tobytes()
             ks = list(keys[start:stop])
-            bad = [i for i, k in enumerate(ks) if not k or "\n" in k] if \
-                ("" in ks or any("\n" in k for k in ks)) else []
-            if bad:
-                raise FormatError(f"row {start + bad[0]}: key {ks[bad[0]]!r} is empty or holds a "
-                                  "newline; word2vec-binary cannot store it")
+            _check_keys(ks, start)
             parts: list[bytes] = []
             for i, k in enumerate(ks):
                 parts += (k.encode("utf-8"), b" ", data[i * vb:(i + 1) * vb], b"\n")

@@ -130,7 +130,7 @@ class _LazyGroup:
             from zarr.storage import ObjectStore
 
             store = ObjectStore(self.client.prefixed_store(), read_only=True)
-            self._group = zarr.open_group(store=store, mode="r")
+            self._group = zarr.open_group(store=store, mode="r", use_consolidated=False)
         return self._group[name]
 
 

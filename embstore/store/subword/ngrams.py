@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptStoreError
+from ...errors import CorruptStoreError, FormatError
 from .hashing import HASH_NAME, compose, ngram_buckets
 from ..codecs import Layout, make_codec
 from ..meta import check_vectors_meta, read_json
@@ -32,7 +32,7 @@ from ..source import ShardSource, ZarrSource
 from ..codecs import choose_layout
 from ..writer import set_rows
 
-__all__ = ["NGRAMS", "NgramWriter", "Subwords", "subword_attrs"]
+__all__ = ["NGRAMS", "NgramWriter", "Subwords", "subword_attrs", "check_subwords"]
 
 NGRAMS = "ngrams"
 _DTYPES = ("float16", "float32", "float64")
@@ -61,7 +61,7 @@ class NgramWriter:
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=self.dtype.itemsize)]}
         comp = by_name[compression]
-        group = zarr.open_group(self.root, mode="r+")
+        group = zarr.open_group(self.root, mode="r+", use_consolidated=False)
         arr = group.create_array(NGRAMS, shape=(0, self.dim), dtype=self.dtype,
                                  chunks=(cr, self.dim), shards=(sr, self.dim),
                                  serializer=BytesCodec(endian="little"),
@@ -99,6 +99,11 @@ class Subwords:
     def __init__(self, root: Path, attrs: dict, dim: int, mode: str = "r"):
         where = root / NGRAMS / "zarr.json"
         self._check_attrs(attrs, str(root))
+        self.where = str(root / NGRAMS)
+        if not os.path.lexists(where):
+            raise CorruptStoreError(f"{root / NGRAMS}: missing (the table's attribute "
+                                    f"embstore.subwords names the array {NGRAMS!r} of its "
+                                    "subword n-grams)", path=str(root / NGRAMS))
         meta = read_json(where, f"{NGRAMS}/zarr.json (the table's subword n-grams)", root=root)
         layout = self._check_meta(meta, str(where), dim, str(root))
         self.source: RowSource = (ShardSource(root, layout, NGRAMS) if layout is not None
@@ -111,21 +116,27 @@ class Subwords:
         ``zarr.json`` (from ``where``), ``make_source(layout)`` its row source."""
         self = cls.__new__(cls)
         self._check_attrs(attrs, where)
+        self.where = where
         self.source = make_source(self._check_meta(meta, where, dim, where))
         return self
 
     def _check_attrs(self, attrs: dict, root: str) -> None:
-        try:
-            self.minn, self.maxn, self.bucket = (int(attrs[k]) for k in ("minn", "maxn",
-                                                                           "bucket"))
-            ok = attrs.get("hash") == HASH_NAME and attrs.get("array") == NGRAMS and min(
-                self.minn, self.maxn, self.bucket) >= 0
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise CorruptStoreError(f"{root}/zarr.json: expected attributes embstore.subwords "
-                                    f"with array {NGRAMS!r}, minn, maxn, bucket >= 0 and hash "
-                                    f"{HASH_NAME!r}, got {attrs!r}", path=root)
+        def bad(field: str, expected: str, got) -> CorruptStoreError:
+            return CorruptStoreError(f"{root}/zarr.json: attribute embstore.subwords{field}: "
+                                     f"expected {expected}, got {repr(got)[:200]}", path=root)
+
+        if not isinstance(attrs, dict):
+            raise bad("", "an object", attrs)
+        for k in ("minn", "maxn", "bucket"):
+            v = attrs.get(k)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise bad(f".{k}", "an integer >= 0", v)
+        self.minn, self.maxn, self.bucket = attrs["minn"], attrs["maxn"], attrs["bucket"]
+        if attrs.get("hash") != HASH_NAME:
+            raise bad(".hash", f"{HASH_NAME!r} (the only n-gram hash embstore knows)",
+                      attrs.get("hash"))
+        if attrs.get("array") != NGRAMS:
+            raise bad(".array", repr(NGRAMS), attrs.get("array"))
 
     def _check_meta(self, meta: dict, where: str, dim: int, root: str) -> Layout | None:
         check_vectors_meta(meta, where)
@@ -143,7 +154,14 @@ class Subwords:
         return compose(ids, counts, self._take, self.dim)
 
     def _take(self, ids: np.ndarray) -> np.ndarray:
-        return self.source.take(np.ascontiguousarray(ids, dtype=np.int64))
+        rows = self.source.take(np.ascontiguousarray(ids, dtype=np.int64))
+        finite = np.isfinite(rows).all(axis=1)
+        if not finite.all():  # stored so with valid checksums: still no vector to compose
+            bad = np.asarray(ids).reshape(-1)[~finite]
+            raise CorruptStoreError(f"{self.where}: n-gram row {int(bad[0])} holds NaN or "
+                                    "infinite values (a model's n-gram rows are finite: the "
+                                    "array is damaged)", path=self.where)
+        return rows
 
     def blocks(self, rows: int):
         """The n-gram rows in order, ``rows`` at a time (checked reads)."""
@@ -170,3 +188,29 @@ class Subwords:
 
     def close(self) -> None:
         self.source.close()
+
+
+def check_subwords(root: Path, attrs: dict, dim: int, block_bytes: int = 16 << 20
+                   ) -> list[tuple[str, str]]:
+    """``(file, message)`` for what makes the table's n-grams unusable (for ``verify``):
+    the attribute ``embstore.subwords``, the array's presence, shape and dtype, and rows
+    that are not finite (every row read, in blocks)."""
+    if "subwords" not in attrs:
+        return []
+    try:
+        sub = Subwords(root, attrs["subwords"], dim)
+    except (CorruptStoreError, FormatError) as exc:
+        return [(str(getattr(exc, "path", None) or root), str(exc))]
+    try:
+        rows = max(1, block_bytes // (8 * max(dim, 1)))
+        for start in range(0, sub.bucket, rows):  # a loop per block
+            block = sub.source.take(np.arange(start, min(sub.bucket, start + rows)))
+            bad = np.flatnonzero(~np.isfinite(block).all(axis=1))
+            if bad.size:
+                return [(sub.where, f"{sub.where}: n-gram row {start + int(bad[0])} holds NaN "
+                                    "or infinite values (a model's n-gram rows are finite)")]
+    except CorruptStoreError as exc:
+        return [(str(exc.path or sub.where), str(exc))]
+    finally:
+        sub.close()
+    return []
