@@ -32,7 +32,7 @@ def block_rows_of(table) -> int:
     """Rows per block: whole shards, as many as fit ``_BLOCK_BYTES`` (at least one)."""
     row_bytes = max(1, table.dim * table.dtype.itemsize)
     fit = max(1, _BLOCK_BYTES // row_bytes)
-    shard = (getattr(table, "layout", None) or {}).get("shard_rows")
+    shard = (table.layout or {}).get("shard_rows")
     if shard:
         return int(shard) * max(1, fit // int(shard))
     return int(fit)

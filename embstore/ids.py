@@ -26,10 +26,11 @@ import re
 
 import numpy as np
 
-from .errors import InvalidIdError, InvalidOptionError, ResultTooLargeError
+from .errors import (InvalidIdError, InvalidOptionError, KeyNotFoundError, ResultTooLargeError,
+                     ShapeMismatchError)
 
 __all__ = ["as_ids", "position_of", "check_result_size", "parse_bytes", "positive_int",
-           "non_negative_int", "one_of", "is_int"]
+           "non_negative_int", "one_of", "is_int", "check_like_ids", "as_key_array"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -61,6 +62,16 @@ def one_of(value: object, name: str, choices: tuple[str, ...]) -> str:
         raise InvalidOptionError(f"{name} must be one of {', '.join(map(repr, choices))}, "
                                  f"got {value!r}")
     return value
+
+
+def check_like_ids(value, shape, name: str) -> np.ndarray:
+    """``value`` as an array of the shape of the ids (a mask, weights), or
+    :class:`ShapeMismatchError` naming ``name``."""
+    arr = np.asarray(value)
+    if arr.shape != tuple(shape):
+        raise ShapeMismatchError(
+            f"{name} must have the shape of ids {tuple(shape)}, got {arr.shape}")
+    return arr
 
 
 def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -177,6 +188,33 @@ def _python_int_array(ids) -> np.ndarray:
             pos = position_of(i, obj.shape)
             raise InvalidIdError(f"id {v} at position {pos} is out of range", id=v, position=pos)
     return obj.astype(np.int64)
+
+
+def as_key_array(keys) -> np.ndarray:
+    """Keys of any shape as an object array of ``str`` (a bare ``str`` gives shape ())."""
+    if isinstance(keys, str):
+        out = np.empty((), dtype=object)
+        out[()] = keys
+        return out
+    arr = np.asarray(keys, dtype=object) if not isinstance(keys, np.ndarray) else keys
+    if arr.dtype.kind in "US":
+        arr = arr.astype(object)
+    elif arr.dtype != object:
+        raise KeyNotFoundError(f"keys must be strings, got an array of {arr.dtype}",
+                               key=None, position=None)
+    flat = arr.reshape(-1)
+    if flat.size:
+        is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
+        if not is_str.all():
+            i = int(np.argmin(is_str))
+            v = flat[i]
+            if isinstance(v, str):  # str subclasses are fine
+                pass
+            else:
+                raise KeyNotFoundError(
+                    f"keys must be strings, got {type(v).__name__} {v!r} at position "
+                    f"{position_of(i, arr.shape)}", key=v, position=position_of(i, arr.shape))
+    return arr
 
 
 def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:

@@ -38,10 +38,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import InvalidIdError, InvalidOptionError, InvalidTypeError, ShapeMismatchError
-from .ids import _bad_type, _to_array, as_ids
+from .ids import _bad_type, _to_array, as_ids, check_like_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
-from .pooling import pool_bags
+from .pooling import check_bag_mode, pool_bags
 from .renorm import renorm
 from .search.stream import logits, most_similar
 from .search.subword import holds_keys, similar_keys
@@ -129,7 +129,7 @@ class Embedding:
             unk_id = int(as_ids(_check_int(unk_id, "unk_id"), vocab))
         self.unk_id: int | None = unk_id
         check_oov(oov, unk_id, EMBEDDING_OOV_MODES + ("subword",))
-        if oov == "subword" and getattr(self._table, "subwords", None) is None:
+        if oov == "subword" and self._table.subwords is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
                                      f"(imported from a fastText .bin); {self._table!r} has none")
         self.oov: str = oov
@@ -236,15 +236,8 @@ class Embedding:
         if self.max_norm is not None:
             renorm(flat, self.max_norm, self.norm_type)
 
-    def _check_like_ids(self, value, shape, name: str) -> np.ndarray:
-        arr = np.asarray(value)
-        if arr.shape != tuple(shape):
-            raise ShapeMismatchError(
-                f"{name} must have the shape of ids {tuple(shape)}, got {arr.shape}")
-        return arr
-
     def _as_mask(self, mask, shape) -> np.ndarray:
-        m = self._check_like_ids(mask, shape, "mask")
+        m = check_like_ids(mask, shape, "mask")
         if m.dtype == bool:
             return m
         if m.dtype.kind not in "iuf":
@@ -258,7 +251,7 @@ class Embedding:
         return m != 0
 
     def _as_weights(self, weights, shape) -> np.ndarray:
-        w = self._check_like_ids(weights, shape, "weights")
+        w = check_like_ids(weights, shape, "weights")
         if w.dtype.kind not in "iuf":
             raise ShapeMismatchError(f"weights must be numbers, got dtype {w.dtype}")
         return w
@@ -318,9 +311,9 @@ class Embedding:
                 f"{arr.shape}")
         window = (slice(None), slice(start, end))
         if mask is not None:
-            mask = self._check_like_ids(mask, arr.shape, "mask")[window]
+            mask = check_like_ids(mask, arr.shape, "mask")[window]
         if weights is not None:
-            weights = self._check_like_ids(weights, arr.shape, "weights")[window]
+            weights = check_like_ids(weights, arr.shape, "weights")[window]
         return self(arr[window], mask=mask, weights=weights, unk=unk)
 
     def contextual(self, ids: ArrayLike, hidden: ArrayLike, projection: ArrayLike, *,
@@ -365,8 +358,12 @@ class Embedding:
         give zeros.  Rows are renormalised by ``max_norm`` and multiplied by
         ``scale`` before pooling.
         """
-        return pool_bags(self, ids, offsets, weights, mode=mode,
-                         include_last_offset=include_last_offset, unk=unk)
+        check_bag_mode(mode, weights)
+        idx, zero = self._map_ids(ids, unk)
+        return pool_bags(idx, zero, offsets, weights, self._rows, dim=self.dim,
+                         dtype=self.dtype, padding_idx=self.padding_idx,
+                         scale_factor=self.scale_factor, mode=mode,
+                         include_last_offset=include_last_offset)
 
     def logits(self, hidden: ArrayLike, top_k: int | None = None, *,
                block_rows: int | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,9 @@ and batch jobs share.
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from .errors import InvalidIdError, InvalidOptionError, KeyNotFoundError
 from .ids import one_of
 
 __all__ = ["OOV_MODES", "KEY_OOV_MODES", "EMBEDDING_OOV_MODES", "OOV", "check_oov", "map_oov",
-           "subword_rows"]
+           "subword_rows", "NgramMatrix"]
 
 OOV = Literal["error", "zero", "unk", "subword"]
 OOV_MODES: tuple[str, ...] = ("error", "zero", "unk")  # ids and keys
@@ -61,10 +63,26 @@ def map_oov(ids: np.ndarray, bad: np.ndarray, oov: str, *, unk_id: int | None = 
     raise InvalidOptionError(f"oov={oov!r} maps no ids (expected 'zero', 'unk' or 'clip')")
 
 
+class NgramMatrix(Protocol):
+    """A fastText model's n-gram matrix, as ``Table.subwords`` gives it
+    (:class:`embstore.store.subword.ngrams.Subwords` is one)."""
+
+    minn: int
+    maxn: int
+    bucket: int
+
+    def vectors(self, words: Sequence[str]) -> np.ndarray:
+        """``(len(words), dim)``: each word the mean of its n-gram rows."""
+
+    def copy_into(self, staging: str | os.PathLike[str], dtype: str, compression: str,
+                  block_bytes: int) -> None:
+        """Stream the matrix into a table being written at ``staging`` (``save``)."""
+
+
 def subword_rows(table, keys: np.ndarray) -> np.ndarray:
     """Vectors of the unknown ``keys`` (1-D) from ``table.subwords`` (the n-gram matrix of a
     fastText model): each distinct key is composed once."""
-    sub = getattr(table, "subwords", None)
+    sub = table.subwords
     if sub is None:
         raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams (imported "
                                  f"from a fastText .bin model); {table!r} has none")

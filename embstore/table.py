@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -20,11 +20,12 @@ from ._types import KeysLike
 from .cache.rows import CacheInfo
 from .dasktable import to_dask
 from .dtypes.bfloat16 import widen
-from .errors import ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
-from .ids import as_ids, check_result_size, position_of, positive_int
-from .oov import KEY_OOV_MODES, OOV, check_oov, map_oov, subword_rows
+from .errors import (ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError,
+                     ShapeMismatchError)
+from .ids import as_ids, as_key_array, check_result_size, position_of, positive_int
+from .oov import KEY_OOV_MODES, OOV, NgramMatrix, check_oov, map_oov, subword_rows
 
-__all__ = ["Table", "Vocab", "as_key_array"]
+__all__ = ["Table", "Vocab"]
 
 
 class Vocab(abc.ABC):
@@ -93,33 +94,6 @@ class KeySequence(Sequence):
         return f"KeySequence([{head}{', ...' if n > 5 else ''}], len={n})"
 
 
-def as_key_array(keys) -> np.ndarray:
-    """Keys of any shape as an object array of ``str`` (a bare ``str`` gives shape ())."""
-    if isinstance(keys, str):
-        out = np.empty((), dtype=object)
-        out[()] = keys
-        return out
-    arr = np.asarray(keys, dtype=object) if not isinstance(keys, np.ndarray) else keys
-    if arr.dtype.kind in "US":
-        arr = arr.astype(object)
-    elif arr.dtype != object:
-        raise KeyNotFoundError(f"keys must be strings, got an array of {arr.dtype}",
-                               key=None, position=None)
-    flat = arr.reshape(-1)
-    if flat.size:
-        is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
-        if not is_str.all():
-            i = int(np.argmin(is_str))
-            v = flat[i]
-            if isinstance(v, str):  # str subclasses are fine
-                pass
-            else:
-                raise KeyNotFoundError(
-                    f"keys must be strings, got {type(v).__name__} {v!r} at position "
-                    f"{position_of(i, arr.shape)}", key=v, position=position_of(i, arr.shape))
-    return arr
-
-
 class Table(abc.ABC):
     """An embedding table: ``vocab_size`` rows of ``dim`` values, optional keys."""
 
@@ -180,6 +154,26 @@ class Table(abc.ABC):
         codes and return :attr:`dtype` rows); here the same as :attr:`dtype`."""
         return self.dtype.name
 
+    # -- what a backend may have (declared here, so callers need no getattr probes) ------
+    path: Any = None
+    """Where the table is stored (a directory, or a URL on object storage); None in memory."""
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the rows are on object storage (a URL)."""
+        return False
+
+    @property
+    def layout(self) -> dict | None:
+        """How stored rows are cut (``chunk_rows``, ``shard_rows``, ``compression``, ...);
+        None for a table not stored in shards."""
+        return None
+
+    @property
+    def subwords(self) -> NgramMatrix | None:
+        """The n-gram matrix of a fastText model (``oov="subword"``); None for others."""
+        return None
+
     def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """``(codes, scale, offset)`` of rows ``ids`` as stored: for a table that stores its
         dtype, the rows themselves and None, None (see ``ZarrTable.raw``)."""
@@ -195,7 +189,7 @@ class Table(abc.ABC):
     def _check_open(self) -> None:
         """Every method of a closed table raises :class:`ClosedTableError` (one message)."""
         if self._closed:
-            where = getattr(self, "path", None)
+            where = self.path
             what = "the table" if where is None else f"the table at {where}"
             raise ClosedTableError(f"{what} is closed (open it again to use it)")
 

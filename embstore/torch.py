@@ -196,7 +196,7 @@ class _TableModule(torch.nn.Module):
                 s += f", {name}={getattr(self, name)}"
         if self.max_norm is not None and self.norm_type != 2.0:
             s += f", norm_type={self.norm_type}"
-        path = getattr(self._table, "path", None)
+        path = self._table.path
         return s + (f", path={str(path)!r}" if path is not None else "")
 
     # -- the layer, reopened in a forked child ---------------------------------------------

@@ -386,7 +386,7 @@ def open_table(path, *, cache_bytes=DEFAULT_CACHE_BYTES) -> Table:
     if cache_bytes != "auto":
         return store_table.open(path, mode="r", cache_bytes=cache_bytes)
     table = store_table.open(path, mode="r", cache_bytes=0)
-    layout = getattr(table, "layout", {})
+    layout = table.layout
     if layout.get("compression") == "none" and layout.get("fast_path", True):
         return table
     table.close()

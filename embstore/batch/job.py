@@ -134,7 +134,7 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), input)
 
     if isinstance(table, Table):
-        tab, table_path, owned = table, getattr(table, "path", None), False
+        tab, table_path, owned = table, table.path, False
         if scheduler is not None and table_path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
     else:
@@ -170,7 +170,7 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         if tab.keys is None:
             raise KeyNotFoundError(f"{table_path or 'the table'} has no keys: keys=True needs a "
                                    "table with keys", key=None, position=None)
-        if oov == "subword" and getattr(tab, "subwords", None) is None:
+        if oov == "subword" and tab.subwords is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
                                      f"(imported from a fastText .bin); {tab!r} has none")
         line_lengths, line_bytes = KeyLines(input).scan(65536)

@@ -140,7 +140,7 @@ def lookup_parquet(table, input, output, *, column: str, keep=(), vector_column:
                               path=input)
     col = Column(pa, schema.field(column), input)
     if isinstance(table, Table):
-        tab, table_path, owned = table, getattr(table, "path", None), False
+        tab, table_path, owned = table, table.path, False
         if scheduler is not None and table_path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
     else:

@@ -62,16 +62,24 @@ def remove(path: PathLike) -> None:
         remove_quietly(path)
 
 
-def replace(tmp: PathLike, dest: PathLike) -> None:
+def replace(tmp: PathLike, dest: PathLike, *, keep_existing: bool = False,
+            aside: PathLike | None = None) -> None:
     """Rename ``tmp`` to ``dest``, replacing what is there (the caller checked overwrite).
 
     A file over a file is one atomic rename; when either is a directory, one atomic
-    exchange where the system has one (:func:`embstore.fs.beside.swap_in`).
+    exchange where the system has one, else two renames through ``aside`` (default: a name
+    owned by this process that :func:`~embstore.fs.beside.sweep_beside` puts back;
+    :func:`embstore.fs.beside.swap_in`).  ``keep_existing=True`` (a directory ``tmp`` that
+    others may make too, such as a shared cache's copy) never replaces: one rename, which
+    raises ``OSError`` when another process put a non-empty directory at ``dest`` first.
     """
+    if keep_existing:
+        os.rename(tmp, dest)
+        return
     if not os.path.lexists(dest) or not (os.path.isdir(dest) or os.path.isdir(tmp)):
         os.replace(tmp, dest)
         return
-    swap_in(Path(tmp), Path(dest))
+    swap_in(Path(tmp), Path(dest), aside=None if aside is None else Path(aside))
 
 
 @contextmanager

@@ -134,18 +134,19 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def swap_in(tmp: Path, dest: Path) -> None:
+def swap_in(tmp: Path, dest: Path, *, aside: Path | None = None) -> None:
     """Put the complete ``tmp`` at ``dest``, replacing what is there: one atomic exchange
     where the system has one (``dest`` is the old or the new table at every moment), else
-    two renames (a kill between them leaves the old table beside ``dest``, which
-    :func:`sweep_beside` moves back)."""
+    two renames through ``aside`` (by default a name this process owns: a kill between them
+    leaves the old table beside ``dest``, which :func:`sweep_beside` moves back)."""
     if not os.path.lexists(dest):
         os.rename(tmp, dest)
         return
     if _exchange(tmp, dest):
         remove_quietly(tmp)  # now the old table
         return
-    aside = dest.parent / (owned_prefix(dest, "old") + os.urandom(4).hex())
+    if aside is None:
+        aside = dest.parent / (owned_prefix(dest, "old") + os.urandom(4).hex())
     os.rename(dest, aside)
     try:
         os.rename(tmp, dest)

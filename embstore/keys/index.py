@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..errors import CorruptStoreError
+from ..fs.atomic import replace
 from .foreign import MemoryKeyIndex, build_key_index, has_key_index
 from .mapped import Head, MappedArray, concat_reader, read_array_meta, write_mapped
 from .hashing import (KEY_PAD, MAX_KEY_BYTES, EncodedKeys, decode_keys, encode_keys,
@@ -290,7 +291,7 @@ class DiskVocab(Vocab):
         try:
             for staged, live in self.stage_append(keys, stage):
                 (self.path / live).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(stage / staged, self.path / live)
+                replace(stage / staged, self.path / live)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         self.committed(self._n + len(keys))

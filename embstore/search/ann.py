@@ -93,7 +93,7 @@ def _local(table) -> tuple[ZarrTable, bool]:
         t, mine = table, False
     else:
         t, mine = open_table(table), True
-    if getattr(t, "_remote", None) is not None:
+    if t.is_remote:
         if mine:
             t.close()
         raise IndexNotFoundError(f"{t.path}: approximate indexes live in local tables only",

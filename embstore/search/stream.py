@@ -15,8 +15,8 @@ import numbers
 import numpy as np
 
 from ..errors import InvalidOptionError, ShapeMismatchError
-from ..ids import as_ids, non_negative_int, positive_int
-from ..table import Table, as_key_array
+from ..ids import as_ids, as_key_array, non_negative_int, positive_int
+from ..table import Table
 from .ann import approx_top_k
 from .exact import cosine_top_k
 from .topk import RunningTopK, top_k_columns
@@ -34,7 +34,7 @@ def auto_block_rows(table: Table, n_queries: int) -> int:
     """
     row_bytes = table.dim * table.dtype.itemsize + 3 * 4 * max(1, n_queries)
     rows = max(256, BLOCK_BYTES // max(1, row_bytes))
-    layout = getattr(table, "layout", None)  # ZarrTable.layout: chunk_rows, shard_rows, ...
+    layout = table.layout  # ZarrTable.layout: chunk_rows, shard_rows, ...
     shard = layout.get("shard_rows") if isinstance(layout, dict) else None
     if isinstance(shard, int) and 0 < shard <= rows:
         rows -= rows % shard

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from .stream import most_similar
-from ..table import Table, as_key_array
+from ..ids import as_key_array
+from ..table import Table
 
 __all__ = ["holds_keys", "similar_keys"]
 

@@ -15,7 +15,8 @@ from .._types import Bytes, KeysLike, PathLike
 from ..dtypes import check_storage
 from ..errors import FormatError, ReadOnlyError, ShapeMismatchError
 from ..memory import check_table_array
-from ..table import Table, as_key_array
+from ..ids import as_key_array
+from ..table import Table
 from .codecs import Compression
 from .subword.ngrams import subword_attrs
 from .remote.objstore import is_url
@@ -99,10 +100,10 @@ def _write(path: PathLike, src: ArrayLike | Table, keys: KeysLike | None, *,
     attrs = dict(attrs or {})
     if isinstance(src, Table):
         rows, dim = src.shape
-        src_dtype = getattr(src, "storage_dtype", src.dtype)
+        src_dtype = src.storage_dtype
         if keys is None and src.keys is not None:
             keys = src.keys
-        sub = getattr(src, "subwords", None)  # a fastText table's n-grams go along
+        sub = src.subwords  # a fastText table's n-grams go along
         if sub is not None:
             attrs["subwords"] = subword_attrs(minn=sub.minn, maxn=sub.maxn, bucket=sub.bucket)
         blocks = lambda n: src.iter_blocks(n)  # noqa: E731

@@ -1,4 +1,6 @@
-"""The on-disk backend: :class:`ZarrTable` and ``create``/``save``/``open``/``verify``.
+"""The on-disk backend's table: :class:`ZarrTable` and ``open`` (``create``/``save`` are in
+:mod:`embstore.store.build`, :class:`~embstore.store.writer.TableWriter` in
+:mod:`embstore.store.writer`, ``verify`` in :mod:`embstore.store.verify`).
 
 Format v1 is described in docs/FORMAT.md.  Reads go through :mod:`embstore.store.shard.read` (shard
 index kept, memory-mapped gathers, crc32c checked once per chunk) unless the ``vectors``
@@ -36,11 +38,8 @@ from .remote.open import open_remote_ngrams, open_remote_source
 from .source import open_source
 from .norms.source import NormsSource, attach_norms
 from ..table import Table
-from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter
 
-__all__ = ["ZarrTable", "TableWriter", "open", "verify", "VerifyReport", "Damage"]
-
+__all__ = ["ZarrTable", "open"]
 
 
 class ZarrTable(Table):
@@ -127,6 +126,11 @@ class ZarrTable(Table):
     @property
     def writable(self) -> bool:
         return self.mode == "r+" and not self._closed
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the table is on object storage (opened from a URL)."""
+        return self._remote is not None
 
     @property
     def layout(self) -> dict:

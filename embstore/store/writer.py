@@ -52,7 +52,7 @@ def _replace_json(path: str, update) -> None:
         json.dump(doc, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic.replace(tmp, path)
 
 
 def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
@@ -194,7 +194,7 @@ class TableWriter:
             self._streams.append(RowStream(os.path.join(self._tmp, side.name), slayout, None,
                                            self._sync))
         self._streams.append(create_norms_stream(self._group, self._tmp, self.storage, cr, sr,
-                                                 self._sync))  # the rows' norms (normcalc.py)
+                                                 self._sync))  # the rows' norms (norms/calc.py)
 
     def _decide_rows(self, rows: int | None) -> None:
         """Make ``vectors`` a format-2 row array (docs/FORMAT.md, "Format version 2")."""

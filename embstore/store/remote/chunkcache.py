@@ -24,6 +24,8 @@ import threading
 import time
 import uuid
 
+from ...fs.atomic import replace
+
 __all__ = ["ChunkCache"]
 
 
@@ -67,7 +69,7 @@ class ChunkCache:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)
+            replace(tmp, path)
         except OSError:  # a full or read-only disk makes the cache a no-op, never an error
             try:
                 os.unlink(tmp)

@@ -12,13 +12,13 @@ arrays are then downloaded once (:func:`download_key_arrays`), as that release d
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ...errors import CorruptStoreError, FormatError
+from ...fs.atomic import replace
 from ...keys.index import DiskVocab, MemoryKeyIndex
 from .ranged import RangedVocab, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
@@ -162,7 +162,7 @@ def download_key_arrays(client: ObjectClient, cache: ChunkCache | None) -> Path:
     if final is None:
         return tmp
     try:
-        os.rename(tmp, final)
+        replace(tmp, final, keep_existing=True)
     except OSError:  # another process was first: its copy is the same
         shutil.rmtree(tmp, ignore_errors=True)
     return final

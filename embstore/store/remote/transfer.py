@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DestinationExistsError, FormatError
+from ...fs.atomic import replace
 from .ranged import block_sidecar, is_sidecar, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from .objstore import ObjectClient, is_url
@@ -142,22 +143,12 @@ def download_table(url: str, dest, *, overwrite: bool = False,
             client.map(get, [r for r in objects if r != "zarr.json" and not is_sidecar(
                 r)])  # block sidecars: for remote reads only
             get("zarr.json")
-            _swap_in(tmp, dest)
+            replace(tmp, dest)  # one exchange where the system has one
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     finally:
         client.close()
-
-
-def _swap_in(tmp: Path, dest: Path) -> None:
-    aside = None
-    if dest.exists():
-        aside = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.old")
-        os.rename(dest, aside)
-    os.rename(tmp, dest)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True) if aside.is_dir() else aside.unlink()
 
 
 def copy_table(src, dest, *, overwrite: bool = False, storage_options: dict | None = None,

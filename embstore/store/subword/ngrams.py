@@ -200,7 +200,7 @@ def check_subwords(root: Path, attrs: dict, dim: int, block_bytes: int = 16 << 2
     try:
         sub = Subwords(root, attrs["subwords"], dim)
     except (CorruptStoreError, FormatError) as exc:
-        return [(str(getattr(exc, "path", None) or root), str(exc))]
+        return [(str(exc.path or root), str(exc))]
     try:
         rows = max(1, block_bytes // (8 * max(dim, 1)))
         for start in range(0, sub.bucket, rows):  # a loop per block
