@@ -90,6 +90,7 @@ class TableContract:
 
     storage_dtype = "float32"  # rows are stored so: lookups return ROUND_TRIPS[it](rows)
     writable = True  # write/append accepted in mode "r+"; False: refused (ReadOnlyError)
+    remote = False  # rows on object storage (Table.is_remote)
     # how far a stored value may be from the float32 written (the tolerance of lossy
     # dtypes): rtol * |x| + atol + row_steps * (the row's range / 255, plus an ulp)
     rtol = 0.0
@@ -133,6 +134,12 @@ class TableContract:
         assert t.dtype == self.dtype
         assert t.keys is None
         assert isinstance(t, embstore.Table)
+
+    def test_declares_its_capabilities(self, make_table, E):
+        t = make_table(E)
+        assert t.storage_dtype == self.storage_dtype
+        assert t.writable is self.writable and t.is_remote is self.remote
+        assert make_table(E, mode="r").writable is False
 
     def test_stored_values_within_the_dtypes_precision(self, make_table, E):
         got = make_table(E, mode="r").to_numpy().astype(np.float64)

@@ -24,6 +24,7 @@ class S3Tables(TableContract):
     read-only (the only mode of remote tables)."""
 
     writable = False
+    remote = True
     layout: dict = {}
 
     @pytest.fixture
