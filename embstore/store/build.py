@@ -75,9 +75,6 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
     Streamed in blocks: the source is never held in memory whole.  Returns the new table,
     opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
     """
-    if is_url(path) and format_version == 2:
-        raise FormatError(f"{path}: format-2 tables are read from local folders only in this "
-                          "version; save a format-1 table to object storage", path=str(path))
     if is_url(path):  # written locally, then uploaded (group zarr.json last)
         with staged(os.fspath(path), overwrite=overwrite, storage_options=storage_options) as local:
             save(local, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,

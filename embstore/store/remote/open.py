@@ -16,7 +16,9 @@ from ..meta import check_group_meta, check_vectors_meta
 from ..subword.ngrams import NGRAMS, Subwords
 from .objstore import ObjectClient
 from ...dtypes import DTYPES
+from .rows import RemotePagedSource
 from .source import RemoteShardSource
+from ..rows.layout import RowLayout
 from ..base import RowSource
 from ..source import CodedSource, check_side_meta
 
@@ -65,7 +67,9 @@ def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | Non
         attrs, meta, version = read_remote_meta(client)
         cache = None if cache_dir is None else ChunkCache(cache_dir, client.url, version,
                                                           parse_bytes(cache_dir_bytes))
-        codes = RemoteShardSource(client, _layout(meta, url), cache=cache)
+        rows = RowLayout.from_metadata(meta) if attrs.get("format") == 2 else None
+        codes = (RemotePagedSource(client, rows, cache=cache) if rows is not None else
+                 RemoteShardSource(client, _layout(meta, url), cache=cache))
         record = DTYPES.get(meta.get("data_type"))  # type: ignore[arg-type]
         if record is None or not record.compact:
             return attrs, codes, codes

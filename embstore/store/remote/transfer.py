@@ -86,10 +86,6 @@ def upload_table(src, url: str, *, overwrite: bool = False, storage_options: dic
     doc = json.loads(group[0][1].read_text(encoding="utf-8"))
     attrs = doc.setdefault("attributes", {})
     emb = attrs.get("embstore") if isinstance(attrs.get("embstore"), dict) else None
-    if emb is not None and emb.get("format") == 2:
-        raise FormatError(f"{root} is a format-2 table, which this version reads from local "
-                          "folders only; copy a format-1 table to object storage (save it "
-                          "with format_version=1)", path=str(root))
     if emb is not None:
         emb["write_id"] = uuid.uuid4().hex
     client = ObjectClient(url, storage_options)
