@@ -11,6 +11,13 @@ Every call goes through :meth:`ObjectClient._call`, which turns the client's exc
 into one-line :class:`RemoteError` s (a missing bucket, refused credentials, an endpoint
 that does not answer) and counts requests (``client.requests``).  Timeouts and retries are
 bounded, so nothing hangs.
+
+obstore runs every request on one tokio runtime per process, started by the first request
+and never replaced; its threads do not exist in a child forked afterwards, so a request
+made there waited forever (no timeout fires either: the timers are driven by those
+threads), with this process's clients and with new ones alike.  A forked child of a process
+that made requests is therefore refused at once (:func:`_check_fork`), and says how to
+use object storage there.
 """
 
 from __future__ import annotations
@@ -48,6 +55,24 @@ _CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout", "read_timeout",
 _CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
                     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
                     "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_SKIP_SIGNATURE")
+
+
+_started_in: int | None = None  # the process whose requests started obstore's runtime
+
+
+def _check_fork(url: str) -> None:
+    """Refuse a request in a forked child of the process that started obstore's runtime."""
+    global _started_in
+    pid = os.getpid()
+    if _started_in is None:
+        _started_in = pid
+    elif _started_in != pid:
+        raise RemoteError(
+            f"{url}: object storage cannot be used in a process forked from one that used "
+            "it (obstore's runtime does not survive fork(): its requests would wait "
+            "forever); start workers with the 'spawn' or 'forkserver' start method (e.g. "
+            "DataLoader(..., multiprocessing_context='spawn')), or open tables only in the "
+            "children (no object-storage request in the parent before it forks)", url=url)
 
 
 class RemoteError(EmbstoreError, OSError):
@@ -134,6 +159,7 @@ class ObjectClient:
 
     def prefixed_store(self):
         """An obstore store rooted at the table (for zarr-python's ``ObjectStore``)."""
+        _check_fork(self.url)
         from_url, kwargs = self._config
         return from_url(self.url, **kwargs)
 
@@ -161,6 +187,7 @@ class ObjectClient:
 
     def _call(self, rel: str, fn, *args, missing_ok: bool = False, write: bool = False,
               **kwargs):
+        _check_fork(self.url)
         with self._count_lock:
             self.requests += 1
         try:
@@ -234,6 +261,7 @@ class ObjectClient:
         self._call(rel, self._ob.put, data, max_concurrency=4, write=True)
 
     def delete(self, rels: list[str]) -> None:
+        _check_fork(self.url)
         for part in range(0, len(rels), 1000):
             keys = [self.key(r) for r in rels[part: part + 1000]]
             with self._count_lock:
@@ -247,6 +275,7 @@ class ObjectClient:
 
     def list(self, rel: str = "") -> list[tuple[str, int]]:
         """``(path relative to the table, size)`` of every object under ``rel``."""
+        _check_fork(self.url)
         prefix = self.key(rel) if rel else self.prefix
         out = []
         cut = len(self.prefix) + 1 if self.prefix else 0
