@@ -55,6 +55,7 @@ from ._types import PathLike
 from ._version import __version__
 from .ann_ivf import DATA_FILE, FEATURE, INDEX_FILE, IvfIndex, build_ivf
 from .errors import DestinationExistsError, IndexNotFoundError, ShapeMismatchError
+from .files import open_regular
 from .ids import one_of, positive_int
 from .optional import require
 from .store.commit import AREA, LAST, area_of, last_commit
@@ -180,7 +181,7 @@ def index_info(table: PathLike | ZarrTable) -> dict | None:
     whether the table changed since the index was built."""
     path = index_path(table) / META_FILE
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # (a FIFO: refused, never waited on)
             meta = json.loads(f.read(1 << 20))
     except FileNotFoundError:
         return None
@@ -222,6 +223,7 @@ class AnnIndex:
             usearch = require("usearch.index", extra="ann", feature=(
                 "an index built by embstore <= 0.4 (usearch HNSW; or rebuild it: "
                 "embstore index --overwrite)"))
+            os.close(open_regular(path / USEARCH_FILE))  # (a FIFO would block usearch)
             self.hnsw = usearch.Index.restore(str(path / USEARCH_FILE), view=True)
             if self.hnsw is None or self.hnsw.ndim != meta["dim"]:
                 raise IndexNotFoundError(f"{path / USEARCH_FILE}: not a usearch index of dim "

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import IndexNotFoundError, TableChangedError
+from .files import open_regular
 from .optional import require
 from .store.scan import scan_blocks
 from .store.table import ZarrTable
@@ -264,9 +265,11 @@ def _open_both(path: Path) -> tuple[bytes, int]:
     for attempt in range(3):
         d = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
-            with os.fdopen(os.open(INDEX_FILE, os.O_RDONLY, dir_fd=d), "rb") as f:
+            # (never blocks: a FIFO or device swapped in is refused)
+            with os.fdopen(open_regular(INDEX_FILE, dir_fd=d, shown=path / INDEX_FILE),
+                           "rb") as f:
                 raw = f.read()
-            return raw, os.open(DATA_FILE, os.O_RDONLY, dir_fd=d)
+            return raw, open_regular(DATA_FILE, dir_fd=d, shown=path / DATA_FILE)
         except FileNotFoundError:
             try:
                 moved = os.stat(path).st_ino != os.fstat(d).st_ino  # a rebuild swapped in

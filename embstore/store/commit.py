@@ -40,6 +40,7 @@ from pathlib import Path
 from ..errors import CorruptStoreError, LockTimeoutError
 from ..beside import fsync_path as _fsync
 from ..beside import remove_quietly, sweep_beside
+from ..files import MAX_JSON_BYTES, open_regular
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]
@@ -136,8 +137,8 @@ def _check_rel(rel, where) -> str:
 def _read_journal(root: Path) -> dict | None:
     path = area_of(root) / JOURNAL
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        with os.fdopen(open_regular(path), encoding="utf-8") as f:  # (a FIFO: refused)
+            doc = json.loads(f.read(MAX_JSON_BYTES))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -241,8 +242,10 @@ def last_commit(root: Path) -> str | None:
     """The id of the last commit applied (None before the first one): a handle that saw
     another id has stale metadata, shard indexes or key index."""
     try:
-        with open(area_of(root) / LAST, "rb") as f:
+        with os.fdopen(open_regular(area_of(root) / LAST), "rb") as f:  # (never blocks)
             doc = json.loads(f.read(1 << 20))
+    except CorruptStoreError:  # a FIFO, socket or device there: refused
+        raise
     except (OSError, ValueError, RecursionError):
         return None
     return doc.get("txn") if isinstance(doc, dict) else None
