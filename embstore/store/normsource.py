@@ -117,9 +117,9 @@ def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | None]:
     layout = Layout.from_metadata(meta)
     want = norms_dtype(rows.storage_dtype)
     if layout is None or layout.dim != 1 or layout.dtype != want or \
-            layout.rows < rows.shape[0]:
-        return (f"{root / NORMS_ARRAY}/zarr.json: expected {want.name} of shape [>= "
-                f"{rows.shape[0]}, 1] in embstore's sharded layout (one norm per row), got "
+            layout.rows != rows.shape[0]:  # (more than the rows: a hostile size, not read)
+        return (f"{root / NORMS_ARRAY}/zarr.json: expected {want.name} of shape "
+                f"[{rows.shape[0]}, 1] in embstore's sharded layout (one norm per row), got "
                 f"{meta.get('data_type')} {meta.get('shape')}; store them again "
                 "(store_norms)"), None
     return "", layout
