@@ -8,9 +8,15 @@ The memory cases run in a fresh interpreter under ``RLIMIT_AS`` (relhelpers'
 from __future__ import annotations
 
 import json
+import os
+import re
+import struct
+import subprocess
+import sys
 
 import numpy as np
-from relhelpers import assert_clean_error, invoke, time_limit
+import pytest
+from relhelpers import REPO, invoke, run_cli_subprocess, time_limit
 
 import embstore
 
@@ -34,3 +40,84 @@ def test_verify_refuses_norms_that_claim_2_40_rows_at_once(tmp_path):
     assert (f"{path}/norms/zarr.json: 1099511627776 rows, more than the 300 the table's "
             "300 rows allow") in str(report)
     assert res.exit_code == 1 and "1099511627776 rows, more than the 300" in res.output
+
+
+# -- fastText .bin: header fields bounded by the file and by the words -------------------
+MAGIC = 793712314
+
+
+def _fasttext_bin(path, *, nwords_field=None, maxn=6, bucket_field=None, words=("ab", "cd"),
+                  dim=4, bucket=3):
+    """A fastText .bin (layout: embstore/formats/fasttext_bin.py), some header fields lied."""
+    n = len(words)
+    out = [struct.pack("<2i", MAGIC, 12),
+           struct.pack("<12id", dim, 5, 5, 1, 5, 1, 2, 2,
+                       bucket if bucket_field is None else bucket_field, 3, maxn, 100, 1e-4),
+           struct.pack("<3iq", n if nwords_field is None else nwords_field,
+                       n if nwords_field is None else nwords_field, 0, 1000),
+           struct.pack("<q", -1)]
+    out += [w.encode() + b"\0" + struct.pack("<qb", 7, 0) for w in words]
+    out += [b"\0", struct.pack("<2q", n + bucket, dim),
+            np.ones((n + bucket, dim), "<f4").tobytes(), b"\0", struct.pack("<2q", 0, dim)]
+    path.write_bytes(b"".join(out))
+    return path
+
+
+HEADER_CASES = {
+    # field -> (keyword arguments, the error's text)
+    "nwords-2**31-1": ({"nwords_field": 2**31 - 1}, r"at byte offset 64: nwords 2147483647: "
+                       r"the dictionary and input matrix need at least \d+ bytes, more than "
+                       r"the file's \d+"),
+    "bucket-2**31-1": ({"bucket_field": 2**31 - 1}, r"bucket 2147483647 x dim 4: 34359738352 "
+                       r"bytes of n-gram rows, more than the file's \d+ bytes"),
+    "maxn-20000": ({"maxn": 20000}, r"expected maxn \(the longest n-gram\) of at most 64 "
+                   r"characters, got 20000"),
+}
+
+
+@pytest.mark.parametrize("case", list(HEADER_CASES), ids=list(HEADER_CASES))
+def test_fasttext_bin_header_sizes_are_bounded_before_allocating(tmp_path, case):
+    kw, message = HEADER_CASES[case]
+    src = _fasttext_bin(tmp_path / "m.bin", **kw)
+    assert src.stat().st_size < 3000
+    res = run_cli_subprocess(["import", src, tmp_path / "t.emb", "--quiet"],
+                             address_space=1 << 30)  # nwords 2**31-1: 16 GiB of counts
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "MemoryError" not in res.stderr
+    assert re.search(message, res.stderr), res.stderr
+    assert not (tmp_path / "t.emb").exists()
+
+
+def test_ngram_work_is_sized_by_the_longest_word_not_by_maxn():
+    """500,000 two-letter words with maxn 64: ~1 GB of (characters x 64) work arrays before;
+    now sized by the longest word (4 characters wrapped), under a 700 MiB address space."""
+    code = ("import resource, sys, numpy as np; resource.setrlimit(resource.RLIMIT_AS, "
+            "(700 << 20, 700 << 20)); from embstore.subword import ngram_hashes; "
+            "h, c = ngram_hashes(['ab', 'cd'] * 250000, 1, 64); "
+            "print(int(h.size), int(c.sum()), *h[:8].tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    gensim_ft = pytest.importorskip("gensim.models.fasttext")
+    ref = [gensim_ft.ft_hash_bytes(g) for g in gensim_ft.compute_ngrams_bytes("ab", 1, 64)]
+    assert len(ref) == 8  # a, b, <a, ab, b>, <ab, ab>, <ab>
+    size, total, *first = map(int, out.stdout.split())
+    assert (size, total) == (8 * 500000, 8 * 500000)
+    assert first == ref
+
+
+def test_ngram_hashes_in_groups_equal_gensim(monkeypatch):
+    """Words split into groups when the work arrays would pass their bound: same hashes."""
+    gensim_ft = pytest.importorskip("gensim.models.fasttext")
+    from embstore import subword
+
+    monkeypatch.setattr(subword, "_BLOCK_ELEMENTS", 200)
+    rng = np.random.default_rng(1)
+    alphabet = list("abcé日😀")
+    words = ["", "x" * 70] + ["".join(rng.choice(alphabet, int(k)))
+                               for k in rng.integers(0, 15, 300)]
+    hashes, counts = subword.ngram_hashes(words, 2, 7)
+    ref = [[gensim_ft.ft_hash_bytes(g) for g in gensim_ft.compute_ngrams_bytes(w, 2, 7)]
+           for w in words]
+    assert counts.tolist() == [len(r) for r in ref]
+    assert hashes.tolist() == [h for r in ref for h in r]
