@@ -23,7 +23,7 @@ from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
 from .formats.source import compression_for, inner_name, open_compressed_output
-from .formats.tokens import TokenKeys, load_tokens
+from .formats.tokens import MAX_TOKEN_BYTES, TokenKeys, load_tokens
 from .formats._textparse import decode_keys
 from .store.codecs import Compression
 from .store.table import open as open_table
@@ -86,6 +86,10 @@ class VocabReader:
                 return
             cut = data.rfind(b"\n")
             if cut < 0:
+                if len(data) > MAX_TOKEN_BYTES:  # (a 10 GB file of one line: never read whole)
+                    raise FormatError(f"expected a key a line, got a line of more than "
+                                      f"{MAX_TOKEN_BYTES} bytes", path=self.path,
+                                      line=self.taken + len(self._lines) - self._i + 1)
                 self._carry = data
                 continue
             self._carry = data[cut + 1:]

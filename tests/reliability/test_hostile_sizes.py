@@ -121,3 +121,52 @@ def test_ngram_hashes_in_groups_equal_gensim(monkeypatch):
            for w in words]
     assert counts.tolist() == [len(r) for r in ref]
     assert hashes.tolist() == [h for r in ref for h in r]
+
+
+# -- vocabulary files: streamed, never read whole ------------------------------------------
+def _hf_folder(path, rows=6, dim=4):
+    st_numpy = pytest.importorskip("safetensors.numpy")
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": rows}))
+    E = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
+    st_numpy.save_file({"embeddings.word_embeddings.weight": E}, str(path / "model.safetensors"))
+    return E
+
+
+def _sparse(path, size=10 << 30, head=b""):
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)  # 10 GB of holes: no disk used, no newline
+    return path
+
+
+def test_a_10_gb_vocab_txt_is_refused_without_reading_it_whole(tmp_path):
+    _hf_folder(tmp_path / "model")
+    _sparse(tmp_path / "model" / "vocab.txt", head=b"[PAD]\nhello\n")
+    res = run_cli_subprocess(["import", tmp_path / "model", tmp_path / "t.emb", "--quiet"],
+                             address_space=1 << 30)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.strip() == (f"Error: {tmp_path / 'model' / 'vocab.txt'}, line 3: "
+                                  "expected a token a line, got a line of more than 65536 bytes")
+
+
+def test_a_vocab_txt_is_read_only_as_far_as_the_rows(tmp_path):
+    E = _hf_folder(tmp_path / "model", rows=3)
+    lines = ["[PAD]", "hello", "wörld"] + [f"extra{i}" for i in range(50000)]
+    (tmp_path / "model" / "vocab.txt").write_text("\ufeff" + "\r\n".join(lines) + "\r\n")
+    result = embstore.import_file(tmp_path / "model", tmp_path / "t.emb")
+    with embstore.open(tmp_path / "t.emb") as t:
+        assert list(t.keys) == ["[PAD]", "hello", "wörld"]
+        np.testing.assert_array_equal(t[[0, 1, 2]], E)
+    assert any("50000 token(s) of vocab.txt have ids past the table's 3 rows" in n
+               for n in result.notes), result.notes
+
+
+def test_a_10_gb_vocab_option_file_is_refused_without_reading_it_whole(tmp_path):
+    np.save(tmp_path / "v.npy", np.ones((3, 4), np.float32))
+    _sparse(tmp_path / "keys.txt", head=b"a\nb\n")
+    res = run_cli_subprocess(["import", tmp_path / "v.npy", tmp_path / "t.emb", "--vocab",
+                              tmp_path / "keys.txt", "--quiet"], address_space=1 << 30)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.strip() == (f"Error: {tmp_path / 'keys.txt'}, line 3: expected a key a "
+                                  "line, got a line of more than 65536 bytes")
