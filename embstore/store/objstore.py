@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from ..errors import EmbstoreError
+from ..errors import CorruptStoreError, EmbstoreError
+from ..files import MAX_JSON_BYTES
 from ..optional import require
 
 __all__ = ["is_url", "ObjectClient", "RemoteError", "connect", "CONCURRENCY"]
@@ -225,10 +226,17 @@ class ObjectClient:
                            url=self.url)
 
     def get(self, rel: str) -> bytes | None:
-        """The whole object (None if there is none)."""
+        """The whole object (None if there is none).  Metadata (``zarr.json``, the commit
+        area's JSON) larger than ``MAX_JSON_BYTES`` is refused from the response's size,
+        before its body is read (as local metadata files are)."""
         res = self._call(rel, self._ob.get, missing_ok=True)
         if res is None:
             return None
+        size = int(res.meta["size"])
+        if rel.endswith(("zarr.json", ".json", "/last")) and size > MAX_JSON_BYTES:
+            raise CorruptStoreError(f"{self.where(rel)}: {size} bytes, more than the "
+                                    f"{MAX_JSON_BYTES} a metadata file may have",
+                                    path=self.where(rel))
         data = bytes(res.bytes())
         self._got(len(data))
         return data

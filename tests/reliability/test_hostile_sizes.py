@@ -170,3 +170,38 @@ def test_a_10_gb_vocab_option_file_is_refused_without_reading_it_whole(tmp_path)
     assert res.returncode == 1, res.stderr[-2000:]
     assert res.stderr.strip() == (f"Error: {tmp_path / 'keys.txt'}, line 3: expected a key a "
                                   "line, got a line of more than 65536 bytes")
+
+
+# -- remote metadata: bounded like local metadata ----------------------------------------
+REMOTE_HUGE_META = r"""
+import json, os, sys, numpy as np, embstore
+from benchmarks import s3server
+from click.testing import CliRunner
+from embstore.cli import cli
+srv = s3server.start()
+os.environ.update(srv.env())
+srv.make_bucket("meta-bucket")
+embstore.save("s3://meta-bucket/t.emb", np.ones((4, 3), np.float32)).close()
+c = srv.client()
+doc = json.loads(c.get_object(Bucket="meta-bucket", Key="t.emb/zarr.json")["Body"].read())
+doc["attributes"]["padding"] = "x" * (17 << 20)  # 17 MiB: over the 16 MiB local bound
+c.put_object(Bucket="meta-bucket", Key="t.emb/zarr.json", Body=json.dumps(doc).encode())
+srv.reset()
+res = CliRunner().invoke(cli, ["info", "s3://meta-bucket/t.emb"])
+print(json.dumps({"code": res.exit_code, "output": res.output,
+                  "requests": dict(srv.requests)}))
+"""
+
+
+def test_a_huge_zarr_json_on_s3_is_refused_like_a_local_one():
+    pytest.importorskip("moto")
+    pytest.importorskip("obstore")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", REMOTE_HUGE_META], capture_output=True,
+                         text=True, timeout=180, env=env, cwd=str(REPO))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["code"] == 1, got
+    assert got["output"].startswith("Error: s3://meta-bucket/t.emb/zarr.json: ") and \
+        "bytes, more than the 16777216 a metadata file may have" in got["output"], got
+    assert got["output"].count("\n") == 1
