@@ -205,3 +205,50 @@ def test_a_huge_zarr_json_on_s3_is_refused_like_a_local_one():
     assert got["output"].startswith("Error: s3://meta-bucket/t.emb/zarr.json: ") and \
         "bytes, more than the 16777216 a metadata file may have" in got["output"], got
     assert got["output"].count("\n") == 1
+
+
+# -- Parquet lists: bounded batches, a row too large refused -----------------------------
+def _list_parquet(path, lists):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    lens = np.array([len(v) for v in lists])
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    values = np.concatenate([np.asarray(v, np.int32) for v in lists])
+    col = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    pq.write_table(pa.table({"ids": col}), path)
+    return path
+
+
+def test_one_parquet_row_of_40m_ids_is_refused_naming_the_limit(tmp_path):
+    embstore.save(tmp_path / "t.emb", np.ones((10, 16), np.float32)).close()
+    src = _list_parquet(tmp_path / "in.parquet",
+                        [[1, 2], np.zeros(40_000_000, np.int32), [3]])
+    res = run_cli_subprocess(["lookup", tmp_path / "t.emb", src, tmp_path / "out.parquet",
+                              "--column", "ids", "--quiet"], address_space=2 << 30,
+                             timeout=300)  # 2.56 GB of vectors were allocated at once
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.strip() == (
+        f"Error: {src}, row 1: a list of 40000000 ids in column 'ids', 2560000000 bytes of "
+        "vectors: more than the 1073741824 one batch of rows may hold (a Parquet row is "
+        "written whole: split the list)")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_parquet_batches_over_the_bound_are_split_and_equal_numpy(tmp_path, monkeypatch):
+    pq = pytest.importorskip("pyarrow.parquet")
+    from embstore.batch import arrowio
+
+    monkeypatch.setattr(arrowio, "MAX_BATCH_BYTES", 5 * 16 * 4)  # 5 vectors of dim 16
+    E = np.random.default_rng(2).normal(size=(10, 16)).astype(np.float32)
+    embstore.save(tmp_path / "t.emb", E).close()
+    lists = [[1, 2], [0, 9, 9, 4, 5], [], [3], [7, 7, 7], [8, 1, 0, 2]]
+    src = _list_parquet(tmp_path / "in.parquet", lists)
+    embstore.lookup_file(tmp_path / "t.emb", src, tmp_path / "out.parquet", column="ids")
+    got = pq.read_table(tmp_path / "out.parquet").column("vector").to_pylist()
+    assert len(got) == len(lists)
+    for row, ids in zip(got, lists):
+        np.testing.assert_array_equal(np.asarray(row, np.float32).reshape(-1, 16), E[ids])
+    with pytest.raises(embstore.ResultTooLargeError, match=r"row 3: a list of 6 ids"):
+        embstore.lookup_file(tmp_path / "t.emb",
+                             _list_parquet(tmp_path / "in2.parquet", [[1], [2], [3], [0] * 6]),
+                             tmp_path / "out2.parquet", column="ids")
