@@ -252,3 +252,67 @@ def test_parquet_batches_over_the_bound_are_split_and_equal_numpy(tmp_path, monk
         embstore.lookup_file(tmp_path / "t.emb",
                              _list_parquet(tmp_path / "in2.parquet", [[1], [2], [3], [0] * 6]),
                              tmp_path / "out2.parquet", column="ids")
+
+
+# -- Embedding.bag: one bag of 1e7 ids in bounded blocks ---------------------------------
+BIG_BAG = r"""
+import resource, sys, json, numpy as np
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+import embstore
+with embstore.open(sys.argv[1]) as t:
+    emb = embstore.Embedding(t)
+    ids = np.arange(10_000_000, dtype=np.int64) % 100
+    got = emb.bag(ids, offsets=[0, 5], mode=sys.argv[2])
+print(json.dumps(got.tolist()))
+"""
+
+
+@pytest.mark.parametrize("mode", ["mean", "max"])
+def test_a_bag_of_1e7_ids_is_pooled_in_bounded_blocks(tmp_path, mode):
+    """1e7 ids x dim 64: 2.56 GB of rows gathered at once before (MemoryError under a
+    1.5 GiB address space); now in blocks of 64 MiB."""
+    E = np.random.default_rng(4).normal(size=(100, 64)).astype(np.float32)
+    embstore.save(tmp_path / "t.emb", E).close()
+    out = subprocess.run([sys.executable, "-c", BIG_BAG, str(tmp_path / "t.emb"), mode],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = np.array(json.loads(out.stdout))
+    ids = np.arange(10_000_000) % 100
+    if mode == "mean":
+        counts = np.bincount(ids[5:], minlength=100)  # (never 1e7 x 64 rows in this process)
+        want = np.stack([E[ids[:5]].astype(np.float64).mean(0),
+                         counts @ E.astype(np.float64) / counts.sum()])
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got, np.stack([E[:5].max(0), E.max(0)]))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+def test_bags_in_blocks_equal_torch(monkeypatch, mode, weighted):
+    torch = pytest.importorskip("torch")
+    from embstore import pooling
+
+    if weighted and mode != "sum":
+        pytest.skip("torch weighs bags in mode 'sum' only")
+    monkeypatch.setattr(pooling, "BAG_BLOCK_BYTES", 7 * 8 * 4)  # 7 rows of dim 8 per block
+    rng = np.random.default_rng(8)
+    E = rng.normal(size=(30, 8)).astype(np.float32)
+    emb = embstore.Embedding(embstore.MemoryTable(E), padding_idx=3)
+    ids = rng.integers(0, 30, 61)
+    ids[[4, 5, 20]] = 3
+    offsets = np.array([0, 0, 2, 19, 20, 21, 45, 60])
+    w = rng.random(61).astype(np.float32) if weighted else None
+    ref = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(E), mode=mode,
+                                                padding_idx=3)
+    want = ref(torch.from_numpy(ids), torch.from_numpy(offsets),
+               per_sample_weights=None if w is None else torch.from_numpy(w)).numpy()
+    np.testing.assert_allclose(emb.bag(ids, offsets, weights=w, mode=mode), want,
+                               rtol=1e-5, atol=1e-6)
+    fixed = ids[:60].reshape(6, 10)  # 2-D bags past the block: pooled the same way
+    want2 = ref(torch.from_numpy(fixed), per_sample_weights=None if w is None else
+                torch.from_numpy(w[:60].reshape(6, 10))).numpy()
+    np.testing.assert_allclose(emb.bag(fixed, weights=None if w is None else
+                                       w[:60].reshape(6, 10), mode=mode), want2,
+                               rtol=1e-5, atol=1e-6)
