@@ -316,3 +316,32 @@ def test_bags_in_blocks_equal_torch(monkeypatch, mode, weighted):
     np.testing.assert_allclose(emb.bag(fixed, weights=None if w is None else
                                        w[:60].reshape(6, 10), mode=mode), want2,
                                rtol=1e-5, atol=1e-6)
+
+
+# -- results larger than RLIMIT_AS: ResultTooLargeError, not NumPy's MemoryError ----------
+RESULT_UNDER_LIMIT = r"""
+import resource, sys, numpy as np
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+import embstore
+with embstore.open(sys.argv[1]) as t:
+    try:
+        t.lookup(np.zeros(int(sys.argv[2]), np.int64))
+    except Exception as exc:
+        print(type(exc).__name__, isinstance(exc, MemoryError), exc)
+"""
+
+
+@pytest.mark.parametrize("n,message", [
+    (2_000_000, r"ResultTooLargeError True 2000000 ids of 1024-byte rows make a 2048000000-byte "
+                r"result, more than the process's address space limit \(RLIMIT_AS\) of "
+                r"1610612736 bytes of memory"),
+    (1_400_000, r"ResultTooLargeError True a result of shape \(1400000, 256\) \(1433600000 "
+                r"bytes\) cannot be allocated: the system refused the memory"),
+], ids=["over-the-limit", "under-the-limit-but-refused"])
+def test_a_result_past_rlimit_as_is_result_too_large(tmp_path, n, message):
+    embstore.save(tmp_path / "t.emb", np.ones((100, 256), np.float32)).close()
+    out = subprocess.run([sys.executable, "-c", RESULT_UNDER_LIMIT, str(tmp_path / "t.emb"),
+                          str(n)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.match(message, out.stdout), out.stdout
