@@ -185,7 +185,7 @@ def index_info(table: PathLike | ZarrTable) -> dict | None:
             meta = json.loads(f.read(1 << 20))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise IndexNotFoundError(f"{path}: unreadable index metadata ({exc})",
                                  path=str(path)) from None
     if not (isinstance(meta, dict) and meta.get("embstore_ann") == 1 and

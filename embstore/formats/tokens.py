@@ -23,10 +23,10 @@ Each case is counted and described in :attr:`TokenKeys.notes`.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..errors import FormatError
+from ._json import parse_json
 
 __all__ = ["load_tokens", "TokenKeys", "synthetic_key", "TOKEN_FILES"]
 
@@ -49,10 +49,7 @@ def _read_json(path: str):
                           path=path)
     with open(path, "rb") as f:
         raw = f.read()
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"expected JSON, got unreadable text ({exc})", path=path) from None
+    return parse_json(raw, path)
 
 
 def _check_id(token, i, path: str, where: str) -> int:

@@ -141,7 +141,7 @@ def _read_journal(root: Path) -> dict | None:
             doc = json.loads(f.read(MAX_JSON_BYTES))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CorruptStoreError(f"{path}: unreadable commit journal ({exc})",
                                 path=str(path)) from None
     moves = doc.get("moves") if isinstance(doc, dict) else None

@@ -283,7 +283,7 @@ def _index_note(root: Path, rows: int | None) -> str:
                 f"{'stale (the table changed since it was built)' if stale else 'up to date'}")
     except FileNotFoundError:
         return ""
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "unreadable metadata (build it again)"
 
 
