@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 
 import numpy as np
 import pytest
-from relhelpers import assert_clean_error, invoke
+from relhelpers import assert_clean_error, invoke, run_cli_subprocess
 
 import embstore
 
@@ -77,3 +78,51 @@ def test_a_folder_without_hostile_json_imports(tmp_path):
     with embstore.open(tmp_path / "t.emb") as t:
         np.testing.assert_array_equal(t[np.arange(ROWS)], E)
         assert list(t.keys) == [f"t{i}" for i in range(ROWS)]
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A 1 MiB tmpfs (needs root; skipped otherwise)."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    try:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)],
+                             capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs: {exc}")
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_dask_job_on_a_full_disk_prints_one_error_line(tmp_path, full_fs):
+    pytest.importorskip("dask.distributed")
+    embstore.save(tmp_path / "t.emb", np.ones((1000, 64), np.float32)).close()
+    np.save(tmp_path / "ids.npy", np.arange(20000) % 1000)  # 5 MB of output on 1 MiB
+    res = run_cli_subprocess(["lookup", tmp_path / "t.emb", tmp_path / "ids.npy",
+                              full_fs / "out.zarr", "--scheduler", "local", "--batch-rows",
+                              "2000", "--quiet"], timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    # the workers' "Compute Failed" tracebacks came first, pages of them
+    assert res.stderr == f"Error: {full_fs / '.out.zarr.partial'}: No space left on device\n"
+
+
+def test_lookup_keep_vector_is_a_usage_error(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    embstore.save(tmp_path / "t.emb", E).close()
+    pq.write_table(pa.table({"ids": [1, 2], "vector": [3, 4]}), tmp_path / "in.parquet")
+    res = invoke(["lookup", tmp_path / "t.emb", tmp_path / "in.parquet", tmp_path / "o.parquet",
+                  "--column", "ids", "--keep", "vector"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.output.strip().endswith(
+        "Error: --keep vector: the output's vector column is named 'vector'; an input column "
+        "of that name cannot be kept")
+    with pytest.raises(embstore.InvalidOptionError, match="the output's vector column is "
+                                                          "named 'vector'"):
+        embstore.lookup_file(tmp_path / "t.emb", tmp_path / "in.parquet",
+                             tmp_path / "o2.parquet", column="ids", keep=["vector"])
