@@ -126,3 +126,65 @@ def test_lookup_keep_vector_is_a_usage_error(tmp_path):
                                                           "named 'vector'"):
         embstore.lookup_file(tmp_path / "t.emb", tmp_path / "in.parquet",
                              tmp_path / "o2.parquet", column="ids", keep=["vector"])
+
+
+# -- compressed inputs: an encrypted zip member, an xz dictionary of 3 GiB ----------------
+VEC = b"2 2\na 1 2\nb 3 4\n"
+
+
+def _encrypted_zip(path):
+    """A zip whose member is flagged encrypted (bit 0 of both its headers' flags)."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("v.vec", VEC)
+    raw = bytearray(buf.getvalue())
+    raw[6] |= 1  # the local file header's general purpose flags
+    central = raw.index(b"PK\x01\x02")
+    raw[central + 8] |= 1
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def _huge_dictionary_xz(path):
+    """An xz stream whose LZMA2 filter asks for a 3 GiB dictionary (block header patched,
+    its CRC32 fixed): decoding it allocated 3 GiB."""
+    import lzma
+    import zlib
+
+    raw = bytearray(lzma.compress(VEC, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32,
+                                  filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 20}]))
+    size = (raw[12] + 1) * 4  # the block header after the 12-byte stream header
+    hdr = raw[12:12 + size]
+    at = hdr.index(b"\x21\x01")  # filter id LZMA2, one byte of properties
+    hdr[at + 2] = 39  # dictionary (2 | 1) << (39 // 2 + 11) = 3 GiB
+    struct.pack_into("<I", hdr, size - 4, zlib.crc32(bytes(hdr[:size - 4])))
+    raw[12:12 + size] = hdr
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_an_encrypted_zip_member_is_one_error_line(tmp_path):
+    src = _encrypted_zip(tmp_path / "v.zip")
+    line = assert_clean_error(invoke(["import", src, tmp_path / "t.emb"]), context="zip")
+    assert line == (f"Error: {src}: zip member 'v.vec': cannot read it: it is encrypted "
+                    "(password-protected); unzip it and import the file itself")
+
+
+def test_an_xz_dictionary_of_3_gib_is_refused_naming_the_limit(tmp_path):
+    src = _huge_dictionary_xz(tmp_path / "v.vec.xz")
+    res = run_cli_subprocess(["import", src, tmp_path / "t.emb", "--quiet"],
+                             address_space=2 << 30)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr == (f"Error: {src}: cannot read xz-compressed data: its header asks for "
+                          "more than the 1073741824 bytes of memory (its dictionary) embstore "
+                          "decompresses with (recompress it, e.g. xz -6)\n")
+    plain = tmp_path / "ok.vec.xz"  # the same bytes with a 1 MiB dictionary import
+    import lzma
+
+    plain.write_bytes(lzma.compress(VEC, format=lzma.FORMAT_XZ))
+    embstore.import_file(plain, tmp_path / "ok.emb")
+    with embstore.open(tmp_path / "ok.emb") as t:
+        np.testing.assert_array_equal(t[[0, 1]], [[1, 2], [3, 4]])
