@@ -190,7 +190,8 @@ def index_info(table: PathLike | ZarrTable) -> dict | None:
                                  path=str(path)) from None
     if not (isinstance(meta, dict) and meta.get("embstore_ann") == 1 and
             meta.get("metric") in METRICS and isinstance(meta.get("dim"), int) and
-            meta.get("library", "usearch") in ("faiss", "usearch")):
+            meta.get("library", "usearch") in ("faiss", "usearch") and
+            type(meta.get("expansion_search")) is int and meta["expansion_search"] >= 1):
         raise IndexNotFoundError(f"{path}: expected embstore index metadata, got "
                                  f"{str(meta)[:200]}", path=str(path))
     root = path.parent.parent.parent.parent

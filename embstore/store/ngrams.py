@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptStoreError
+from ..formats.fasttext_bin import MAX_NGRAM_CHARS
 from ..subword import HASH_NAME, compose, ngram_buckets
 from .codecs import Layout, make_codec
 from .meta import check_vectors_meta, read_json
@@ -33,6 +34,7 @@ from .writer import choose_layout, set_rows
 __all__ = ["NGRAMS", "NgramWriter", "Subwords", "subword_attrs"]
 
 NGRAMS = "ngrams"
+MAX_BUCKET = (1 << 31) - 1  # fastText's bucket is an int32 (a 2**40 claim overflowed uint32)
 _DTYPES = ("float16", "float32", "float64")
 
 
@@ -124,6 +126,10 @@ class Subwords:
             raise CorruptStoreError(f"{root}/zarr.json: expected attributes embstore.subwords "
                                     f"with array {NGRAMS!r}, minn, maxn, bucket >= 0 and hash "
                                     f"{HASH_NAME!r}, got {attrs!r}", path=root)
+        if self.bucket > MAX_BUCKET or self.maxn > MAX_NGRAM_CHARS:  # (hashes are 32-bit)
+            raise CorruptStoreError(f"{root}/zarr.json: expected embstore.subwords bucket <= "
+                                    f"{MAX_BUCKET} and maxn <= {MAX_NGRAM_CHARS}, got bucket "
+                                    f"{self.bucket}, maxn {self.maxn}", path=root)
 
     def _check_meta(self, meta: dict, where: str, dim: int, root: str) -> Layout | None:
         check_vectors_meta(meta, where)

@@ -188,3 +188,36 @@ def test_an_xz_dictionary_of_3_gib_is_refused_naming_the_limit(tmp_path):
     embstore.import_file(plain, tmp_path / "ok.emb")
     with embstore.open(tmp_path / "ok.emb") as t:
         np.testing.assert_array_equal(t[[0, 1]], [[1, 2], [3, 4]])
+
+
+# -- hostile attributes of the index and of the subwords --------------------------------
+def test_an_index_whose_expansion_search_is_not_a_number_is_one_error_line(tmp_path):
+    pytest.importorskip("faiss")
+    rows = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
+    path = tmp_path / "t.emb"
+    embstore.save(path, rows, keys=[f"k{i}" for i in range(300)]).close()
+    embstore.build_index(path)
+    meta_path = path / "vectors" / ".embstore" / "ann" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["expansion_search"] = "x"  # int("x") raised ValueError in every search
+    meta_path.write_text(json.dumps(meta))
+    line = assert_clean_error(invoke(["similar", path, "k5", "--approx"]), context="ef")
+    assert line.startswith(f"Error: {meta_path}: expected embstore index metadata, got ")
+
+
+def test_subwords_claiming_2_40_buckets_are_one_error_line(tmp_path):
+    from test_hostile_sizes import _fasttext_bin
+
+    src = _fasttext_bin(tmp_path / "m.bin", words=("hello", "world"), bucket=50)
+    path = tmp_path / "t.emb"
+    embstore.import_file(src, path)
+    for rel in ("zarr.json", "ngrams/zarr.json"):  # both agree: a 2**40-row n-gram matrix
+        doc = json.loads((path / rel).read_text())
+        if rel == "zarr.json":
+            doc["attributes"]["embstore"]["subwords"]["bucket"] = 2**40
+        else:
+            doc["shape"][0] = 2**40
+        (path / rel).write_text(json.dumps(doc))
+    line = assert_clean_error(invoke(["similar", path, "helo"]), context="bucket")
+    assert line == (f"Error: {path / 'zarr.json'}: expected embstore.subwords bucket <= "
+                    "2147483647 and maxn <= 64, got bucket 1099511627776, maxn 6")
