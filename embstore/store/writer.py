@@ -24,6 +24,7 @@ from ..keys.writer import KeyIndexWriter
 
 from ..beside import fsync_path as _fsync
 from .codecs import COMPRESSIONS, Compression, Layout, make_codec
+from .meta import MAX_DIM
 from .normcalc import NORMS_ARRAY, create_norms_stream, decoded_norms
 from .quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
                     int8_quantise, logical_dtype)
@@ -146,7 +147,9 @@ class TableWriter:
                  attrs: dict | None = None,
                  duplicate_keys: Literal["drop", "error"] = "drop"):
         import zarr
-        positive_int(dim, "dim", error=ShapeMismatchError)
+        if positive_int(dim, "dim", error=ShapeMismatchError) > MAX_DIM:  # the reader's bound
+            raise ShapeMismatchError(f"dim {dim}: more than the {MAX_DIM} values a table's row "
+                                     "may hold (no reader would open the table)")
         one_of(compression, "compression", COMPRESSIONS)
         self.path = Path(os.fspath(path)).absolute()
         self.dim, self.storage = int(dim), check_storage(dtype)
