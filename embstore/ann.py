@@ -321,6 +321,7 @@ def open_index(table: ZarrTable) -> AnnIndex:
 def approx_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
                  own: np.ndarray | None, ef: int | None):
     """``(scores, ids)`` from the index, or None when it is stale (a warning said so)."""
+    table._check_open()  # (the cached index answered after close())
     if not isinstance(table, ZarrTable):
         raise IndexNotFoundError("approximate search needs an on-disk table with an index "
                                  f"(got {type(table).__name__})", path=None)

@@ -40,6 +40,7 @@ __all__ = ["as_ids", "position_of", "check_result_size", "alloc_result", "memory
            "is_int"]
 
 _INT64_MAX = np.iinfo(np.int64).max
+MAX_ID_DIMS = 64  # NumPy's limit on dimensions (numpy 2; 32 before)
 
 
 def is_int(value: object) -> bool:
@@ -235,6 +236,10 @@ def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
     memory, with :class:`~embstore.errors.ResultTooLargeError`.
     """
     arr = _to_array(ids)
+    if arr.ndim >= MAX_ID_DIMS:  # the rows add a dimension: NumPy's error came from there
+        raise InvalidIdError(f"ids of {arr.ndim} dimensions: at most {MAX_ID_DIMS - 1} (the "
+                             f"result adds one for the vectors, and NumPy arrays have at "
+                             f"most {MAX_ID_DIMS}); reshape the ids", id=None)
     if row_bytes:
         check_result_size(arr.size, row_bytes)
     kind = arr.dtype.kind

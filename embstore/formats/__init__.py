@@ -320,6 +320,8 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
     for s in binary:
         if ext in s.extensions:
             return s.name
+    if head.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark: not part of the header
+        head = head[3:]
     m = _HEADER_RE.match(head)
     if m:
         if _binary_record(head[m.end():], int(m.group(2))):
