@@ -10,33 +10,34 @@ from __future__ import annotations
 
 from ._version import __version__
 from .batch import lookup_file
-from .cache import CacheInfo
+from .cache.rows import CacheInfo
 from .convert import ExportResult, ImportResult, export_table, import_file
-from .ann import StaleIndexWarning, build_index
+from .search.analogy import normalized
+from .search.ann import StaleIndexWarning, build_index
 from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError, EmbstoreError,
                      FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
                      ResourceLimitError, ResultTooLargeError, ShapeMismatchError,
-                     TableChangedError)
+                     TableChangedError, InvalidTypeError)
 from .gensim import from_gensim, to_gensim
 from .layer import Embedding
 from .memory import MemoryTable
 from .store import (TableWriter, VerifyReport, ZarrTable, create, open, repair,  # noqa: A004
-                    save, verify)
+                    save, upgrade, verify)
 from .table import Table
 
 __all__ = [
     "__version__",
     "Table", "MemoryTable", "ZarrTable", "CacheInfo",
-    "open", "create", "save", "verify", "repair", "VerifyReport", "TableWriter",
+    "open", "create", "save", "upgrade", "verify", "repair", "VerifyReport", "TableWriter",
     "embedding_lookup", "Embedding",
     "import_file", "export_table", "ImportResult", "ExportResult", "lookup_file",
     "from_gensim", "to_gensim",
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
     "LockTimeoutError", "MissingDependencyError", "ClosedTableError", "InvalidOptionError",
-    "ResultTooLargeError", "ResourceLimitError", "TableChangedError",
-    "build_index", "StaleIndexWarning", "IndexNotFoundError",
+    "ResultTooLargeError", "ResourceLimitError", "TableChangedError", "InvalidTypeError",
+    "build_index", "StaleIndexWarning", "IndexNotFoundError", "normalized",
 ]
 
 

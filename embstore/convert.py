@@ -4,12 +4,13 @@
 and feeds :class:`embstore.store.writer.TableWriter`, which writes beside DEST and
 renames into place on success (an error leaves no DEST behind).
 ``export_table`` writes beside DEST and renames into place when complete (both through
-:mod:`embstore.atomic`).
+:mod:`embstore.fs.atomic`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import os
 from dataclasses import dataclass
 from typing import IO, Literal
@@ -18,19 +19,20 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ._types import PathLike
-from .atomic import check_dest, remove, replace, temp_path
+from .fs.atomic import check_dest, remove, replace, temp_path
 from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
 from .formats.source import compression_for, inner_name, open_compressed_output
-from .formats.tokens import MAX_TOKEN_BYTES, TokenKeys, load_tokens
-from .formats._textparse import decode_keys
+from .formats.tokens import TokenKeys, load_tokens
+from .formats.vocabfile import VocabReader, vocab_path_for, write_vocab
+from .store.remote.fetch import is_source_url, open_url, url_name
 from .store.codecs import Compression
 from .store.table import open as open_table
 from .dtypes import QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
-from .subword_import import import_fasttext_bin
+from .store.subword.build import import_fasttext_bin
 from .table import Table
 
 
@@ -55,104 +57,57 @@ class ImportResult:
     notes: tuple[str, ...] = ()      # what the import decided (padding rows, a copied source)
 
 
-class VocabReader:
-    """Keys for formats without them: a UTF-8 text file, one key per line, read in blocks."""
-
-    def __init__(self, path, *, unicode_errors: str = "strict", chunk_bytes: int = 4 << 20):
-        self.path = os.fspath(path)
-        self.unicode_errors = unicode_errors
-        self._f = open(self.path, "rb")
-        if self._f.read(3) != b"\xef\xbb\xbf":  # a UTF-8 byte order mark is no part of a key
-            self._f.seek(0)
-        self._chunk = chunk_bytes
-        self._lines: list[bytes] = []
-        self._i = 0
-        self._carry = b""
-        self._eof = False
-        self.taken = 0
-
-    def _fill(self, n: int) -> None:
-        while len(self._lines) - self._i < n and not self._eof:
-            data = self._carry + self._f.read(self._chunk)
-            self._lines = self._lines[self._i:]
-            self._i = 0
-            if len(data) == len(self._carry):  # end of file
-                self._eof = True
-                self._carry = b""
-                if data:
-                    self._lines.append(data)
-                while self._lines and not self._lines[-1].strip(b"\r"):  # trailing empty lines
-                    self._lines.pop()
-                return
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                if len(data) > MAX_TOKEN_BYTES:  # (a 10 GB file of one line: never read whole)
-                    raise FormatError(f"expected a key a line, got a line of more than "
-                                      f"{MAX_TOKEN_BYTES} bytes", path=self.path,
-                                      line=self.taken + len(self._lines) - self._i + 1)
-                self._carry = data
-                continue
-            self._carry = data[cut + 1:]
-            self._lines += data[:cut].split(b"\n")
-
-    def take(self, n: int, *, rows_of: str, expected: int | None) -> list[str]:
-        """The next ``n`` keys; fewer in the file is an error naming the line."""
-        self._fill(n)
-        raw = self._lines[self._i:self._i + n]
-        if any(b"\r" in r[:-1] for r in raw):  # before counting: CR-only ends make one line
-            i = next(i for i, r in enumerate(raw) if b"\r" in r[:-1])
-            raise FormatError("expected lines ending in \\n or \\r\\n, got a carriage return "
-                              "inside a line (CR-only line ends are not supported)",
-                              path=self.path, line=self.taken + 1 + i)
-        if len(raw) < n:
-            got = self.taken + len(raw)
-            want = expected if expected is not None else f"at least {self.taken + n}"
-            raise FormatError(f"expected {want} keys (one per row of {rows_of}), got {got}: the "
-                              "file ends here", path=self.path, line=got + 1)
-        self._i += n
-        raw = [r[:-1] if r.endswith(b"\r") else r for r in raw]
-        first = self.taken + 1
-        if b"" in raw:
-            i = raw.index(b"")
-            raise FormatError("expected a key, got an empty line", path=self.path, line=first + i)
-        self.taken += n
-        return decode_keys(raw, path=self.path, first_line=first, unicode_errors=self.unicode_errors)
-
-    def check_end(self, *, rows_of: str) -> None:
-        """More keys than rows is an error too."""
-        self._fill(1)
-        if len(self._lines) - self._i > 0:
-            raise FormatError(f"expected {self.taken} keys (one per row of {rows_of}), got more",
-                              path=self.path, line=self.taken + 1)
-
-    def close(self) -> None:
-        self._f.close()
-
-
 def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "auto",
-                tensor: str | None = None, vocab: PathLike | None = None,
+                tensor: str | None = None, vocab: PathLike | Literal[False] | None = None,
                 dtype: DTypeLike | None = None, limit: int | None = None,
                 unicode_errors: Literal["strict", "replace"] = "strict",
                 compression: Compression = "none", chunk_rows: int | None = None,
                 shard_rows: int | None = None, overwrite: bool = False,
                 block_rows: int = DEFAULT_BLOCK_ROWS, encoding: str | None = None,
+                member: str | None = None, storage_options: dict | None = None,
                 on_progress: Progress | None = None) -> ImportResult:
     """Import ``src`` (a file of ``format``) into a new table at ``dest``.
 
     ``src`` may be compressed (gzip, bz2, xz, zstd, a one-member zip: told by its magic
     bytes), an open binary stream (standard input: the text formats, word2vec-binary and
     npy stream; others are first copied beside ``dest``), or a Hugging Face model folder
-    (format ``hf``: see :mod:`embstore.formats.hf`).  ``vocab`` gives keys to formats
+    (format ``hf``: see :mod:`embstore.formats.hf`), or a URL: ``s3://bucket/vectors.vec``
+    (object storage, ``storage_options`` as for tables) or ``https://...``, streamed (see
+    :mod:`embstore.store.remote.fetch`).  ``member`` picks the member of a zip archive holding
+    several (``glove.6B.zip`` holds four: ``member="glove.6B.50d.txt"``).  ``vocab`` gives keys to formats
     without them: a text file of one key per line (one per row, exactly), or a
     ``tokenizer.json``/``vocab.json`` (keys by token id; other counts are handled and
-    reported in ``notes``).  ``on_progress(done, total)`` is called as the source is read
+    reported in ``notes``).  Without ``vocab``, a keyless file gets the keys an export wrote
+    beside it, ``<stem>.vocab.txt`` (``x.npy`` -> ``x.vocab.txt``; a note says so);
+    ``vocab=False`` reads none.  ``on_progress(done, total)`` is called as the source is read
     (in the reader's units: stored bytes of text and compressed files, rows of array
     files; ``total`` may be None); a callback with a ``unit`` attribute has it set.
     ``encoding``: the text encoding of a fastText ``.bin`` model's words (default UTF-8;
     gensim's ``encoding=``); its n-gram matrix is stored beside the vectors
-    (:mod:`.subword_import`).
+    (:mod:`.store.subword.build`).
     """
     dest = os.fspath(dest)
+    stream_name = None
+    url_stream: IO[bytes] | None = None
+    if is_source_url(src):
+        url = str(src)
+        check_dest(dest, overwrite)  # before a byte is fetched
+        stream, size = open_url(url, storage_options=storage_options)
+        if member is None and not url_name(url).lower().endswith(".zip"):
+            src = url_stream = stream  # read as a pipe; random-access formats spooled
+            stream_name = url
+        else:  # a zip's directory is at its end: the archive is copied to a file first
+            with stream:
+                src = _spool_url(stream, url, temp_path(dest))
+            try:
+                return import_file(src, dest, format=format, tensor=tensor, vocab=vocab,
+                                   dtype=dtype, limit=limit, unicode_errors=unicode_errors,
+                                   compression=compression, chunk_rows=chunk_rows,
+                                   shard_rows=shard_rows, overwrite=overwrite,
+                                   block_rows=block_rows, encoding=encoding, member=member,
+                                   on_progress=on_progress)
+            finally:
+                remove(src)
     if not hasattr(src, "read"):
         src = os.fspath(src)
         if os.path.isdir(src) and format in ("auto", "hf"):
@@ -161,7 +116,12 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
             raise FileNotFoundError(2, "No such file", src)
     check_dest(dest, overwrite)
     notes: list[str] = []
-    source = None if format == "hf" else open_source(src)
+    try:
+        source = None if format == "hf" else open_source(src, name=stream_name, member=member)
+    except BaseException:
+        if url_stream is not None:
+            url_stream.close()
+        raise
     spooled = None
     try:
         fmt = format if source is None or format != "auto" else detect_source(source)
@@ -194,6 +154,7 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
             return dataclasses.replace(
                 done, compression=None if source is None else source.compression,
                 notes=tuple(notes))
+        vocab = _vocab_beside(src, fmt, vocab, notes)
         extra = {"vocab": vocab} if fmt == "hf" else {}
         # quantised storage: the reader yields its float rows and the writer encodes them
         reader = module.read(where, block_rows=block_rows, limit=limit,
@@ -211,12 +172,40 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     finally:
         if source is not None:
             source.close()
+        if url_stream is not None:
+            url_stream.close()
         if spooled is not None:
             remove(spooled)
     return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
                         dtype=storage, duplicates=duplicates, tensor=reader.tensor,
                         compression=None if source is None else source.compression,
                         notes=tuple(notes))
+
+
+def _vocab_beside(src, fmt: str, vocab, notes: list[str]):
+    """``vocab``, or for a keyless format the keys file an export wrote beside ``src``
+    (``x.npy`` -> ``x.vocab.txt``) when it exists; ``vocab=False``: no keys file at all."""
+    if vocab is False:
+        return None
+    if vocab is not None or hasattr(src, "read") or spec(fmt).has_keys or fmt == "hf":
+        return vocab
+    beside = vocab_path_for(src)
+    if not os.path.isfile(beside):
+        return None
+    notes.append(f"keys from {beside}, found beside {os.path.basename(src)} (pass vocab= to "
+                 "name another keys file, or vocab=False for none)")
+    return beside
+
+
+def _spool_url(stream, url: str, path: str) -> str:
+    """Copy ``stream`` (the bytes at ``url``) to a new file ``path`` named like the URL."""
+    path = f"{path}-{url_name(url)}"
+    try:
+        _spool(stream, path)
+    except BaseException:
+        remove(path)
+        raise
+    return path
 
 
 def _spool(source, path: str) -> int:
@@ -299,15 +288,10 @@ class ExportResult:
     rows: int
     vocab_path: str | None = None
     keys_dropped: bool = False
+    vocab_reused: bool = False   # ``vocab_path`` already held these keys: left as it was
 
 
 _KEYLESS_FORMATS = tuple(f.name for f in SPECS if f.can_write and not f.has_keys)
-
-
-def vocab_path_for(dest) -> str:
-    """Where the keys of an export to ``dest`` go by default: ``<dest stem>.vocab.txt``."""
-    root, _ = os.path.splitext(os.fspath(dest))
-    return root + ".vocab.txt"
 
 
 def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = None,
@@ -319,10 +303,13 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
     ``dest``.  ``on_progress(done, total)`` counts rows.
 
     Formats that cannot hold keys (``npy``, ``safetensors``) get the keys of a keyed table
-    in a text file beside them, one key per line (the ``vocab=`` of :func:`import_file`):
-    ``vocab_out=None`` writes ``<dest stem>.vocab.txt``, a path writes there, ``False``
-    writes none (``keys_dropped`` says so).  ``tensor`` names the safetensors tensor
-    (default ``weight``).
+    in a text file beside them, one key per line (the ``vocab=`` of :func:`import_file`,
+    which picks it up by itself): ``vocab_out=None`` writes ``<dest stem>.vocab.txt``, a
+    path writes there, ``False`` writes none (``keys_dropped`` says so).  Exports of one
+    table to ``model.npy`` and ``model.safetensors`` share ``model.vocab.txt``: a keys file
+    that already holds exactly these keys is left as it is (``vocab_reused``); one holding
+    other keys is an error unless ``overwrite``.  ``tensor`` names the safetensors or
+    PyTorch tensor (default ``weight``).
     """
 
     if hasattr(dest, "write"):  # a binary stream (standard output): written straight through
@@ -339,22 +326,23 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
     check_dest(dest, overwrite)
     if os.path.isdir(dest):
         raise DestinationExistsError(f"{dest} is a directory; expected a file path to write")
-    if tensor is not None and fmt != "safetensors":
-        raise FormatError(f"a tensor name applies to safetensors exports, not {fmt}")
+    if tensor is not None and not spec(fmt).takes_tensor:
+        raise FormatError(f"a tensor name applies to safetensors and torch exports, not {fmt}")
     table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
     vocab = None
     if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
-        vocab = vocab_path_for(inner_name(dest)) if vocab_out is None or vocab_out is True else \
+        vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
             os.fspath(vocab_out)
-        check_dest(vocab, overwrite)
     tmp = temp_path(dest)
     vocab_tmp = None if vocab is None else temp_path(vocab)
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
     advance = Tally(n, on_progress).update  # rows written so far, to on_progress
+    reused = False
     try:
-        if vocab_tmp is not None:
-            _write_vocab(vocab_tmp, table, n, block_rows)
+        if vocab_tmp is not None and vocab is not None:
+            write_vocab(vocab_tmp, table, n, block_rows)
+            reused = _same_keys_there(vocab_tmp, vocab, overwrite)
         extra = {} if tensor is None else {"tensor": tensor}
         with open(tmp, "xb") as raw:
             out = raw if packed is None else open_compressed_output(raw, packed)
@@ -362,9 +350,11 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
                 rows = get(fmt).write(out, table, limit=limit, block_rows=block_rows,
                                       progress=advance, **extra)
         check_dest(dest, overwrite)
-        if vocab_tmp is not None and vocab is not None:
-            check_dest(vocab, overwrite)
-            replace(vocab_tmp, vocab)
+        if reused and vocab_tmp is not None:
+            remove(vocab_tmp)
+        elif vocab_tmp is not None and vocab is not None:
+            if not _same_keys_there(vocab_tmp, vocab, overwrite):
+                replace(vocab_tmp, vocab)
         replace(tmp, dest)
     except BaseException:
         for path in (tmp, vocab_tmp):
@@ -375,7 +365,23 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
         if table is not src:
             table.close()
     return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
-                        keys_dropped=keys_dropped)
+                        keys_dropped=keys_dropped, vocab_reused=reused)
+
+
+def _same_keys_there(new: str, there: str, overwrite: bool) -> bool:
+    """Whether the keys file ``there`` already holds exactly the keys written to ``new``
+    (``model.npy`` then ``model.safetensors`` share ``model.vocab.txt``: kept as it is).
+    Other content there is refused unless ``overwrite``."""
+    if not os.path.lexists(there):
+        return False
+    if os.path.isfile(there) and os.path.getsize(there) == os.path.getsize(new) and \
+            filecmp.cmp(new, there, shallow=False):
+        return True
+    if overwrite:
+        return False
+    raise DestinationExistsError(f"{there} exists and holds other keys than this export's; "
+                                 "pass overwrite=True to replace it, or vocab_out= to write "
+                                 "the keys elsewhere")
 
 
 def _export_to_stream(src, stream, *, format, limit, block_rows, vocab_out, tensor,
@@ -390,7 +396,7 @@ def _export_to_stream(src, stream, *, format, limit, block_rows, vocab_out, tens
         keyless = table.keys is not None and format in _KEYLESS_FORMATS
         vocab = os.fspath(vocab_out) if keyless and vocab_out not in (None, True, False) else None
         if vocab is not None:
-            _write_vocab(vocab, table, n, block_rows)
+            write_vocab(vocab, table, n, block_rows)
         advance = Tally(n, on_progress).update
         extra = {} if tensor is None else {"tensor": tensor}
         rows = get(format).write(stream, table, limit=limit, block_rows=block_rows,
@@ -400,19 +406,3 @@ def _export_to_stream(src, stream, *, format, limit, block_rows, vocab_out, tens
             table.close()
     return ExportResult(path="-", format=format, rows=rows, vocab_path=vocab,
                         keys_dropped=keyless and vocab is None)
-
-
-def _write_vocab(path: str, table, n: int, block_rows: int) -> None:
-    """The first ``n`` keys of ``table``, one a line (a key holding a line break cannot be
-    written so: a :class:`FormatError` naming its row)."""
-    with open(path, "wb") as f:
-        for a in range(0, n, block_rows):
-            keys = table.keys[a: min(n, a + block_rows)]
-            text = "\n".join(keys)
-            framed = "\n" + text + "\n"  # what VocabReader splits: b"\n", one "\r" stripped
-            if text.count("\n") != len(keys) - 1 or "\n\n" in framed or "\r\n" in framed:
-                for i, k in enumerate(keys):  # only to name the row
-                    if k == "" or "\n" in k or k.endswith("\r"):
-                        raise FormatError(f"key {k!r} at row {a + i} cannot be written to a "
-                                          "one-key-per-line vocabulary file")
-            f.write(text.encode("utf-8") + b"\n")

@@ -8,6 +8,12 @@ not go through dask's shuffle, which would read every touched block whole: each
 block of ids becomes one ``table.lookup`` (the gather, through the row cache).
 Negative ids count from the end, as in NumPy.
 
+:func:`to_xarray` labels the same array for xarray: a ``DataArray`` named ``vectors``
+with dimensions ``(row, dim)`` and, for a keyed table, the keys as a lazy coordinate
+``key`` along ``row`` (read block by block, like the rows: ``da.sel`` on it, or
+``.swap_dims(row="key")``, are xarray's).  ``xr.open_zarr(path)`` on the store itself
+shows every stored array, the key index's included: this is the view for users.
+
 The graph holds the table itself; an on-disk table pickles as its path (for
 distributed workers), a :class:`~embstore.MemoryTable` as its array.
 """
@@ -18,10 +24,11 @@ import uuid
 
 import numpy as np
 
+from .errors import InvalidOptionError
 from .ids import as_ids
 from .optional import require
 
-__all__ = ["to_dask", "block_rows_of"]
+__all__ = ["to_dask", "to_xarray", "block_rows_of"]
 
 _BLOCK_BYTES = 64 << 20  # target bytes of a block (and of a block of looked-up rows)
 _ARRAY_CLASS = None
@@ -31,7 +38,7 @@ def block_rows_of(table) -> int:
     """Rows per block: whole shards, as many as fit ``_BLOCK_BYTES`` (at least one)."""
     row_bytes = max(1, table.dim * table.dtype.itemsize)
     fit = max(1, _BLOCK_BYTES // row_bytes)
-    shard = (getattr(table, "layout", None) or {}).get("shard_rows")
+    shard = (table.layout or {}).get("shard_rows")
     if shard:
         return int(shard) * max(1, fit // int(shard))
     return int(fit)
@@ -123,10 +130,44 @@ def to_dask(table, block_rows: int | None = None):
     da = _dask_array()
     rows = block_rows_of(table) if block_rows is None else block_rows
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
-        raise ValueError(f"block_rows must be a positive integer, got {rows!r}")
+        raise InvalidOptionError(f"block_rows must be a positive integer, got {rows!r}")
     plain = da.from_array(_Rows(table), chunks=(int(rows), table.dim), asarray=False,
                           lock=False, name=f"embstore-table-{uuid.uuid4().hex}",
                           meta=np.empty((0, 0), dtype=table.dtype))
     out = _array_class()(plain.dask, plain.name, plain.chunks, meta=plain._meta)
     out._table = table
     return out
+
+
+class _Keys:
+    """What ``dask.array.from_array`` reads for the keys: ``keys[a:b]`` as an object array."""
+
+    ndim = 1
+
+    def __init__(self, table):
+        self.table = table
+        self.shape = (table.vocab_size,)
+        self.dtype = np.dtype(object)
+
+    def __getitem__(self, index):
+        index = index[0] if isinstance(index, tuple) else index
+        start, stop, step = index.indices(self.shape[0])
+        out = np.empty(len(range(start, stop, step)), dtype=object)
+        out[:] = self.table.keys[start:stop:step] if step == 1 else [
+            self.table.keys[i] for i in range(start, stop, step)]  # (dask asks for slices)
+        return out
+
+
+def to_xarray(table, block_rows: int | None = None):
+    """The table as an ``xarray.DataArray`` (see the module doc); needs xarray and dask."""
+    xr = require("xarray", extra="dask", feature="Table.to_xarray")
+    x = to_dask(table, block_rows)
+    coords = {}
+    if table.keys is not None:
+        da = _dask_array()
+        keys = da.from_array(_Keys(table), chunks=(x.chunks[0],), asarray=False, lock=False,
+                             name=f"embstore-keys-{uuid.uuid4().hex}",
+                             meta=np.empty((0,), dtype=object))
+        coords["key"] = ("row", keys)
+    return xr.DataArray(x, dims=("row", "dim"), coords=coords, name="vectors",
+                        attrs={"vocab_size": table.vocab_size, "dim": table.dim})

@@ -22,11 +22,18 @@ __all__ = [
     "MissingDependencyError",
     "ClosedTableError",
     "InvalidOptionError",
+    "InvalidTypeError",
     "ResultTooLargeError",
     "ResourceLimitError",
     "LockTimeoutError",
     "TableChangedError",
 ]
+
+
+def table_label(table) -> str:
+    """A table as messages name it: its path, never its repr (``the in-memory table``)."""
+    path = table.path  # every Table declares it (None in memory)
+    return str(path) if path is not None else "the in-memory table"
 
 
 class EmbstoreError(Exception):
@@ -131,7 +138,12 @@ class ClosedTableError(EmbstoreError, ValueError):
 
 
 class InvalidOptionError(EmbstoreError, ValueError):
-    """An option value that cannot be used (a byte size such as ``"1XB"`` or ``-5``)."""
+    """An option value that cannot be used (a byte size such as ``"1XB"`` or ``-5``, an
+    unknown mode, a negative ``max_norm``): every argument error of the API is one."""
+
+
+class InvalidTypeError(EmbstoreError, TypeError):
+    """An argument of the wrong type (``padding_idx=1.5``, a list where a table goes)."""
 
 
 class ResultTooLargeError(EmbstoreError, MemoryError):

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .errors import ShapeMismatchError
+from .errors import InvalidTypeError, ShapeMismatchError
 from .memory import MemoryTable
 from .optional import require
 from .store.table import open as open_table
@@ -45,14 +45,14 @@ def from_gensim(kv, path=None, **layout) -> Table:
     """
     vectors = getattr(kv, "vectors", None)
     if not isinstance(vectors, np.ndarray) or not hasattr(kv, "index_to_key"):
-        raise TypeError(f"expected a gensim KeyedVectors, got {type(kv).__name__}")
+        raise InvalidTypeError(f"expected a gensim KeyedVectors, got {type(kv).__name__}")
     keys = _keys_of(kv)
     if keys is not None and len(keys) != vectors.shape[0]:
         raise ShapeMismatchError(f"the KeyedVectors has {len(keys)} keys for "
                                  f"{vectors.shape[0]} vectors")
     if path is None:
         if layout:
-            raise TypeError(f"layout options need a path, got {sorted(layout)}")
+            raise InvalidTypeError(f"layout options need a path, got {sorted(layout)}")
         return MemoryTable(vectors, keys=keys)
     return save(path, vectors, keys=keys, **layout)
 
@@ -61,14 +61,16 @@ def to_gensim(path_or_table):
     """A gensim ``KeyedVectors`` holding the whole table (a :class:`Table` or a path).
 
     Keys and their order are the table's; a table without keys gets the integer keys
-    ``0, 1, 2, ...`` (its row numbers).  The vectors are a copy in RAM.
+    ``0, 1, 2, ...`` (its row numbers).  The vectors are a copy in RAM.  Each key has the
+    vector attribute ``count`` that ``load_word2vec_format`` gives a file without a vocab
+    file (``vocab_size - row``: descending, in row order).
     """
     KeyedVectors = require("gensim.models", extra="gensim", feature="to_gensim").KeyedVectors
     table = path_or_table
     opened = not isinstance(table, Table)
     if opened:
         if not isinstance(table, (str, os.PathLike)):
-            raise TypeError(f"expected an embstore Table or the path of a table, got "
+            raise InvalidTypeError(f"expected an embstore Table or the path of a table, got "
                             f"{type(table).__name__}")
         table = open_table(table, mode="r", cache_bytes=0)
     try:
@@ -79,4 +81,8 @@ def to_gensim(path_or_table):
             table.close()
     kv = KeyedVectors(table.dim, count=0, dtype=vectors.dtype)
     kv.add_vectors(keys, vectors)
+    # the "count" attribute load_word2vec_format makes up when there is no vocab file:
+    # descending, vocab_size - row (gensim's own tests and code read it)
+    kv.allocate_vecattrs(attrs=["count"], types=[np.int64])
+    kv.expandos["count"][:] = np.arange(len(keys), 0, -1, dtype=np.int64)
     return kv

@@ -33,11 +33,12 @@ try:
 except ImportError:  # (Windows)
     resource = None  # type: ignore[assignment]
 
-from .errors import InvalidIdError, InvalidOptionError, ResultTooLargeError
+from .errors import (InvalidIdError, InvalidOptionError, KeyNotFoundError, ResultTooLargeError,
+                     ShapeMismatchError)
 
 __all__ = ["as_ids", "position_of", "check_result_size", "alloc_result", "memory_refused",
            "result_refused", "parse_bytes", "positive_int", "non_negative_int", "one_of",
-           "is_int"]
+           "is_int", "check_like_ids", "as_key_array"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 MAX_ID_DIMS = 64  # NumPy's limit on dimensions (numpy 2; 32 before)
@@ -48,14 +49,16 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
-def positive_int(value: object, name: str, *, error: type[Exception] = ValueError) -> int:
+def positive_int(value: object, name: str, *,
+                 error: type[Exception] = InvalidOptionError) -> int:
     """``int(value)`` if ``value`` is an integer >= 1, else ``error`` naming ``name``."""
     if not is_int(value) or value < 1:  # type: ignore[operator]
         raise error(f"{name} must be a positive int, got {value!r}")
     return int(value)  # type: ignore[call-overload]
 
 
-def non_negative_int(value: object, name: str, *, error: type[Exception] = ValueError) -> int:
+def non_negative_int(value: object, name: str, *,
+                     error: type[Exception] = InvalidOptionError) -> int:
     """``int(value)`` if ``value`` is an integer >= 0, else ``error`` naming ``name``."""
     if not is_int(value) or value < 0:  # type: ignore[operator]
         raise error(f"{name} must be an int >= 0, got {value!r}")
@@ -65,8 +68,19 @@ def non_negative_int(value: object, name: str, *, error: type[Exception] = Value
 def one_of(value: object, name: str, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of the strings ``choices``, else a :class:`ValueError`."""
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise InvalidOptionError(f"{name} must be one of {', '.join(map(repr, choices))}, "
+                                 f"got {value!r}")
     return value
+
+
+def check_like_ids(value, shape, name: str) -> np.ndarray:
+    """``value`` as an array of the shape of the ids (a mask, weights), or
+    :class:`ShapeMismatchError` naming ``name``."""
+    arr = np.asarray(value)
+    if arr.shape != tuple(shape):
+        raise ShapeMismatchError(
+            f"{name} must have the shape of ids {tuple(shape)}, got {arr.shape}")
+    return arr
 
 
 def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -76,15 +90,26 @@ def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(flat_index), shape))
 
 
+def at_position(pos: tuple[int, ...], shape: tuple[int, ...]) -> str:
+    """`` at position (i, j)`` for a message, or nothing when the ids are a single one."""
+    return "" if int(np.prod(shape, dtype=np.int64)) <= 1 else f" at position {pos}"
+
+
+_KEYS_HINT = " (row ids are integers; look keys up with lookup_keys([...]))"
+
+
 def _bad_type(ids, arr=None, kind=None) -> InvalidIdError:
     if arr is not None and arr.size:
         first = arr.reshape(-1)[0]
         pos = position_of(0, arr.shape)
+        hint = _KEYS_HINT if isinstance(first, str) or arr.dtype.kind == "U" else ""
         return InvalidIdError(
-            f"ids must be integers, got {kind or arr.dtype} (first id {first!r} at position {pos})",
+            f"ids must be integers, got {kind or arr.dtype} (first id {first!r}"
+            f"{at_position(pos, arr.shape)}){hint}",
             id=first, position=pos)
-    return InvalidIdError(f"ids must be integers, got {kind or type(ids).__name__}: {ids!r}",
-                          id=ids, position=())
+    hint = _KEYS_HINT if isinstance(ids, str) else ""
+    return InvalidIdError(f"ids must be integers, got {kind or type(ids).__name__}: "
+                          f"{ids!r}{hint}", id=ids, position=())
 
 
 def _plain(ids: np.ndarray) -> np.ndarray:
@@ -176,7 +201,7 @@ def _to_array(ids) -> np.ndarray:
         try:
             return np.asarray(operator.index(ids), dtype=np.int64)
         except OverflowError:
-            raise InvalidIdError(f"id {ids} at position () is out of range", id=ids,
+            raise InvalidIdError(f"id {ids} is out of range", id=ids,
                                  position=()) from None
     if isinstance(ids, (str, bytes, float, complex, numbers.Real)):
         raise _bad_type(ids)
@@ -221,12 +246,38 @@ def _python_int_array(ids) -> np.ndarray:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
             pos = position_of(i, obj.shape)
             raise InvalidIdError(
-                f"ids must be integers, got {type(v).__name__} {v!r} at position {pos}",
+                f"ids must be integers, got {type(v).__name__} {v!r}{at_position(pos, obj.shape)}"
+                + (_KEYS_HINT if isinstance(v, str) else ""),
                 id=v, position=pos)
         if int(v) < 0 or int(v) > _INT64_MAX:
             pos = position_of(i, obj.shape)
-            raise InvalidIdError(f"id {v} at position {pos} is out of range", id=v, position=pos)
+            raise InvalidIdError(f"id {v}{at_position(pos, obj.shape)} is out of range", id=v,
+                                 position=pos)
     return obj.astype(np.int64)
+
+
+def as_key_array(keys) -> np.ndarray:
+    """Keys of any shape as an object array of ``str`` (a bare ``str`` gives shape ())."""
+    if isinstance(keys, str):
+        out = np.empty((), dtype=object)
+        out[()] = keys
+        return out
+    arr = np.asarray(keys, dtype=object) if not isinstance(keys, np.ndarray) else keys
+    if arr.dtype.kind in "US":
+        arr = arr.astype(object)
+    elif arr.dtype != object:
+        raise KeyNotFoundError(f"keys must be strings, got an array of {arr.dtype}",
+                               key=None, position=None)
+    flat = arr.reshape(-1)
+    if flat.size:
+        is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
+        if not is_str.all():
+            i = int(np.argmin(is_str))
+            v, pos = flat[i], position_of(i, arr.shape)
+            if not isinstance(v, str):  # str subclasses are fine
+                raise KeyNotFoundError(f"keys must be strings, got {type(v).__name__} {v!r}"
+                                       f"{at_position(pos, arr.shape)}", key=v, position=pos)
+    return arr
 
 
 def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
@@ -256,9 +307,9 @@ def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
         pos = position_of(i, arr.shape)
         v = flat[i].item()
         raise InvalidIdError(
-            f"id {v} at position {pos} is out of range for a table of {vocab_size} rows"
-            f" (valid ids: 0..{vocab_size - 1})" if vocab_size else
-            f"id {v} at position {pos} is out of range: the table has no rows",
+            f"id {v}{at_position(pos, arr.shape)} is out of range for a table of {vocab_size} "
+            f"rows (valid ids: 0..{vocab_size - 1})" if vocab_size else
+            f"id {v}{at_position(pos, arr.shape)} is out of range: the table has no rows",
             id=v, position=pos, vocab_size=vocab_size)
     if arr.dtype == np.int64:
         return arr

@@ -37,13 +37,15 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidIdError, InvalidOptionError, ShapeMismatchError
-from .ids import _bad_type, _to_array, as_ids
+from .errors import InvalidIdError, InvalidOptionError, InvalidTypeError, ShapeMismatchError, table_label
+from .ids import _bad_type, _to_array, as_ids, check_like_ids
 from .memory import MemoryTable
 from .oov import EMBEDDING_OOV_MODES, check_oov, map_oov
-from .pooling import pool_bags
-from .search import logits, most_similar
-from .subword_search import holds_keys, similar_keys
+from .pooling import check_bag_mode, pool_bags
+from .renorm import renorm
+from .search.analogy import analogy_query
+from .search.stream import _resolve_ids_or_keys, logits, most_similar
+from .search.subword import holds_keys, similar_keys
 from .table import Table
 
 __all__ = ["Embedding"]
@@ -82,7 +84,7 @@ def _as_table(table) -> Table:
 
 def _check_int(value, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     return int(value)
 
 
@@ -128,26 +130,28 @@ class Embedding:
             unk_id = int(as_ids(_check_int(unk_id, "unk_id"), vocab))
         self.unk_id: int | None = unk_id
         check_oov(oov, unk_id, EMBEDDING_OOV_MODES + ("subword",))
-        if oov == "subword" and getattr(self._table, "subwords", None) is None:
+        if oov == "subword" and self._table.subwords is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
-                                     f"(imported from a fastText .bin); {self._table!r} has none")
+                                     f"(imported from a fastText .bin); {table_label(self._table)} has none")
         self.oov: str = oov
         if isinstance(scale, str):
             if scale != "sqrt_dim":
-                raise ValueError(f"scale must be a number or 'sqrt_dim', got {scale!r}")
+                raise InvalidOptionError(f"scale must be a number or 'sqrt_dim', got {scale!r}")
         elif scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
                                     or not math.isfinite(scale)):
-            raise ValueError(f"scale must be a finite number or 'sqrt_dim', got {scale!r}")
+            raise InvalidOptionError(f"scale must be a finite number or 'sqrt_dim', got "
+                                     f"{scale!r}")
         self.scale = scale
         if max_norm is not None:
             if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or \
                     not max_norm > 0:
-                raise ValueError(f"max_norm must be a positive number, got {max_norm!r}")
+                raise InvalidOptionError(f"max_norm must be a positive number, got {max_norm!r}")
             max_norm = float(max_norm)
         self.max_norm: float | None = max_norm
         if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or \
                 not norm_type > 0:
-            raise ValueError(f"norm_type must be a positive number (or inf), got {norm_type!r}")
+            raise InvalidOptionError(f"norm_type must be a positive number (or inf), got "
+                                     f"{norm_type!r}")
         self.norm_type: float = float(norm_type)
 
     # -- geometry ---------------------------------------------------------------------
@@ -205,7 +209,7 @@ class Embedding:
                 oob = None
         if unk is not None:
             if self.unk_id is None:
-                raise ValueError("unk= needs an Embedding with unk_id")
+                raise InvalidOptionError("unk= needs an Embedding with unk_id")
             listed = as_ids(unk, vocab).reshape(-1)
             hit = np.isin(idx, listed)
             if oob is not None:
@@ -230,26 +234,11 @@ class Embedding:
 
     def _renorm(self, flat: np.ndarray) -> None:
         """Scale rows (in place) whose norm exceeds ``max_norm`` as PyTorch does."""
-        work = flat.astype(np.float32) if flat.dtype == np.float16 else flat
-        p = self.norm_type
-        if p == 2.0:
-            norms = np.sqrt(np.einsum("ij,ij->i", work, work))
-        else:
-            norms = np.linalg.norm(work, ord=p, axis=1)
-        big = norms > self.max_norm
-        if big.any():
-            factor = self.max_norm / (norms[big] + 1e-7)
-            flat[big] = (work[big] * factor[:, None].astype(work.dtype)).astype(flat.dtype)
-
-    def _check_like_ids(self, value, shape, name: str) -> np.ndarray:
-        arr = np.asarray(value)
-        if arr.shape != tuple(shape):
-            raise ShapeMismatchError(
-                f"{name} must have the shape of ids {tuple(shape)}, got {arr.shape}")
-        return arr
+        if self.max_norm is not None:
+            renorm(flat, self.max_norm, self.norm_type)
 
     def _as_mask(self, mask, shape) -> np.ndarray:
-        m = self._check_like_ids(mask, shape, "mask")
+        m = check_like_ids(mask, shape, "mask")
         if m.dtype == bool:
             return m
         if m.dtype.kind not in "iuf":
@@ -263,7 +252,7 @@ class Embedding:
         return m != 0
 
     def _as_weights(self, weights, shape) -> np.ndarray:
-        w = self._check_like_ids(weights, shape, "weights")
+        w = check_like_ids(weights, shape, "weights")
         if w.dtype.kind not in "iuf":
             raise ShapeMismatchError(f"weights must be numbers, got dtype {w.dtype}")
         return w
@@ -278,7 +267,7 @@ class Embedding:
             return self._table.lookup(ids)  # the plain lookup: nothing to do on top
         if keyed:  # keys: known ones by row, unknown ones from their n-grams
             if unk is not None:
-                raise ValueError("unk= lists ids; it does not apply to keys")
+                raise InvalidOptionError("unk= lists ids; it does not apply to keys")
             rows = np.array(self._table.lookup_keys(ids, oov="subword"), order="C")
             if self.max_norm is not None and rows.size:
                 self._renorm(rows.reshape(-1, self.dim))
@@ -323,9 +312,9 @@ class Embedding:
                 f"{arr.shape}")
         window = (slice(None), slice(start, end))
         if mask is not None:
-            mask = self._check_like_ids(mask, arr.shape, "mask")[window]
+            mask = check_like_ids(mask, arr.shape, "mask")[window]
         if weights is not None:
-            weights = self._check_like_ids(weights, arr.shape, "weights")[window]
+            weights = check_like_ids(weights, arr.shape, "weights")[window]
         return self(arr[window], mask=mask, weights=weights, unk=unk)
 
     def contextual(self, ids: ArrayLike, hidden: ArrayLike, projection: ArrayLike, *,
@@ -360,7 +349,8 @@ class Embedding:
 
         2-D ``ids`` are fixed-length bags (``offsets`` must be None); 1-D ``ids``
         with ``offsets`` (first 0, non-decreasing) are variable-length bags, and
-        ``include_last_offset=True`` means the last offset closes the last bag.
+        ``include_last_offset=True`` means the last offset is no bag's start (the last bag
+        runs to the end of the ids, as torch's with a ``padding_idx``).
         ``mode``: ``"sum"``, ``"mean"`` or ``"max"``.  ``weights`` (the shape of
         ``ids``) multiply rows for ``sum``; for ``mean`` they give the weighted
         average ``sum(w*x)/sum(w)``; ``max`` takes none.  ``padding_idx`` entries
@@ -369,8 +359,12 @@ class Embedding:
         give zeros.  Rows are renormalised by ``max_norm`` and multiplied by
         ``scale`` before pooling.
         """
-        return pool_bags(self, ids, offsets, weights, mode=mode,
-                         include_last_offset=include_last_offset, unk=unk)
+        check_bag_mode(mode, weights)
+        idx, zero = self._map_ids(ids, unk)
+        return pool_bags(idx, zero, offsets, weights, self._rows, dim=self.dim,
+                         dtype=self.dtype, padding_idx=self.padding_idx,
+                         scale_factor=self.scale_factor, mode=mode,
+                         include_last_offset=include_last_offset)
 
     def logits(self, hidden: ArrayLike, top_k: int | None = None, *,
                block_rows: int | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -378,19 +372,30 @@ class Embedding:
 
         ``hidden`` has shape ``(..., dim)``; the result ``(..., vocab_size)``, or with
         ``top_k`` a pair ``(values, ids)`` of shape ``(..., k)`` sorted by descending
-        value (ties: lower id first).  See :func:`embstore.search.logits`.
+        value (ties: lower id first).  See :func:`embstore.search.stream.logits`.
         """
         return logits(self._table, hidden, top_k=top_k, block_rows=block_rows)
 
-    def most_similar(self, query: ArrayLike, k: int = 10, exclude: ArrayLike = (), *,
+    def most_similar(self, query: ArrayLike | None = None, k: int | None = 10,
+                     exclude: ArrayLike = (), *, positive=None, negative=None,
                      block_rows: int | None = None, approx: bool = False,
                      ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact cosine top-``k`` rows for a vector, id or key (or a batch of them);
         ``approx=True``: from the table's approximate index, search effort ``ef``.
+        ``positive``/``negative`` (keys, ids, vectors) instead of ``query``: gensim's
+        analogy, ``positive=["king", "woman"], negative=["man"]`` (see :mod:`embstore.search.analogy`).
 
         Returns ``(ids, scores)``, sorted by descending score (ties: lower id first);
-        see :func:`embstore.search.most_similar`.
+        see :func:`embstore.search.stream.most_similar`.
         """
+        if positive is not None or negative is not None:
+            if query is not None:
+                raise InvalidOptionError("pass query, or positive/negative (an analogy), not both")
+            query, own = analogy_query(self._table, positive, negative)
+            exclude = np.concatenate([own, _resolve_ids_or_keys(self._table, exclude)])
+        elif query is None:
+            raise InvalidOptionError("most_similar needs a query, or positive/negative keys "
+                                     "(an analogy)")
         if self.oov == "subword" and holds_keys(query):
             return similar_keys(self._table, query, k=k, exclude=exclude, block_rows=block_rows,
                                 approx=approx, ef=ef)

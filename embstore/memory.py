@@ -8,8 +8,8 @@ from numpy.typing import ArrayLike
 from ._types import KeysLike
 from .dtypes import dtype_list, is_float_dtype
 from .errors import ShapeMismatchError
-from .ids import as_ids
-from .table import Table, Vocab, as_key_array
+from .ids import as_ids, as_key_array
+from .table import Table, Vocab
 
 __all__ = ["MemoryTable", "DictVocab", "check_table_array"]
 

@@ -14,15 +14,17 @@ and batch jobs share.
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 import numpy as np
 
-from .errors import InvalidIdError, InvalidOptionError, KeyNotFoundError
+from .errors import InvalidIdError, InvalidOptionError, KeyNotFoundError, table_label
 from .ids import one_of
 
 __all__ = ["OOV_MODES", "KEY_OOV_MODES", "EMBEDDING_OOV_MODES", "OOV", "check_oov", "map_oov",
-           "subword_rows"]
+           "subword_rows", "NgramMatrix"]
 
 OOV = Literal["error", "zero", "unk", "subword"]
 OOV_MODES: tuple[str, ...] = ("error", "zero", "unk")  # ids and keys
@@ -34,7 +36,7 @@ def check_oov(oov: object, unk_id: object, modes: tuple[str, ...] = OOV_MODES) -
     """``oov`` if it is one of ``modes`` (and ``"unk"`` comes with an ``unk_id``)."""
     one_of(oov, "oov", modes)
     if oov == "unk" and unk_id is None:
-        raise ValueError("oov='unk' needs unk_id")
+        raise InvalidOptionError("oov='unk' needs unk_id")
     return str(oov)
 
 
@@ -48,7 +50,7 @@ def map_oov(ids: np.ndarray, bad: np.ndarray, oov: str, *, unk_id: int | None = 
     """
     if oov == "unk":
         if unk_id is None:
-            raise ValueError("oov='unk' needs unk_id")
+            raise InvalidOptionError("oov='unk' needs unk_id")
         return np.where(bad, np.int64(unk_id), ids)
     if oov == "zero":
         return np.where(bad, np.int64(zero_id), ids)
@@ -58,16 +60,32 @@ def map_oov(ids: np.ndarray, bad: np.ndarray, oov: str, *, unk_id: int | None = 
                                  id=None, position=None, vocab_size=0)
         below = bad if low is None else low
         return np.where(below, np.int64(0), np.where(bad, np.int64(vocab_size - 1), ids))
-    raise ValueError(f"oov={oov!r} maps no ids (expected 'zero', 'unk' or 'clip')")
+    raise InvalidOptionError(f"oov={oov!r} maps no ids (expected 'zero', 'unk' or 'clip')")
+
+
+class NgramMatrix(Protocol):
+    """A fastText model's n-gram matrix, as ``Table.subwords`` gives it
+    (:class:`embstore.store.subword.ngrams.Subwords` is one)."""
+
+    minn: int
+    maxn: int
+    bucket: int
+
+    def vectors(self, words: Sequence[str]) -> np.ndarray:
+        """``(len(words), dim)``: each word the mean of its n-gram rows."""
+
+    def copy_into(self, staging: str | os.PathLike[str], dtype: str, compression: str,
+                  block_bytes: int) -> None:
+        """Stream the matrix into a table being written at ``staging`` (``save``)."""
 
 
 def subword_rows(table, keys: np.ndarray) -> np.ndarray:
     """Vectors of the unknown ``keys`` (1-D) from ``table.subwords`` (the n-gram matrix of a
     fastText model): each distinct key is composed once."""
-    sub = getattr(table, "subwords", None)
+    sub = table.subwords
     if sub is None:
         raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams (imported "
-                                 f"from a fastText .bin model); {table!r} has none")
+                                 f"from a fastText .bin model); {table_label(table)} has none")
     if keys.size == 0:
         return np.zeros((0, table.dim), dtype=table.dtype)
     if sub.bucket == 0:

@@ -9,46 +9,40 @@ slower, ``np.maximum.reduceat`` up to 10x); empty bags stay zero.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
-from .errors import ShapeMismatchError
-from .ids import one_of
+from .errors import InvalidOptionError, ShapeMismatchError
+from .ids import check_like_ids, one_of
 
-__all__ = ["pool_bags", "bag_bounds"]
+__all__ = ["pool_bags", "bag_bounds", "check_bag_mode"]
 
 _MODES = ("sum", "mean", "max")
 
+Rows = Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+"""``rows(idx, zero)``: the rows of mapped ids ``idx`` (zeros where ``zero``), as a new,
+writable array of shape ``idx.shape + (dim,)`` (for a layer: lookup, then ``max_norm``)."""
 
-class Embedding(Protocol):
-    """What pooling needs of an embedding layer (:class:`embstore.layer.Embedding` is one)."""
 
-    @property
-    def dim(self) -> int: ...
+class _Bags(NamedTuple):
+    """What the bag reducers need: plain values and the row reader."""
 
-    @property
-    def dtype(self) -> np.dtype: ...
-
-    @property
-    def padding_idx(self) -> int | None: ...
-
-    @property
-    def scale_factor(self) -> float | None: ...
-
-    def _map_ids(self, ids, unk) -> tuple[np.ndarray, np.ndarray | None]: ...
-
-    def _check_like_ids(self, values, shape, what: str) -> np.ndarray: ...
-
-    def _rows(self, idx: np.ndarray, zero: np.ndarray | None) -> np.ndarray: ...
+    rows: Rows
+    dim: int
+    padding_idx: int | None
+    scale_factor: float | None
 
 
 def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, ends)`` (int64) of the bags of 1-D ids of length ``n`` given ``offsets``.
 
-    As PyTorch: ``offsets[0]`` must be 0 and offsets non-decreasing; without
-    ``include_last_offset`` the last bag runs to the end of the ids, with it the
-    last offset ends the last bag and must equal ``n``.
+    As PyTorch: ``offsets[0]`` must be 0 and offsets non-decreasing, at most ``n``; the
+    last bag runs to the end of the ids.  With ``include_last_offset`` there is one bag
+    fewer than offsets, and the last offset (documented as ``n``) is not an end either:
+    a smaller one still leaves the last bag running to the end, as torch does with a
+    ``padding_idx`` and in mode ``max`` (torch's test_embeddingbag_include_last_offset).
     """
     off = np.asarray(offsets)
     if off.ndim != 1:
@@ -72,13 +66,8 @@ def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, 
                                      f"{off[i - 1]} > offsets[{i}] = {off[i]}")
         if off[-1] > n:
             raise ShapeMismatchError(f"offsets must be <= len(ids) = {n}, got {off[-1]}")
-        if include_last_offset and off[-1] != n:
-            # PyTorch documents the last offset as len(ids); what it does otherwise
-            # differs between its modes, so refuse instead of guessing.
-            raise ShapeMismatchError(f"with include_last_offset=True the last offset must be "
-                                     f"len(ids) = {n}, got {off[-1]}")
     if include_last_offset:
-        return off[:-1], off[1:]
+        off = off[:-1]
     return off, np.append(off[1:], np.int64(n))
 
 
@@ -123,14 +112,24 @@ def segment_reduce(vals: np.ndarray, lens: np.ndarray, op) -> np.ndarray:
     return vals
 
 
-def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_offset: bool,
-              unk=None) -> np.ndarray:
-    """The body of :meth:`Embedding.bag` (see there for the semantics)."""
+def check_bag_mode(mode: str, weights) -> None:
+    """``mode`` one of sum, mean, max; ``weights`` only with sum and mean."""
     one_of(mode, "mode", _MODES)
     if weights is not None and mode == "max":
-        raise ValueError("per-sample weights are supported for mode='sum' and mode='mean', "
+        raise InvalidOptionError("per-sample weights are supported for mode='sum' and "
+                                 "mode='mean', "
                          "not for mode='max'")
-    idx, zero = emb._map_ids(ids, unk)
+
+
+def pool_bags(idx: np.ndarray, zero: np.ndarray | None, offsets, weights, rows: Rows, *,
+              dim: int, dtype: np.dtype, padding_idx: int | None,
+              scale_factor: float | None, mode: str,
+              include_last_offset: bool) -> np.ndarray:
+    """Pool the rows of mapped ids ``idx`` (int64; ``zero`` marks zero-row entries) into
+    bags, as ``dtype``: the body of :meth:`embstore.layer.Embedding.bag` (see there for
+    the semantics).  ``rows`` reads the rows of ids (see :data:`Rows`); entries equal to
+    ``padding_idx`` leave their bag; rows are multiplied by ``scale_factor``."""
+    check_bag_mode(mode, weights)
     if idx.ndim == 2:
         if offsets is not None:
             raise ShapeMismatchError(
@@ -145,12 +144,13 @@ def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_
         raise ShapeMismatchError(
             f"bag takes 2-D ids (fixed-length bags) or 1-D ids with offsets, got shape "
             f"{idx.shape}")
+    emb = _Bags(rows, dim, padding_idx, scale_factor)
     w = None
     if weights is not None:
-        w = emb._check_like_ids(weights, idx.shape, "weights")
+        w = check_like_ids(weights, idx.shape, "weights")
         if w.dtype.kind not in "iuf":
             raise ShapeMismatchError(f"weights must be numbers, got dtype {w.dtype}")
-    acc = np.result_type(emb.dtype, np.float32)  # float16 tables accumulate in float32
+    acc = np.result_type(dtype, np.float32)  # float16 tables accumulate in float32
     if idx.ndim == 2 and idx.size * emb.dim * acc.itemsize > BAG_BLOCK_BYTES:
         # too many rows to gather at once: as variable-length bags, in blocks of entries
         nbags, length = idx.shape
@@ -163,12 +163,12 @@ def pool_bags(emb: Embedding, ids, offsets, weights, *, mode: str, include_last_
         out = _fixed_bags(emb, idx, zero, w, mode, acc)
     else:
         out = _variable_bags(emb, idx, zero, w, starts, ends, mode, acc)
-    return out.astype(emb.dtype, copy=False)
+    return out.astype(dtype, copy=False)
 
 
-def _weighted_rows(emb: Embedding, idx, zero, w, acc) -> tuple[np.ndarray, np.ndarray | None]:
+def _weighted_rows(emb: _Bags, idx, zero, w, acc) -> tuple[np.ndarray, np.ndarray | None]:
     """Rows (lookup, max_norm) times weight and scale; weights as ``acc``."""
-    rows = emb._rows(idx, zero).astype(acc, copy=False)
+    rows = emb.rows(idx, zero).astype(acc, copy=False)
     factor = emb.scale_factor
     wk = None
     if w is not None:
@@ -190,7 +190,7 @@ def _divide(sums: np.ndarray, denom: np.ndarray) -> np.ndarray:
     return sums
 
 
-def _fixed_bags(emb: Embedding, idx, zero, w, mode, acc) -> np.ndarray:
+def _fixed_bags(emb: _Bags, idx, zero, w, mode, acc) -> np.ndarray:
     nbags, length = idx.shape
     if nbags == 0 or length == 0:
         return np.zeros((nbags, emb.dim), dtype=acc)
@@ -217,7 +217,7 @@ def _fixed_bags(emb: Embedding, idx, zero, w, mode, acc) -> np.ndarray:
     return _divide(out, denom)
 
 
-def _variable_bags(emb: Embedding, idx, zero, w, starts, ends, mode, acc) -> np.ndarray:
+def _variable_bags(emb: _Bags, idx, zero, w, starts, ends, mode, acc) -> np.ndarray:
     out = np.zeros((starts.size, emb.dim), dtype=acc)
     if starts.size == 0:
         return out

@@ -11,7 +11,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["Progress", "Tally", "Display", "display"]
+__all__ = ["Progress", "Tally", "Display", "display", "plural"]
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 block``, ``2 blocks`` (``many``: the plural when it is not ``word + "s"``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 Progress = Callable[[int, "int | None"], None]
 """``on_progress(done, total)``: units done so far, and the total if known."""

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ._types import KeysLike
-from .cache import CacheInfo
-from .dasktable import to_dask
-from .errors import ClosedTableError, KeyNotFoundError, ReadOnlyError, ShapeMismatchError
-from .ids import alloc_result, as_ids, check_result_size, memory_refused, position_of, positive_int
-from .oov import KEY_OOV_MODES, OOV, check_oov, map_oov, subword_rows
+from .cache.rows import CacheInfo
+from .dasktable import to_dask, to_xarray
+from .dtypes.bfloat16 import widen
+from .errors import (ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError,
+                     ShapeMismatchError, table_label)
+from .ids import (alloc_result, as_ids, as_key_array, at_position, check_result_size,
+                  memory_refused, position_of, positive_int)
+from .oov import KEY_OOV_MODES, OOV, NgramMatrix, check_oov, map_oov, subword_rows
 
-__all__ = ["Table", "Vocab", "as_key_array"]
+__all__ = ["Table", "Vocab"]
 
 
 class Vocab(abc.ABC):
@@ -91,33 +94,6 @@ class KeySequence(Sequence):
         return f"KeySequence([{head}{', ...' if n > 5 else ''}], len={n})"
 
 
-def as_key_array(keys) -> np.ndarray:
-    """Keys of any shape as an object array of ``str`` (a bare ``str`` gives shape ())."""
-    if isinstance(keys, str):
-        out = np.empty((), dtype=object)
-        out[()] = keys
-        return out
-    arr = np.asarray(keys, dtype=object) if not isinstance(keys, np.ndarray) else keys
-    if arr.dtype.kind in "US":
-        arr = arr.astype(object)
-    elif arr.dtype != object:
-        raise KeyNotFoundError(f"keys must be strings, got an array of {arr.dtype}",
-                               key=None, position=None)
-    flat = arr.reshape(-1)
-    if flat.size:
-        is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
-        if not is_str.all():
-            i = int(np.argmin(is_str))
-            v = flat[i]
-            if isinstance(v, str):  # str subclasses are fine
-                pass
-            else:
-                raise KeyNotFoundError(
-                    f"keys must be strings, got {type(v).__name__} {v!r} at position "
-                    f"{position_of(i, arr.shape)}", key=v, position=position_of(i, arr.shape))
-    return arr
-
-
 class Table(abc.ABC):
     """An embedding table: ``vocab_size`` rows of ``dim`` values, optional keys."""
 
@@ -153,11 +129,11 @@ class Table(abc.ABC):
         return out
 
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        raise ReadOnlyError(f"{self!r} is read-only")
+        raise ReadOnlyError(f"{table_label(self)} is read-only")
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int | None:
         """Store rows at the end; returns the first new id (None: ``vocab_size`` before)."""
-        raise ReadOnlyError(f"{self!r} is read-only")
+        raise ReadOnlyError(f"{table_label(self)} is read-only")
 
     # -- geometry ---------------------------------------------------------------------
     @property
@@ -178,6 +154,26 @@ class Table(abc.ABC):
         codes and return :attr:`dtype` rows); here the same as :attr:`dtype`."""
         return self.dtype.name
 
+    # -- what a backend may have (declared here, so callers need no getattr probes) ------
+    path: Any = None
+    """Where the table is stored (a directory, or a URL on object storage); None in memory."""
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the rows are on object storage (a URL)."""
+        return False
+
+    @property
+    def layout(self) -> dict | None:
+        """How stored rows are cut (``chunk_rows``, ``shard_rows``, ``compression``, ...);
+        None for a table not stored in shards."""
+        return None
+
+    @property
+    def subwords(self) -> NgramMatrix | None:
+        """The n-gram matrix of a fastText model (``oov="subword"``); None for others."""
+        return None
+
     def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """``(codes, scale, offset)`` of rows ``ids`` as stored: for a table that stores its
         dtype, the rows themselves and None, None (see ``ZarrTable.raw``)."""
@@ -193,7 +189,7 @@ class Table(abc.ABC):
     def _check_open(self) -> None:
         """Every method of a closed table raises :class:`ClosedTableError` (one message)."""
         if self._closed:
-            where = getattr(self, "path", None)
+            where = self.path
             what = "the table" if where is None else f"the table at {where}"
             raise ClosedTableError(f"{what} is closed (open it again to use it)")
 
@@ -251,10 +247,13 @@ class Table(abc.ABC):
         return self._read_rows(0, self.vocab_size)
 
     def to_dask(self, block_rows: int | None = None):
-        """The table as a lazy ``dask.array`` (needs dask): blocks of whole shards read
-        through the fast path, and ``x[ids]`` a table lookup per block of ids (see
-        :mod:`embstore.dasktable`)."""
+        """The table as a lazy ``dask.array``: blocks of whole shards read by the fast path,
+        ``x[ids]`` a lookup per block of ids (:mod:`embstore.dasktable`)."""
         return to_dask(self, block_rows)
+
+    def to_xarray(self, block_rows: int | None = None):
+        """xarray ``vectors (row, dim)`` over :meth:`to_dask`; keys a coordinate of ``row``."""
+        return to_xarray(self, block_rows)
 
     # -- NumPy and Python protocols ---------------------------------------------------------
     _ARRAY_BLOCK_BYTES = 64 << 20  # __array__ with a dtype change converts 64 MiB at a time
@@ -310,7 +309,7 @@ class Table(abc.ABC):
         """int64 row ids for ``keys`` of any shape; ``missing=-1`` puts -1 for unknown keys."""
         if not (isinstance(missing, str) and missing == "error") and not (
                 isinstance(missing, int) and missing == -1):
-            raise ValueError(f"missing must be 'error' or -1, got {missing!r}")
+            raise InvalidOptionError(f"missing must be 'error' or -1, got {missing!r}")
         arr = as_key_array(keys)
         vocab = self._require_vocab()
         ids = vocab.find(arr.reshape(-1)).reshape(arr.shape)
@@ -318,7 +317,7 @@ class Table(abc.ABC):
             i = int(np.argmax(ids.reshape(-1) < 0))
             key = arr.reshape(-1)[i]
             pos = position_of(i, arr.shape)
-            raise KeyNotFoundError(f"key {key!r} at position {pos} is not in the table",
+            raise KeyNotFoundError(f"key {key!r}{at_position(pos, arr.shape)} is not in the table",
                                    key=key, position=pos)
         return ids
 
@@ -342,15 +341,14 @@ class Table(abc.ABC):
     def _check_writable(self) -> None:
         self._check_open()  # a closed r+ table is closed, not read-only
         if not self.writable:
-            raise ReadOnlyError(f"{self!r} is read-only (open it with mode='r+')")
+            raise ReadOnlyError(f"{table_label(self)} is read-only (open it with mode='r+')")
 
     def _check_vectors(self, vectors, lead_shape, what: str) -> np.ndarray:
         vec = np.asarray(vectors)
         want = tuple(lead_shape) + (self.dim,)
         if vec.shape != want:
             raise ShapeMismatchError(f"{what}: expected vectors of shape {want}, got {vec.shape}")
-        if vec.dtype.name == "bfloat16":  # ml_dtypes' NumPy bfloat16: widened exactly
-            vec = vec.astype(np.float32)
+        vec = widen(vec)  # ml_dtypes' NumPy bfloat16: widened exactly
         if vec.dtype.kind not in "fiu":
             raise ShapeMismatchError(f"{what}: expected numeric vectors, got dtype {vec.dtype}")
         vec = np.ascontiguousarray(vec, dtype=self.dtype)

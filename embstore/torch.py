@@ -25,14 +25,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import EmbstoreError
+import contextlib
+from collections.abc import Iterator
+
+from .errors import (EmbstoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
+                     ShapeMismatchError)
 from .layer import Embedding as _Layer
+from .memory import MemoryTable
 from .optional import require
 from .store.table import ZarrTable
 from .store.table import open as open_table
 from .table import Table
 
-__all__ = ["Embedding", "EmbeddingBag", "to_nn_embedding"]
+__all__ = ["Embedding", "EmbeddingBag", "to_nn_embedding", "TorchIdError", "TorchShapeError",
+           "TorchNotImplementedError", "TorchPaddingIdxError"]
 
 if TYPE_CHECKING:
     import torch
@@ -42,30 +48,100 @@ else:
 _BAG_MODES = ("sum", "mean", "max")
 
 
+# -- errors: the class torch raises, and embstore's (issue 32) -------------------------------
+class TorchIdError(InvalidIdError, RuntimeError):
+    """An id ``torch.nn.EmbeddingBag`` refuses with ``RuntimeError`` (out of range, not an
+    integer); still an ``IndexError`` (:class:`~embstore.InvalidIdError`), as
+    ``torch.nn.Embedding`` raises for out-of-range ids."""
+
+
+class TorchShapeError(ShapeMismatchError, RuntimeError):
+    """Offsets, weights or a weight matrix torch refuses: ``RuntimeError`` (bad offsets, a
+    weight that is not 2-D, per-sample weights of another dtype) or ``ValueError`` (shapes;
+    :class:`~embstore.ShapeMismatchError` is one)."""
+
+
+class TorchNotImplementedError(InvalidOptionError, NotImplementedError):
+    """``per_sample_weights`` with ``mode='max'`` (torch: ``NotImplementedError``)."""
+
+
+class TorchPaddingIdxError(InvalidIdError, AssertionError):
+    """A module's ``padding_idx`` out of range (torch: ``AssertionError``)."""
+
+
+_AS_TORCH: dict[type[EmbstoreError], type[EmbstoreError]] = {
+    InvalidIdError: TorchIdError, ShapeMismatchError: TorchShapeError,
+    InvalidOptionError: TorchNotImplementedError}
+
+
+@contextlib.contextmanager
+def _torch_errors(table: dict[type[EmbstoreError], type[EmbstoreError]] | None = None
+                  ) -> Iterator[None]:
+    """Re-raise embstore's errors of a forward as the classes that also derive from the
+    builtin torch raises there (message and attributes kept)."""
+    try:
+        yield
+    except EmbstoreError as exc:
+        for base, cls in (table or _AS_TORCH).items():
+            if type(exc) is base:
+                new = cls.__new__(cls)
+                new.__dict__.update(exc.__dict__)
+                new.args = exc.args
+                raise new.with_traceback(exc.__traceback__) from None
+        raise
+
+
 def _as_table(path_or_table, cache_bytes) -> tuple[Table, bool]:
-    """``(table, opened_here)``: a :class:`Table` as given, or the on-disk table at a path."""
+    """``(table, opened_here)``: a :class:`Table` as given, the on-disk table at a path,
+    or a 2-D array or tensor (a :class:`MemoryTable` over it, as ``from_pretrained``)."""
     if isinstance(path_or_table, Table):
         return path_or_table, False
     if isinstance(path_or_table, (str, os.PathLike)):
         return open_table(path_or_table, mode="r", cache_bytes=cache_bytes), True
-    raise TypeError(f"expected an embstore Table or the path of a table, got "
-                    f"{type(path_or_table).__name__}")
+    if isinstance(path_or_table, (torch.Tensor, np.ndarray)):
+        w = path_or_table
+        if w.ndim != 2:
+            raise TorchShapeError(f"'weight' must be 2-D (num_embeddings, embedding_dim), got "
+                                  f"shape {tuple(w.shape)}")
+        if isinstance(w, torch.Tensor):
+            w = w.detach().cpu()
+            w = (w.float() if w.dtype == torch.bfloat16 else w).numpy()
+        return MemoryTable(np.ascontiguousarray(w)), False
+    raise InvalidTypeError(f"expected an embstore Table, the path of a table or a 2-D weight, "
+                           f"got {type(path_or_table).__name__}")
+
+
+_TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
+                 "bfloat16": torch.bfloat16}
+
+
+def _rows_dtype(table: Table, given) -> torch.dtype:
+    """The torch dtype of the rows a module returns: the table's storage dtype when torch
+    has it (a bfloat16 table, or weight, gives bfloat16 as torch does), else its dtype."""
+    if isinstance(given, torch.Tensor) and given.dtype == torch.bfloat16:
+        return torch.bfloat16
+    return _TORCH_DTYPES.get(table.storage_dtype, _TORCH_DTYPES[table.dtype.name])
 
 
 def _numpy(value, what: str) -> np.ndarray:
-    """A tensor (or array-like) as a NumPy array, without a copy for CPU tensors."""
+    """A tensor (or array-like) as a NumPy array, without a copy for CPU tensors
+    (bfloat16, which NumPy lacks, widened to float32: exact)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
     if value is None:
-        raise TypeError(f"{what} must be a tensor, got None")
+        raise InvalidTypeError(f"{what} must be a tensor, got None")
     return np.asarray(value)
 
 
-def _tensor(rows: np.ndarray, like) -> torch.Tensor:
-    """Rows as a tensor sharing their memory, on the device of ``like`` (a tensor or None)."""
+def _tensor(rows: np.ndarray, like, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Rows as a tensor sharing their memory (``dtype``: cast when it is another, bfloat16),
+    on the device of ``like`` (a tensor or None)."""
     if not rows.flags.writeable or not rows.flags.c_contiguous:  # from_numpy wants owned rows
         rows = np.array(rows, order="C")
     out = torch.from_numpy(rows)
+    if dtype is not None and out.dtype != dtype:
+        out = out.to(dtype)
     if isinstance(like, torch.Tensor) and like.device.type != "cpu":
         out = out.to(like.device)
     return out
@@ -78,12 +154,14 @@ class _TableModule(torch.nn.Module):
                  norm_type: float = 2.0, cache_bytes="256MiB"):
         super().__init__()
         self._table, self._owns_table = _as_table(table, cache_bytes)
+        self._dtype = _rows_dtype(self._table, table)
         self._options: dict[str, Any] = {"padding_idx": padding_idx, "max_norm": max_norm,
                          "norm_type": norm_type}
         self._build()
 
     def _build(self) -> None:
-        self._layer = _Layer(self._table, **self._options)  # checks the options
+        with _torch_errors({InvalidIdError: TorchPaddingIdxError}):  # checks the options
+            self._layer = _Layer(self._table, **self._options)
         self._pid = os.getpid()
 
     # -- what torch.nn.Embedding calls its attributes ------------------------------------
@@ -118,7 +196,7 @@ class _TableModule(torch.nn.Module):
                 s += f", {name}={getattr(self, name)}"
         if self.max_norm is not None and self.norm_type != 2.0:
             s += f", norm_type={self.norm_type}"
-        path = getattr(self._table, "path", None)
+        path = self._table.path
         return s + (f", path={str(path)!r}" if path is not None else "")
 
     # -- the layer, reopened in a forked child ---------------------------------------------
@@ -187,7 +265,8 @@ class Embedding(_TableModule):
                    norm_type=norm_type, cache_bytes=cache_bytes)
 
     def forward(self, input) -> torch.Tensor:  # noqa: A002 (torch's name)
-        return _tensor(self._live()(_numpy(input, "input")), input)
+        with _torch_errors():
+            return _tensor(self._live()(_numpy(input, "input")), input, self._dtype)
 
 
 class EmbeddingBag(_TableModule):
@@ -206,8 +285,8 @@ class EmbeddingBag(_TableModule):
                  padding_idx: int | None = None, max_norm: float | None = None,
                  norm_type: float = 2.0, cache_bytes="256MiB"):
         if mode not in _BAG_MODES:
-            raise ValueError(f"mode must be one of {', '.join(map(repr, _BAG_MODES))}, "
-                             f"got {mode!r}")
+            raise InvalidOptionError(f"mode must be one of {', '.join(map(repr, _BAG_MODES))}, "
+                                     f"got {mode!r}")
         super().__init__(table, padding_idx=padding_idx, max_norm=max_norm,
                          norm_type=norm_type, cache_bytes=cache_bytes)
         self.mode = mode
@@ -227,13 +306,17 @@ class EmbeddingBag(_TableModule):
             ", include_last_offset=True" if self.include_last_offset else "")
 
     def forward(self, input, offsets=None, per_sample_weights=None) -> torch.Tensor:  # noqa: A002
-        ids = _numpy(input, "input")
-        off = None if offsets is None else _numpy(offsets, "offsets")
-        w = None if per_sample_weights is None else _numpy(per_sample_weights,
-                                                           "per_sample_weights")
-        rows = self._live().bag(ids, off, w, mode=self.mode,  # type: ignore[arg-type]
-                                include_last_offset=self.include_last_offset)
-        return _tensor(rows, input)
+        psw = per_sample_weights
+        if isinstance(psw, torch.Tensor) and psw.dtype != self._dtype and self.mode != "max":
+            raise TorchShapeError(f"per_sample_weights must have the dtype of the rows "
+                                  f"({self._dtype}, as torch requires), got {psw.dtype}")
+        with _torch_errors():
+            ids = _numpy(input, "input")
+            off = None if offsets is None else _numpy(offsets, "offsets")
+            w = None if psw is None else _numpy(psw, "per_sample_weights")
+            rows = self._live().bag(ids, off, w, mode=self.mode,  # type: ignore[arg-type]
+                                    include_last_offset=self.include_last_offset)
+            return _tensor(rows, input, self._dtype)
 
 
 def to_nn_embedding(path_or_table, *, freeze: bool = True, padding_idx: int | None = None,
@@ -242,7 +325,7 @@ def to_nn_embedding(path_or_table, *, freeze: bool = True, padding_idx: int | No
     RAM), via ``from_pretrained``; ``freeze=False`` makes its weights trainable."""
     table, opened = _as_table(path_or_table, 0)
     try:
-        weights = torch.from_numpy(table.to_numpy())
+        weights = torch.from_numpy(table.to_numpy()).to(_rows_dtype(table, path_or_table))
     finally:
         if opened:
             table.close()

@@ -1,4 +1,7 @@
-"""Shared fixtures: one contract suite runs on every backend and layout."""
+"""Shared fixtures; ``make_table`` runs the layer, search and bag tests on several backends.
+
+The Table contract itself is tests/contract.py, subclassed per backend.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ import itertools
 import numpy as np
 import pytest
 
-import embstore
+pytest.register_assert_rewrite("contract")  # tests/contract.py: the contract suite
+
+import embstore  # noqa: E402
 
 # name -> keyword arguments of embstore.save (None: the in-memory backend)
 BACKENDS = {

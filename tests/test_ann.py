@@ -1,4 +1,4 @@
-"""The approximate index (embstore/ann.py, embstore/ann_ivf.py): recall against the exact
+"""The approximate index (embstore/search/ann.py, embstore/search/ivf.py): recall against the exact
 scan, exclusions, stale detection after write/append, the durable layout, the streamed
 build against FAISS's own in-RAM build, a moved table, a forked child, an index of an older
 embstore (usearch), the CLI, the missing extra."""
@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 import embstore
-from embstore.ann import META_FILE, StaleIndexWarning, index_info, index_path
-from embstore.ann_ivf import DATA_FILE, INDEX_FILE
+from embstore.search.ann import META_FILE, StaleIndexWarning, index_info, index_path
+from embstore.search.ivf import DATA_FILE, INDEX_FILE
 from embstore.cli import cli
 
 faiss = pytest.importorskip("faiss")
@@ -139,7 +139,7 @@ def test_index_files_and_refusals(tmp_path):
     embstore.build_index(path)
     d = index_path(path)
     assert d == path / "vectors" / ".embstore" / "ann"
-    assert sorted(os.listdir(d)) == sorted([INDEX_FILE, DATA_FILE, META_FILE])
+    assert sorted(os.listdir(d)) == sorted([INDEX_FILE, DATA_FILE, "lists.crc32c", META_FILE])
     assert [n for n in os.listdir(d.parent) if n.startswith("ann")] == ["ann"]  # no temp
     with pytest.raises(embstore.DestinationExistsError, match="overwrite=True"):
         embstore.build_index(path)
@@ -178,15 +178,15 @@ def test_cli_index_and_similar_approx(tmp_path):
     res = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--approx", "--ef", "20",
                          "--json"])
     assert res.exit_code == 0, res.output
-    got = [n["id"] for n in json.loads(res.output)["neighbours"]]
+    got = [n["id"] for n in json.loads(res.output)[0]["neighbours"]]
     exact = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--json"])
-    want = [n["id"] for n in json.loads(exact.output)["neighbours"]]
+    want = [n["id"] for n in json.loads(exact.output)[0]["neighbours"]]
     assert len(set(got) & set(want)) >= 4 and 1 not in got
     with embstore.open(path, mode="r+") as t:
         t.write([0], np.ones((1, 16)))
     res = r.invoke(cli, ["similar", str(path), "w1", "-k", "5", "--approx", "--json"])
     assert res.exit_code == 0 and "changed after its approximate index" in res.stderr
-    assert [n["id"] for n in json.loads(res.stdout)["neighbours"]] == want
+    assert [n["id"] for n in json.loads(res.stdout)[0]["neighbours"]] == want
 
 
 def test_missing_extra_names_it(tmp_path):
@@ -218,7 +218,7 @@ def _lists(index) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 def test_streamed_build_equals_faiss_in_ram(tmp_path, monkeypatch):
     """Many small blocks written at their lists' offsets: the same lists as FAISS's own
     IndexIVFFlat.add of every row at once, with the index's trained centroids."""
-    import embstore.ann_ivf as ann_ivf
+    import embstore.search.ivf as ann_ivf
     monkeypatch.setattr(ann_ivf, "_BLOCK_BYTES", 64 * 4 * 12)  # 64 rows a block
     a = _clustered(2000, 12, clusters=15, seed=3)
     a[[4, 900]] = 0
@@ -227,7 +227,7 @@ def test_streamed_build_equals_faiss_in_ram(tmp_path, monkeypatch):
     meta = embstore.build_index(path, nlist=16)
     assert meta["indexed_rows"] == 1998 and meta["nlist"] == 16
     with embstore.open(path) as t:
-        from embstore.ann import open_index
+        from embstore.search.ann import open_index
         mapped = open_index(t).ivf.index
         ref = faiss.IndexIVFFlat(faiss.downcast_index(mapped.quantizer), 12, 16,
                                  faiss.METRIC_INNER_PRODUCT)
@@ -339,8 +339,8 @@ def test_a_rebuild_swapped_in_while_opening_is_not_mixed_in(tmp_path, monkeypatc
     """A rebuild renamed into place between reading ``index.faiss`` and mapping its lists:
     the index opened keeps the lists of the build it read (one descriptor of the
     directory), so it still finds each row as its own nearest neighbour."""
-    from embstore import atomic
-    from embstore.ann_ivf import IvfIndex, faiss_module
+    from embstore.fs import atomic
+    from embstore.search.ivf import IvfIndex, faiss_module
     a = _clustered(2000, 16, seed=1)
     b = _clustered(2000, 16, seed=2)  # same shape, other rows and lists
     embstore.save(tmp_path / "a", a).close()
@@ -393,7 +393,7 @@ def test_a_killed_build_leaves_an_index_and_its_staging_is_swept(tmp_path):
         assert any(".tmp-" in p.name for p in area.iterdir())
     assert index_info(path)["nlist"] in (16, 64)
     with embstore.open(path) as t:
-        ids, _ = embstore.search.most_similar(t, a[[3, 40_000]], k=3, approx=True, ef=64)
+        ids, _ = embstore.search.stream.most_similar(t, a[[3, 40_000]], k=3, approx=True, ef=64)
     assert ids[:, 0].tolist() == [3, 40_000]
     embstore.build_index(path, nlist=8, overwrite=True)
     assert sorted(p.name for p in area.iterdir() if p.name != "last") == ["ann"]

@@ -283,7 +283,7 @@ def test_keys_oov_error_names_line_and_cleans_up(runner, tmp_path, table_array):
     res = runner.invoke(cli, ["lookup", str(tmp_path / "t.npy"), str(tmp_path / "text.txt"),
                               str(tmp_path / "o.npy"), "--keys"])
     assert res.exit_code == 1 and "has no keys" in res.output
-    with pytest.raises(embstore.InvalidIdError, match="id 500 at position"):
+    with pytest.raises(embstore.InvalidIdError, match="id 500 is out of range"):
         lookup_file(table, tmp_path / "text.txt", tmp_path / "o.npy", keys=True, oov="unk",
                     unk_id=V)
 

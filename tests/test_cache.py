@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore.cache import CacheInfo, RowCache, parse_bytes
+from embstore.cache.rows import CacheInfo, RowCache, parse_bytes
 
 
 def zipf_ids(rng, a, rows, n):
@@ -186,7 +186,7 @@ def test_large_cold_batches_admit_rows_on_their_second_miss(table):
     """Doorkeeper: of a big batch of first-time misses read from memory only ADMIT_ALL_BELOW
     rows are copied into the cache; the rest enter when missed again, and hit the third time."""
     path, E = table
-    from embstore.cache import ADMIT_ALL_BELOW
+    from embstore.cache.rows import ADMIT_ALL_BELOW
 
     t = embstore.open(path, cache_bytes="16MiB")
     t._cache.reads_cold = lambda: False  # pages resident (cold reads: see the next tests)
@@ -240,7 +240,7 @@ def test_cold_read_batches_are_cached_whole_while_there_is_room(table, budget, w
     cache has never-used slots for them: nothing is evicted, and a Zipf tail row that
     recurs is a hit instead of a page read.  Without room the doorkeeper rule stays."""
     path, E = table
-    from embstore.cache import ADMIT_ALL_BELOW
+    from embstore.cache.rows import ADMIT_ALL_BELOW
 
     t = embstore.open(path, cache_bytes=budget)
     t._cache.reads_cold = lambda: True

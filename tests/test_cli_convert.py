@@ -73,7 +73,7 @@ def test_import_summary_limit_and_duplicates(run, tmp_path):
     src.write_text("4 2\na 1 2\nb 3 4\na 5 6\nc 7 8\n")
     res = run("import", src, tmp_path / "t")
     assert res.exit_code == 0
-    assert "1 duplicate key(s) dropped (the first occurrence wins)" in res.stderr
+    assert "1 duplicate key dropped (the first occurrence wins)" in res.stderr
     vecs, keys, _ = opened(tmp_path / "t")
     assert keys == ["a", "b", "c"]
     np.testing.assert_array_equal(vecs, [[1, 2], [3, 4], [7, 8]])
@@ -235,7 +235,7 @@ def test_similar(run, tmp_path):
     assert run("import", d("gensim.txt"), tmp_path / "t", "-q").exit_code == 0
     res = run("similar", tmp_path / "t", "the", "-k", "2", "--json")
     assert res.exit_code == 0
-    out = json.loads(res.stdout)
+    (out,) = json.loads(res.stdout)  # a list, one entry per query
     unit = VALUES / np.linalg.norm(VALUES, axis=1, keepdims=True)
     cos = unit @ unit[0]
     order = [i for i in np.argsort(-cos, kind="stable") if i != 0][:2]

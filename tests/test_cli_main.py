@@ -138,7 +138,7 @@ def test_every_command_prints_json(tmp_path):
         assert res.exit_code == 0, (name, res.output)
         docs[name] = json.loads(res.stdout)
     assert docs["info"]["vocab_size"] == 5 and docs["verify"]["ok"] is True
-    assert [n["key"] for n in docs["similar"]["neighbours"]] == \
+    assert [n["key"] for n in docs["similar"][0]["neighbours"]] == \
         [keys[i] for i in np.argsort(-(E @ E[1] / np.linalg.norm(E, axis=1)))[1:3]]
     assert docs["export"]["rows"] == 5 and docs["import"]["rows"] == 5
     assert docs["lookup"]["shape"] == [2, 2, 4]
@@ -156,7 +156,7 @@ def test_quiet_everywhere_and_similar_by_id(tmp_path):
     by_key, by_id = _cli("similar", t, "cat", "--json"), _cli("similar", t, "--ids", "1", "--json")
     import json
 
-    a, b = json.loads(by_key.stdout), json.loads(by_id.stdout)
+    (a,), (b,) = json.loads(by_key.stdout), json.loads(by_id.stdout)
     assert b["query"] == 1 and a["neighbours"] == b["neighbours"]
     res = _cli("similar", t, "--ids", "cat")
     assert res.exit_code == 2 and "with --ids QUERY must be row ids" in res.output

@@ -77,7 +77,7 @@ def test_take_counts_from_the_end_and_refuses_out_of_range(table, weights):
     np.testing.assert_array_equal(x[[-1, 0, -V]].compute(), weights[[-1, 0, -V]])
     with pytest.raises(embstore.InvalidIdError, match=f"id {V} at position"):
         x[[0, V]]
-    with pytest.raises(embstore.InvalidIdError, match=f"id {-V - 1} at position"):
+    with pytest.raises(embstore.InvalidIdError, match=f"id {-V - 1} is out of range"):
         x[[-V - 1]]
 
 

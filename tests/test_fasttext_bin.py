@@ -23,7 +23,7 @@ import embstore
 from embstore.cli import cli
 from embstore.errors import FormatError, InvalidOptionError, KeyNotFoundError
 from embstore.formats import READ_FORMATS, detect
-from embstore.subword import ngram_hashes
+from embstore.store.subword.hashing import ngram_hashes
 
 MAGIC = 793712314
 
@@ -67,7 +67,7 @@ def ref_vector(word: str, own_row, ngrams: np.ndarray, minn: int, maxn: int) -> 
 
 def write_model(path, words, vocab_rows, ngram_rows, *, minn=3, maxn=6, old=False,
                 quant=False, version=12, encoding="utf-8", out_rows=None):
-    """A fastText .bin as fastText/gensim write it (see embstore/formats/fasttext_bin.py)."""
+    """A fastText .bin as fastText/gensim write it (see embstore/formats/fasttext/bin.py)."""
     n, dim = vocab_rows.shape
     bucket = ngram_rows.shape[0]
     out_rows = n if out_rows is None else out_rows

@@ -292,7 +292,7 @@ def test_text_writers_refuse_unwritable_keys(tmp_path):
 
 def test_registry():
     assert set(FORMATS) == {"npy", "word2vec", "fasttext", "glove", "word2vec-binary",
-                            "safetensors", "torch", "hf", "fasttext-bin"}
+                            "safetensors", "torch", "hf", "fasttext-bin", "parquet"}
     for name in FORMATS:
         assert callable(FORMATS[name].read)
     with pytest.raises(FormatError, match="unknown format 'csv'"):

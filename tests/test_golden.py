@@ -16,6 +16,7 @@ import pytest
 import zarr
 
 import embstore
+from embstore.dtypes import DTYPES
 
 DATA = Path(__file__).parent / "data"
 LAYOUT = {"chunk_rows": 16, "shard_rows": 64}
@@ -60,21 +61,58 @@ def test_golden_store_reads_back_exactly(compression):
     assert embstore.verify(path).ok
 
 
-@pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_save_writes_the_golden_bytes(tmp_path, compression, monkeypatch):
+def _want_rows(name: str, values: np.ndarray, path: Path) -> np.ndarray:
+    """The rows a golden store of storage dtype ``name`` holds, computed without embstore:
+    the values are multiples of 1/8 below 7 (exact in float16 and bfloat16); int8 rows are
+    ``code * scale + offset`` in float32 from the codes and scales zarr-python reads."""
+    if name != "int8":
+        return values.astype(np.float16) if name == "float16" else values.astype(name) \
+            if name != "bfloat16" else values
+    codes = zarr.open_array(path / "vectors", mode="r")[:]
+    rs = zarr.open_array(path / "row_scale", mode="r")[:]
+    want = codes.astype(np.float32) * rs[:, :1] + rs[:, 1:]
+    step = rs[:, :1]
+    assert (np.abs(want - values) <= step / 2 * (1 + 1e-6) + 1e-7).all()  # half a step
+    return want
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_golden_store_of_each_storage_dtype(name):
+    """One golden store per storage dtype (its record's ``golden``): the rows, the storage
+    dtype and the keys read back, and verify passes."""
+    record = DTYPES[name]
+    values, keys = golden_data()
+    path = DATA / record.golden
+    with embstore.open(path) as t:
+        assert t.storage_dtype == name and t.dtype == record.logical
+        got = t.to_numpy()
+        np.testing.assert_array_equal(got, _want_rows(name, values, path))
+        np.testing.assert_array_equal(t[[99, 0, 63, 64]], got[[99, 0, 63, 64]])
+        assert list(t.keys) == keys
+    assert embstore.verify(path).ok
+
+
+GOLDEN_WRITES = [("none", None)] + [("none", n) for n in sorted(DTYPES) if n != "float32"] + [
+    ("zstd", None)]
+
+
+@pytest.mark.parametrize("compression,dtype", GOLDEN_WRITES,
+                         ids=[f"{c}-{d or 'float32'}" for c, d in GOLDEN_WRITES])
+def test_save_writes_the_golden_bytes(tmp_path, compression, dtype, monkeypatch):
     import json
 
     import embstore.keys.writer
 
     values, keys = golden_data()
-    golden = DATA / f"golden-v1-{compression}"
+    golden = DATA / (DTYPES[dtype].golden if dtype else f"golden-v1-{compression}")
     fresh = tmp_path / "t"
     # new tables key their hash at random: write this one with the golden store's key
     info = json.loads((golden / "key_hash" / "zarr.json").read_text())["attributes"]
     hex_key = info["embstore_key_index"]["key"]
     monkeypatch.setattr(embstore.keys.writer, "new_hash_key",
                         lambda: (int(hex_key[:16], 16), int(hex_key[16:], 16)))
-    embstore.save(fresh, values, keys=keys, compression=compression, **LAYOUT).close()
+    embstore.save(fresh, values, keys=keys, compression=compression, dtype=dtype,
+                  **LAYOUT).close()
     want, got = _files(golden), _files(fresh)
     assert sorted(got) == sorted(want)
     assert any(name.startswith("vectors/c/") for name in want)  # shard files are compared
@@ -84,3 +122,18 @@ def test_save_writes_the_golden_bytes(tmp_path, compression, monkeypatch):
             assert _json_without_created_by(got[name]) == _json_without_created_by(path), name
         else:
             assert got[name].read_bytes() == path.read_bytes(), name
+
+
+def test_every_storage_dtype_is_offered_and_documented():
+    """The CLI's ``--dtype`` choices and docs/FORMAT.md derive from the records: a storage
+    dtype added to ``DTYPES`` shows up in both (or this fails)."""
+    from click.testing import CliRunner
+
+    from embstore.cli import cli
+
+    help_text = CliRunner().invoke(cli, ["import", "--help"]).output
+    spec = (Path(__file__).parents[1] / "docs" / "FORMAT.md").read_text(encoding="utf-8")
+    for name in DTYPES:
+        assert name in help_text, name
+        assert f'"{name}"' in spec, name
+        assert (DATA / DTYPES[name].golden / "zarr.json").is_file(), name

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore.cache import RowCache, parse_bytes
-from embstore.rowcaches import make_cache
+from embstore.cache.rows import RowCache, parse_bytes
+from embstore.cache.null import make_cache
 from embstore.errors import (ClosedTableError, InvalidIdError, InvalidOptionError,
                              ReadOnlyError, ResultTooLargeError)
 

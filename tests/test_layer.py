@@ -67,7 +67,7 @@ def test_oov_error_names_first_bad_id(E):
     with pytest.raises(InvalidIdError, match=r"id -1 at position \(0, 1\)") as info:
         emb(BAD)
     assert info.value.id == -1 and info.value.position == (0, 1)
-    with pytest.raises(InvalidIdError, match=f"id {V} at position"):
+    with pytest.raises(InvalidIdError, match=f"id {V} is out of range"):
         Embedding(E, padding_idx=0)([V])
 
 

@@ -1,5 +1,5 @@
 """The cold read path (issue 16): batches whose pages are not resident are prefetched
-(embstore/store/prefetch.py) and read exactly; results never differ from NumPy's.
+(embstore/store/shard/prefetch.py) and read exactly; results never differ from NumPy's.
 
 Cold is forced by making the residency check say so (deterministic), and once for real
 by evicting a table's pages and counting the bytes read (/proc/self/io).  No timing here:
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore.store import prefetch
+from embstore.store.shard import prefetch
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -279,12 +279,12 @@ def test_zstd_many_chunks_absent_and_damaged(tmp_path):
 def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
     """A warm zstd batch costs no crc32c call per chunk: each chunk's checksum is checked
     the first time it is read (as uncompressed chunks are), then never again."""
-    from embstore.store import shardcodec
+    from embstore.store.shard import codec as shardcodec
     path, E = _table(tmp_path, rows=4096, dim=16, compression="zstd", chunk_rows=2,
                      shard_rows=512)
     calls = []
-    real = shardcodec.crc32c
-    monkeypatch.setattr(shardcodec, "crc32c", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = shardcodec.crc_value
+    monkeypatch.setattr(shardcodec, "crc_value", lambda *a, **k: calls.append(1) or real(*a, **k))
     t = embstore.open(path, cache_bytes=0)
     ids = np.random.default_rng(5).integers(0, 4096, 1500)
     np.testing.assert_array_equal(t.lookup(ids), E[ids])
@@ -298,7 +298,7 @@ def test_zstd_chunks_are_checksummed_once_per_process(tmp_path, monkeypatch):
 def test_zstd_frame_damaged_under_a_valid_checksum_raises(tmp_path, n):
     """A stored frame that passes its crc32c but does not decode to one chunk (a writer's
     bug, or a checksum recomputed over damage) raises CorruptStoreError naming the chunk."""
-    from crc32c import crc32c
+    from embstore.fs.checksum import crc32c
     path, E = _table(tmp_path, rows=1024, dim=16, compression="zstd", chunk_rows=2,
                      shard_rows=1024)
     shard = path / "vectors" / "c" / "0" / "0"

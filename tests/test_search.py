@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import embstore
-from embstore import Embedding, InvalidIdError, KeyNotFoundError, ShapeMismatchError
+from embstore import (Embedding, InvalidIdError, InvalidOptionError, KeyNotFoundError,
+                      ShapeMismatchError)
 from embstore.memory import DictVocab
-from embstore.search import top_k_columns
+from embstore.search.stream import top_k_columns
 
 V, D = 50, 8
 KEYS = [f"w{i}" for i in range(V)]
@@ -226,7 +227,7 @@ def test_most_similar_errors(E):
     emb = Embedding(embstore.MemoryTable(E, keys=KEYS))
     with pytest.raises(KeyNotFoundError, match="nope"):
         emb.most_similar("nope")
-    with pytest.raises(InvalidIdError, match=f"id {V} at position"):
+    with pytest.raises(InvalidIdError, match=f"id {V} is out of range"):
         emb.most_similar(V)
     with pytest.raises(InvalidIdError):
         emb.most_similar(1, exclude=[-1])
@@ -234,8 +235,8 @@ def test_most_similar_errors(E):
         emb.most_similar(np.ones(D + 1))
     with pytest.raises(ShapeMismatchError, match=r"\(dim,\) or \(n, dim\)"):
         emb.most_similar(np.ones((2, 2, D)))
-    with pytest.raises(ValueError, match="k must be a positive int"):
-        emb.most_similar(1, k=0)
+    with pytest.raises(InvalidOptionError, match="k must be an int >= 0, got -1"):
+        emb.most_similar(1, k=-1)  # (k=0: no results, as gensim's topn=0)
     with pytest.raises(KeyNotFoundError, match="no keys"):
         Embedding(E).most_similar("w1")
 

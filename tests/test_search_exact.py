@@ -1,4 +1,4 @@
-"""The exact scan of embstore/search_exact.py over on-disk tables: every storage dtype and
+"""The exact scan of embstore/search/exact.py over on-disk tables: every storage dtype and
 layout (zero-copy views, chunked copies, compressed, without stored norms), batched queries,
 exclusions and ties, against a NumPy reference on the table's own values."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore.search import most_similar
+from embstore.search.stream import most_similar
 from embstore.store.scan import scan_blocks
 
 N, D = 2000, 32
@@ -122,7 +122,7 @@ def test_exclusions_ties_zero_rows_and_k_beyond_the_table(tmp_path):
 def split_small(monkeypatch):
     """Blocks split between 3 threads in parts of 16 rows (the scan's parallel product
     runs on the small tables of these tests)."""
-    import embstore.search_exact as se
+    import embstore.search.exact as se
     monkeypatch.setattr(se, "_MIN_PART_ROWS", 16)
     monkeypatch.setattr(se, "_PARTS", 3)
 
@@ -145,7 +145,7 @@ def test_split_scan_equals_numpy(tmp_path, rows, split_small, layout, n, k, bloc
 def test_batch_holds_blas_to_one_thread_and_restores_it(tmp_path, rows, split_small,
                                                         monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    import embstore.search_exact as se
+    import embstore.search.exact as se
     def numpy_blas():  # the BLAS NumPy's products run on (faiss, when loaded, has its own)
         return [i["num_threads"] for i in threadpoolctl.threadpool_info()
                 if i["user_api"] == "blas" and "numpy" in i["filepath"]]
@@ -233,7 +233,7 @@ def test_concurrent_batches_restore_blas_threads(tmp_path, rows, split_small):
 def test_blocks_of_rows_read_in_place_are_larger(tmp_path, rows):
     """Rows read in place (uncompressed one-row chunks) scan in blocks of VIEW_BLOCK_BYTES of
     rows, their scores held to SCAN_BLOCK_BYTES; rows copied in blocks of SCAN_BLOCK_BYTES."""
-    import embstore.search_exact as se
+    import embstore.search.exact as se
     from embstore.store.scan import rows_in_place
     big = np.zeros((1, 1024), np.float32)
     for layout, in_place in [("one-row-chunks", True), ("chunks-of-8", False),

@@ -4,12 +4,13 @@ TableWriter's public options, the format registry, and the CLI's flag hints."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import embstore
-from embstore import atomic
+from embstore.fs import atomic, beside
 from embstore.cli import flag_terms
 from embstore.convert import import_file
 from embstore.dtypes import (FLOAT_DTYPES, STORAGE_DTYPES, check_dtype, check_storage,
@@ -91,7 +92,7 @@ def test_write_beside_names_and_renames(tmp_path):
     dest = tmp_path / "out.bin"
     with atomic.write_beside(dest) as tmp:
         name = os.path.basename(tmp)
-        # the owner is named (host, pid, start time: see embstore.beside), then 8 random hex
+        # the owner is named (host, pid, start time: see embstore.fs.beside), then 8 random hex
         assert name.startswith(".out.bin.tmp-") and f"-{os.getpid()}." in name
         assert len(name.rsplit("-", 1)[1]) == 8
         assert os.path.dirname(tmp) == str(tmp_path) and not dest.exists()
@@ -125,6 +126,54 @@ def test_replace_a_file_with_a_directory(tmp_path):
     tmp = atomic.temp_dir(dest)
     atomic.replace(tmp, dest)
     assert dest.is_dir() and os.listdir(tmp_path) == ["x"]
+
+
+def test_replace_keep_existing_loses_to_a_copy_already_there(tmp_path):
+    """``keep_existing=True``: one rename, which fails when another process's (non-empty)
+    directory is at the destination first; that copy is left as it was."""
+    dest = tmp_path / "key-index"
+    dest.mkdir()
+    (dest / "zarr.json").write_text("theirs")
+    tmp = atomic.temp_dir(dest)
+    (Path(tmp) / "zarr.json").write_text("ours")
+    with pytest.raises(OSError, match="Directory not empty"):
+        atomic.replace(tmp, dest, keep_existing=True)
+    assert (dest / "zarr.json").read_text() == "theirs" and os.path.isdir(tmp)
+    fresh = tmp_path / "fresh"
+    atomic.replace(tmp, fresh, keep_existing=True)
+    assert (fresh / "zarr.json").read_text() == "ours" and not os.path.lexists(tmp)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["renamed", "second-rename-fails"])
+def test_replace_without_an_exchange_goes_through_aside(tmp_path, monkeypatch, fail):
+    """Where the system cannot exchange, two renames through the caller's ``aside`` name; a
+    failure of the second puts the old directory back at the destination."""
+    monkeypatch.setattr(beside, "_exchange", lambda a, b: False)
+    dest, tmp, aside = tmp_path / "keys", tmp_path / "keys.__tmp__", tmp_path / "keys.__old__"
+    dest.mkdir()
+    (dest / "f").write_text("old")
+    tmp.mkdir()
+    (tmp / "f").write_text("new")
+    seen = []
+    real = os.rename
+
+    def rename(a, b):
+        seen.append((os.path.basename(a), os.path.basename(b)))
+        if fail and len(seen) == 2:
+            raise OSError(28, "No space left on device")
+        real(a, b)
+
+    monkeypatch.setattr(os, "rename", rename)
+    if fail:
+        with pytest.raises(OSError, match="No space left"):
+            atomic.replace(tmp, dest, aside=aside)
+        assert (dest / "f").read_text() == "old"
+        assert seen == [("keys", "keys.__old__"), ("keys.__tmp__", "keys"),
+                        ("keys.__old__", "keys")]
+        return
+    atomic.replace(tmp, dest, aside=aside)
+    assert seen == [("keys", "keys.__old__"), ("keys.__tmp__", "keys")]
+    assert (dest / "f").read_text() == "new" and sorted(os.listdir(tmp_path)) == ["keys"]
 
 
 # -- TableWriter's public options --------------------------------------------------------
@@ -167,10 +216,11 @@ def test_registry_is_the_one_source():
         assert callable(module.read) and hasattr(module, "write") == s.can_write, s.name
     assert export_extensions() == {".npy": "npy", ".txt": "word2vec", ".w2v": "word2vec",
                                    ".vec": "fasttext", ".bin": "word2vec-binary",
-                                   ".safetensors": "safetensors"}
-    assert export_format_for("x/y.VEC") == "fasttext"
+                                   ".safetensors": "safetensors", ".pt": "torch", ".pth": "torch",
+                                   ".ckpt": "torch"}
+    assert export_format_for("x/y.VEC") == "fasttext" and export_format_for("y.pt") == "torch"
     with pytest.raises(FormatError, match="pass format= \\(npy, word2vec"):
-        export_format_for("y.pt")
+        export_format_for("y.h5")
     with pytest.raises(FormatError, match="unknown format 'csv'"):
         spec("csv")
 
@@ -200,7 +250,7 @@ def test_a_reader_declares_what_import_uses():
 
 # -- parameters in the library, flags on the command line --------------------------------
 def test_library_errors_name_parameters(tmp_path):
-    with pytest.raises(FormatError, match="tensor= applies to safetensors, torch and hf files"):
+    with pytest.raises(FormatError, match="tensor= applies to safetensors, torch, hf and parquet files"):
         import_file(os.path.join(DATA, "gensim.txt"), tmp_path / "t", tensor="x")
     with pytest.raises(FormatError, match="vocab= gives keys to formats without them"):
         import_file(os.path.join(DATA, "gensim.txt"), tmp_path / "t",

@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 import embstore
-import embstore.store.arena
+import embstore.store.shard.arena
 from embstore import DestinationExistsError, ReadOnlyError, ShapeMismatchError
 from embstore import TableWriter
 
@@ -67,7 +67,7 @@ def test_tensorstore_reads_vectors(tmp_path, E, layout):
 def test_default_layout_is_documented(tmp_path, rng):
     t = embstore.save(tmp_path / "t", rng.standard_normal((10, 16)).astype(np.float32))
     assert t.layout["chunk_rows"] == 10 and t.layout["shard_rows"] == 10  # clipped to size
-    from embstore.store.writer import choose_layout
+    from embstore.store.codecs import choose_layout
     assert choose_layout(256, "float32") == (1, 131072)  # docs/FORMAT.md section 3
     assert choose_layout(64, "float32") == (4, 524288)  # 1 KiB // 256 B -> 4 rows
     assert choose_layout(4096, "float32") == (1, 8192)  # at least one row
@@ -236,9 +236,10 @@ def test_not_a_table(tmp_path):
     with pytest.raises(embstore.NotATableError, match=r"ref.npy: is a file, not an embstore "
                        r"table .*MemoryTable\(np.load"):
         embstore.open(tmp_path / "ref.npy")
-    g = zarr.open_group(str(tmp_path / "v2"), mode="w", attributes={"embstore": {"format": 2}})
+    g = zarr.open_group(str(tmp_path / "v2"), mode="w", attributes={"embstore": {"format": 3}})
     g.create_array("vectors", shape=(1, 1), dtype="f4")
-    with pytest.raises(embstore.FormatError, match="format 2 is not supported"):
+    with pytest.raises(embstore.FormatError, match=r"format 3 is not supported \(this version "
+                       r"reads formats 1 and 2\)"):
         embstore.open(tmp_path / "v2")
 
 
@@ -360,14 +361,14 @@ def test_reader_process_while_writer_appends(tmp_path, with_keys):
 def test_both_uncompressed_read_paths(tmp_path, rng, monkeypatch, joined):
     """The joined mapping (Linux) and the portable per-shard path give the same rows."""
     if not joined:
-        monkeypatch.setattr(embstore.store.arena, "available", lambda: False)
+        monkeypatch.setattr(embstore.store.shard.arena, "available", lambda: False)
     E = rng.standard_normal((300, 5)).astype(np.float32)
     t = embstore.create(tmp_path / "t", shape=(300, 5), chunk_rows=4, shard_rows=32,
                         cache_bytes=0)
     t.write(np.arange(0, 200), E[:200])  # shards 7..9 stay absent files: zeros
     ref = E.copy()
     ref[200:] = 0
-    assert (t._source.reader._jm_ok is joined) or not embstore.store.arena.available()
+    assert (t._source.reader._jm_ok is joined) or not embstore.store.shard.arena.available()
     ids = rng.integers(0, 300, size=(7, 50))
     np.testing.assert_array_equal(t[ids], ref[ids])
     out = np.empty((7, 50, 5), np.float32)

@@ -176,8 +176,9 @@ def test_memory_table_module_carries_its_array(weights):
 
 
 def test_constructor_refuses_what_is_not_a_table():
-    with pytest.raises(TypeError, match="expected an embstore Table or the path"):
-        et.Embedding(np.zeros((3, 2), dtype=np.float32))
+    with pytest.raises(TypeError, match="expected an embstore Table, the path of a table or "
+                                        "a 2-D weight, got list"):
+        et.Embedding([[0.0, 1.0]])  # (a 2-D array or tensor: tests/test_peer_torch.py)
     with pytest.raises(ValueError, match="mode must be one of"):
         et.EmbeddingBag(embstore.MemoryTable(np.zeros((3, 2), np.float32)), mode="avg")
 

@@ -312,7 +312,7 @@ def test_damaged_order_never_gives_a_wrong_id(tmp_path):
     file.write_bytes(order.tobytes() + stale_crc)  # plain damage: the checksum catches it
     with pytest.raises(embstore.CorruptStoreError, match="key_order.*crc32c mismatch"):
         _open(tmp_path / "t").find(np.array(keys, dtype=object))
-    from crc32c import crc32c  # damage with a valid checksum: compared keys still protect
+    from embstore.fs.checksum import crc32c  # damage with a valid checksum: compared keys still protect
     file.write_bytes(order.tobytes() + crc32c(order.tobytes()).to_bytes(4, "little"))
     got = _open(tmp_path / "t").find(np.array(keys, dtype=object))
     assert ((got == np.arange(200)) | (got == -1)).all() and (got == -1).any()

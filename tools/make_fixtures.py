@@ -8,7 +8,9 @@ keys ``KEYS``; every fixture holds exactly these rows.
 
 ``python tools/make_fixtures.py --golden`` writes only the golden format-v1 stores
 ``tests/data/golden-v1-none`` and ``golden-v1-zstd`` (``golden_data()``: 100 x 8 float32
-with keys, chunk_rows 16, shard_rows 64, written by ``embstore.save``).  They freeze the
+with keys, chunk_rows 16, shard_rows 64, written by ``embstore.save``), and one store per
+storage dtype (``golden-v1-float16``, ``-float64``, ``-bfloat16``, ``-int8``: the record's
+``golden`` in :mod:`embstore.dtypes`).  They freeze the
 on-disk format: tests/test_golden.py reads them back exactly and checks that ``save``
 still writes the same bytes.  Regenerate them only for a deliberate format change.
 """
@@ -59,6 +61,12 @@ def golden_stores() -> None:
         path = os.path.join(DATA, f"golden-v1-{compression}")
         shutil.rmtree(path, ignore_errors=True)
         embstore.save(path, values, keys=keys, compression=compression, **GOLDEN_LAYOUT).close()
+    from embstore.dtypes import DTYPES
+    for record in DTYPES.values():  # one golden store per storage dtype (float32: "none")
+        if record.golden != "golden-v1-none":
+            path = os.path.join(DATA, record.golden)
+            shutil.rmtree(path, ignore_errors=True)
+            embstore.save(path, values, keys=keys, dtype=record.name, **GOLDEN_LAYOUT).close()
 
 
 def _fmt_c(x: float) -> str:

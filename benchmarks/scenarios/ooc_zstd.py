@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import embstore
-from embstore.store.writer import choose_layout
+from embstore.store.codecs import choose_layout
 
 from .. import data
 from ..common import Skip, absolute, compare, evict, log

@@ -73,7 +73,7 @@ def run(ctx, res) -> None:
     reps, slow = cfg["reps"], cfg["slow_reps"]
     try:
         from .. import s3server
-        from embstore.store.transfer import copy_table
+        from embstore.store.remote.transfer import copy_table
         import moto  # noqa: F401
     except ImportError as exc:
         raise Skip(f"{exc.name} not installed (pip install 'embstore[s3]' 'moto[server]')")

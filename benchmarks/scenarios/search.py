@@ -42,7 +42,7 @@ def _numpy_top(en: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def _exact(ctx, res, cfg) -> dict:
     import embstore
-    from embstore.store.normsource import has_norms, store_norms
+    from embstore.store.norms.source import has_norms, store_norms
     rows, dim, reps, nb = cfg["rows"], cfg["dim"], cfg["reps"], cfg["batch"]
     npy = data.table_npy(ctx.data_dir, rows, dim)
     path = data.store(ctx.data_dir, npy)
@@ -63,7 +63,7 @@ def _exact(ctx, res, cfg) -> dict:
             raise AssertionError(f"embstore ids {out[0]} differ from NumPy's {want}")
 
     methods = [Method("embstore most_similar, 1 query", "embstore",
-                      lambda: embstore.search.most_similar(t, state["q"], k=K), check=check_one),
+                      lambda: embstore.search.stream.most_similar(t, state["q"], k=K), check=check_one),
                Method("NumPy E_n @ q + argpartition (in RAM, pre-normalised)", "peer",
                       lambda: _numpy_top(en, state["q"]))]
     try:
@@ -88,7 +88,7 @@ def _exact(ctx, res, cfg) -> dict:
     case_b = f"{rows:,} x {dim} float32, {nb} queries"
 
     def singles():
-        return [embstore.search.most_similar(t, q, k=K) for q in qs]
+        return [embstore.search.stream.most_similar(t, q, k=K) for q in qs]
 
     def check_batch(out):
         got = out[0]
@@ -98,7 +98,7 @@ def _exact(ctx, res, cfg) -> dict:
 
     mb = interleave(res, case_b, [
         Method(f"embstore most_similar, {nb} queries batched", "embstore",
-               lambda: embstore.search.most_similar(t, qs, k=K), check=check_batch),
+               lambda: embstore.search.stream.most_similar(t, qs, k=K), check=check_batch),
         Method(f"embstore most_similar, {nb} single queries", "embstore", singles,
                reps=max(1, reps // 2))], reps=reps, warmer=warmer)
     compare(res, f"{nb} queries: batched vs one by one (throughput)",
@@ -133,7 +133,7 @@ def clustered_npy(data_dir: Path, rows: int, dim: int, clusters: int, *, seed: i
 _BUILD = """
 import json, sys, time
 import faiss  # imports are not the build
-from embstore.ann import build_index
+from embstore.search.ann import build_index
 def status(name):
     return int(open("/proc/self/status").read().split(name + ":")[1].split()[0]) * 1024
 base, anon = status("VmRSS"), [0]
@@ -150,8 +150,8 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss": status("VmHWM
 _OPEN = """
 import json, os, sys, time
 import faiss  # imports are not the open (as the open scenario)
-from embstore.ann import index_path, open_index
-from embstore.ann_ivf import DATA_FILE, INDEX_FILE
+from embstore.search.ann import index_path, open_index
+from embstore.search.ivf import DATA_FILE, INDEX_FILE
 import embstore
 t = embstore.open(sys.argv[1])
 files = [index_path(t) / n for n in (INDEX_FILE, DATA_FILE)]
@@ -178,7 +178,7 @@ def _child(code: str, *args) -> dict:
 def _approx_case(ctx, res, cfg, label: str, path: Path, queries: np.ndarray, own: bool,
                  exact_one: Measurement | None) -> None:
     import embstore
-    from embstore.ann import index_info
+    from embstore.search.ann import index_info
     info = index_info(path)
     if info is None or info["stale"] or info.get("library") != "faiss":
         log(f"  building the index of {path.name}")

@@ -152,11 +152,13 @@ def leaf_ids(pa, table: Table, values, job: PartJob, where, path: str) -> np.nda
             at = f"{path}, row {row}" + ("" if pos is None else f", position {pos}")
             position = (row,) if pos is None else (row, pos)
             if job.keys:
-                raise KeyNotFoundError(f"{at}: key {keys[i]!r} is not in the table",
+                raise KeyNotFoundError(f"{at}: key {keys[i]!r} is not in the table (use "
+                                       "oov='zero' or oov='unk')",
                                        key=keys[i], position=position)
             v = values[i].as_py()
             raise InvalidIdError(f"{at}: id {v} is out of range for a table of "
-                                 f"{table.vocab_size} rows", id=v, position=position,
+                                 f"{table.vocab_size} rows (use oov='zero' or oov='unk')",
+                                 id=v, position=position,
                                  vocab_size=table.vocab_size)
         ids = np.where(bad, np.int64(-1 if job.oov == "zero" else job.unk_id or 0), ids)
     return ids if valid is None else np.where(valid, ids, -1)

@@ -26,6 +26,7 @@ from .arrowio import PartJob, write_part
 from .io import Job, lookup_into, open_sink, open_source, open_table, read_block
 from .remote import is_url
 from ..errors import EmbstoreError
+from ..fs.atomic import replace
 from ..optional import require
 
 __all__ = ["run_dask", "run_block", "run_parquet_dask", "run_parquet_part", "CONNECT_TIMEOUT"]
@@ -83,7 +84,7 @@ def run_parquet_part(job: PartJob, table_path: str, cache_bytes, out_dir: str, i
     try:
         with pq.ParquetFile(job.input, pre_buffer=False) as pf:  # see parquet.open_input
             stats = write_part(pa, pq, pf, table, job, tmp, range(*groups), first_row)
-        os.replace(tmp, dest)
+        replace(tmp, dest)
     except BaseException:
         if os.path.lexists(tmp):
             os.unlink(tmp)

@@ -371,6 +371,12 @@ DEFAULT_CACHE_BYTES = "auto"    # row cache of the table opened for a job (see o
 COMPRESSED_CACHE_BYTES = "64MiB"
 
 
+def table_location(table) -> str:
+    """Where a job (and its workers) open the table given by path: a URL as it is, a local
+    path made absolute (the ``.npy`` and the Parquet jobs share this)."""
+    return table if is_url(table) else os.path.abspath(os.fspath(table))
+
+
 def open_table(path, *, cache_bytes=DEFAULT_CACHE_BYTES) -> Table:
     """A table by path: a store directory (``embstore.open``) or a 2-D ``.npy`` (memory-mapped).
 
@@ -386,7 +392,7 @@ def open_table(path, *, cache_bytes=DEFAULT_CACHE_BYTES) -> Table:
     if cache_bytes != "auto":
         return store_table.open(path, mode="r", cache_bytes=cache_bytes)
     table = store_table.open(path, mode="r", cache_bytes=0)
-    layout = getattr(table, "layout", {})
+    layout = table.layout
     if layout.get("compression") == "none" and layout.get("fast_path", True):
         return table
     table.close()

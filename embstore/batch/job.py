@@ -28,10 +28,10 @@ import numpy as np
 from .dask import run_dask
 from .parquet import is_parquet, lookup_parquet
 from .io import (DEFAULT_CACHE_BYTES, FilledIds, Job, KeyLines, NpyIds, NpySink, ZarrSink, lookup_into,
-                 open_sink, open_source, open_table, output_kind, read_block)
+                 open_sink, open_source, open_table, output_kind, read_block, table_location)
 from .._types import Bytes, PathLike
-from ..atomic import check_dest, remove, replace, temp_path
-from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError
+from ..fs.atomic import check_dest, remove, replace, temp_path
+from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError, table_label
 from ..ids import as_ids, one_of, positive_int
 from ..oov import KEY_OOV_MODES, OOV
 from .remote import RemoteNpyIds, RemoteZarrSink, check_remote_output, is_url, remote_stamp
@@ -56,7 +56,7 @@ def _starts(rows: int, batch_rows: int) -> tuple[int, ...]:
 
 def _tmp_path(output: str, kind: str) -> str:
     """Where the output is written: a Zarr job under a fixed name (``.<name>.partial``) that a
-    re-run finds and resumes; anything else under :func:`embstore.atomic.temp_path`."""
+    re-run finds and resumes; anything else under :func:`embstore.fs.atomic.temp_path`."""
     if kind != "zarr":
         return temp_path(output)
     parent, name = os.path.split(os.path.abspath(output.rstrip("/\\")))
@@ -134,11 +134,11 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), input)
 
     if isinstance(table, Table):
-        tab, table_path, owned = table, getattr(table, "path", None), False
+        tab, table_path, owned = table, table.path, False
         if scheduler is not None and table_path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
     else:
-        table_path = table if is_url(table) else os.path.abspath(os.fspath(table))
+        table_path = table_location(table)
         tab, owned = open_table(table_path, cache_bytes=cache_bytes), True
     try:
         return _run(tab, None if table_path is None else os.fspath(table_path), input, output,
@@ -153,8 +153,6 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
 
 def _parquet(table, input, output, *, column, keep, scheduler, resume, lengths,
              **options) -> dict:
-    if column is None:
-        raise ValueError("a Parquet input needs column= (the column of ids or keys)")
     for name, value in (("resume", resume), ("lengths", lengths)):
         if value:
             raise ValueError(f"{name}= is not supported for Parquet inputs")
@@ -170,9 +168,9 @@ def _plan(tab: Table, table_path, input, kind, *, keys, oov, unk_id, batch_rows,
         if tab.keys is None:
             raise KeyNotFoundError(f"{table_path or 'the table'} has no keys: keys=True needs a "
                                    "table with keys", key=None, position=None)
-        if oov == "subword" and getattr(tab, "subwords", None) is None:
+        if oov == "subword" and tab.subwords is None:
             raise InvalidOptionError(f"oov='subword' needs a table with subword n-grams "
-                                     f"(imported from a fastText .bin); {tab!r} has none")
+                                     f"(imported from a fastText .bin); {table_label(tab)} has none")
         line_lengths, line_bytes = KeyLines(input).scan(65536)
         shape = (len(line_lengths), int(line_lengths.max()) if len(line_lengths) else 0)
         rows_per_block = batch_rows or _auto_rows(shape, dim, dtype.itemsize)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..atomic import check_dest, remove, replace, temp_dir, temp_path
+from ..fs.atomic import check_dest, remove, replace, temp_dir, temp_path
 from ..errors import FormatError, InvalidOptionError
 from ..ids import as_ids, one_of, positive_int
 from ..optional import require
@@ -38,7 +38,7 @@ from ..progress import Progress, Tally
 from ..table import Table
 from .arrowio import Column, PartJob, write_part
 from .dask import run_parquet_dask
-from .io import DEFAULT_CACHE_BYTES, open_table
+from .io import DEFAULT_CACHE_BYTES, open_table, table_location
 
 __all__ = ["lookup_parquet", "is_parquet", "plan_parts"]
 
@@ -86,6 +86,29 @@ def _leaf_index(pf, column: str) -> int:
     raise FormatError(f"no Parquet column for {column!r}")
 
 
+ID_NAMES = ("input_ids", "ids", "tokens")  # Hugging Face datasets, and the usual names
+
+
+def id_column(pa, schema, path: str) -> str:
+    """The column of ids a job reads when none is named: ``input_ids`` (or ``ids``,
+    ``tokens``) when there is one, else the only column of integers or of lists of them."""
+    for name in ID_NAMES:
+        if schema.get_field_index(name) >= 0:
+            return name
+
+    def ids(t) -> bool:
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            t = t.value_type
+        return pa.types.is_integer(t)
+    found = [f.name for f in schema if ids(f.type)]
+    if len(found) == 1:
+        return found[0]
+    listing = ", ".join(f"{f.name} ({f.type})" for f in schema)
+    raise FormatError(f"expected column= naming the column of ids or keys: "
+                      f"{'no' if not found else len(found)} columns of integer ids among "
+                      f"{listing}", path=path)
+
+
 def open_input(pa, pq, path: str):
     """The open ``ParquetFile``; a file that is not Parquet is a :class:`FormatError`.
 
@@ -107,13 +130,14 @@ def _modules():
     return pa, require("pyarrow.parquet", extra="parquet", feature=feature)
 
 
-def lookup_parquet(table, input, output, *, column: str, keep=(), vector_column: str = "vector",
+def lookup_parquet(table, input, output, *, column: str | None = None, keep=(), vector_column: str = "vector",
                    oov: str = "error", unk_id: int | None = None, overwrite: bool = False,
                    batch_rows: int | None = None, cache_bytes=DEFAULT_CACHE_BYTES,
                    scheduler: str | None = None, n_workers: int = 2,
                    on_progress: Progress | None = None) -> dict:
     """Look up ``column`` of the Parquet file ``input`` and write ``output`` (Parquet);
-    see the module doc.  Returns a summary dict (``output``, ``rows``, ``ids``,
+    see the module doc.  ``column=None`` takes ``input_ids`` (``ids``, ``tokens``) or the
+    only column of integer ids (:func:`id_column`).  Returns a summary dict (``output``, ``rows``, ``ids``,
     ``batches``, ``parts``, ``seconds``, ``scheduler``)."""
     pa, pq = _modules()
     t0 = time.perf_counter()
@@ -136,17 +160,19 @@ def lookup_parquet(table, input, output, *, column: str, keep=(), vector_column:
                                  "name the vectors otherwise (vector_column=)")
     pf = open_input(pa, pq, input)
     schema = pf.schema_arrow
+    if column is None:
+        column = id_column(pa, schema, input)
     for name in [column] + keep:
         if schema.get_field_index(name) < 0:
             raise FormatError(f"no column {name!r} (columns: {', '.join(schema.names)})",
                               path=input)
     col = Column(pa, schema.field(column), input)
     if isinstance(table, Table):
-        tab, table_path, owned = table, getattr(table, "path", None), False
+        tab, table_path, owned = table, table.path, False
         if scheduler is not None and table_path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
     else:
-        table_path = os.path.abspath(os.fspath(table))
+        table_path = table_location(table)
         tab, owned = open_table(table_path, cache_bytes=cache_bytes), True
     try:
         if oov == "unk":

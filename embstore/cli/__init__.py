@@ -12,28 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 
 import click
 
 from ..errors import EmbstoreError, NotATableError
+from .common import flag_terms
 from .files import export_cmd, import_cmd, lookup
 from .tables import (copy_cmd, demo_cmd, index_cmd, info_cmd, reindex_cmd, repair_cmd,
-                     similar_cmd, verify_cmd)
+                     similar_cmd, upgrade_cmd, verify_cmd)
 
 __all__ = ["main", "cli", "flag_terms"]
-
-# The library names parameters (overwrite=True, oov='zero'); the CLI shows flags instead.
-_FLAGS = "overwrite tensor vocab format resume keys oov unicode_errors scheduler encoding".split()
-_PARAM_RE = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|'[^']*')?")
-
-
-def flag_terms(message: str) -> str:
-    """``message`` with ``name=True``, ``name='value'`` and ``name=`` as flags."""
-    return _PARAM_RE.sub(lambda m: "--" + m[1].replace("_", "-") + (
-        f" {m[2][1:-1]}" if m[2] and m[2] != "True" else ""), message)
-
 
 def _one_line(message: str) -> str:
     return " ".join(message.split("\n")) if "\n" in message else message
@@ -47,6 +36,8 @@ class _Group(click.Group):
         logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # `embstore similar ... | head`: the reader has all it wants
+            _quiet_exit()
         except NotATableError as exc:
             hint = (f"; to make a table of it: embstore import {exc.path} TABLE"
                     if exc.is_file and not str(exc.path).lower().endswith(".npy") else "")
@@ -58,6 +49,15 @@ class _Group(click.Group):
             raise click.ClickException(_one_line(f"{where}{exc.strerror or exc}")) from None
         except MemoryError:
             raise click.ClickException("out of memory") from None
+
+
+def _quiet_exit() -> None:
+    """Leave with status 0 and nothing more on a closed standard output (as Unix tools do):
+    what is still buffered for it goes to /dev/null, not into a second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -87,11 +87,16 @@ def main() -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(exc.code if isinstance(exc.code, int) else 1)
+        if exc.code in (0, None):
+            try:  # what is still buffered: a reader gone by now is no error either
+                sys.stdout.flush()
+            except BrokenPipeError:
+                _quiet_exit()
         raise
 
 
 
 
 for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, repair_cmd,
-                 similar_cmd, index_cmd, lookup, copy_cmd, demo_cmd):
+                 upgrade_cmd, similar_cmd, index_cmd, lookup, copy_cmd, demo_cmd):
     cli.add_command(_command)

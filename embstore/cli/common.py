@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 
 import click
 
 from ..formats import SPECS
 from ..progress import display as progress
-from ..store.objstore import is_url
-from ..store.transfer import staged
+from ..store.remote.objstore import is_url
+from ..store.remote.transfer import staged
 
+
+
+# The library names parameters (overwrite=True, oov='zero'); the CLI shows flags instead.
+_FLAGS = ("overwrite tensor vocab vocab_out format resume keys oov unicode_errors scheduler "
+          "encoding member column").split()
+_PARAM_RE = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|'[^']*')?")
+
+
+def flag_terms(message: str) -> str:
+    """``message`` with ``name=True``, ``name='value'`` and ``name=`` as flags."""
+    return _PARAM_RE.sub(lambda m: "--" + m[1].replace("_", "-") + (
+        f" {m[2][1:-1]}" if m[2] and m[2] != "True" else ""), message)
 
 
 def options(func):
@@ -45,6 +58,21 @@ class PathOrUrl(click.ParamType):
 
     def convert(self, value, param, ctx):
         return value if is_url(value) else self.path_type.convert(value, param, ctx)
+
+
+class SourceArg(click.ParamType):
+    """An import's SRC: an existing path, '-', or a URL (s3://, gs://, az://, http(s)://)."""
+
+    name = "path"
+    _path = click.Path(exists=True, allow_dash=True)
+
+    def convert(self, value, param, ctx):
+        if is_url(value):
+            return value
+        if "://" in str(value):
+            self.fail(f"cannot read {value}: expected a local path, s3:// (gs://, az://) or "
+                      "http(s)://", param, ctx)
+        return self._path.convert(value, param, ctx)
 
 
 # a file gets the library's 'not a table' message; URLs (s3://...) are tables on object storage

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 
 import click
 
@@ -13,13 +17,14 @@ from ..convert import export_table, import_file
 from ..dtypes import STORAGE_DTYPES
 from ..formats import READ_FORMATS, WRITE_FORMATS, export_extensions, export_format_for
 from ..formats.source import inner_name
-from ..progress import display as progress
+from ..progress import display as progress, plural
 from ..store.codecs import COMPRESSIONS
-from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, local_for, options,
+from ..store.remote.objstore import is_url
+from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, SourceArg, flag_terms, local_for, options,
                      print_json, say)
 
 @click.command("import", short_help="Import a vectors file as a table.")
-@click.argument("src", type=click.Path(exists=True, allow_dash=True))
+@click.argument("src", type=SourceArg())
 @click.argument("dest", type=DEST)
 @click.option("--format", "fmt", type=click.Choice(("auto",) + READ_FORMATS), default="auto",
               show_default=True, help="Source format; auto decides from extension and first "
@@ -28,7 +33,10 @@ from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, local_for, op
               "import (default: the only 2-D float tensor).")
 @click.option("--vocab", type=FILE, default=None,
               help="Keys for formats without them: a text file with one key per line, or a "
-              "tokenizer.json / vocab.json (keys by token id).")
+              "tokenizer.json / vocab.json (keys by token id). Default for npy, safetensors "
+              "and PyTorch: SRC's stem + .vocab.txt when it exists (what export writes).")
+@click.option("--no-vocab", is_flag=True,
+              help="Read no keys file, not even the .vocab.txt beside SRC.")
 @click.option("--dtype", type=click.Choice(STORAGE_DTYPES), default=None,
               help="Stored dtype (default: the source's, bfloat16 kept; text formats: "
               "float32). bfloat16 and int8 (row-wise quantised) are looked up as float32.")
@@ -44,13 +52,18 @@ from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, local_for, op
               show_default=True, help="Keys that are not valid UTF-8: an error, or U+FFFD.")
 @click.option("--encoding", default=None, metavar="NAME",
               help="fasttext-bin: the text encoding of the model's words (default utf-8).")
+@click.option("--member", default=None, metavar="NAME",
+              help="A zip SRC holding several files (glove.6B.zip holds four): the one to "
+                   "import, by name.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
 @options
-def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, shard_rows, limit,
-               unicode_errors, encoding, overwrite, as_json, quiet):
+def import_cmd(src, dest, fmt, tensor, vocab, no_vocab, dtype, compression, chunk_rows,
+               shard_rows, limit, unicode_errors, encoding, member, overwrite, as_json, quiet):
     """Import SRC (word2vec, fastText .vec or .bin model, GloVe, npy, safetensors, PyTorch,
-    a Hugging Face model folder) as a table at DEST.  SRC may be gzip, bz2, xz, zstd or zip
-    compressed (told by its first bytes); SRC '-' reads standard input.  A fastText .bin
+    a Hugging Face model folder, Parquet of words and vectors) as a table at DEST.  SRC may
+    be gzip, bz2, xz, zstd or zip compressed (told by its first bytes; --member picks one
+    file of a zip holding several), a URL (s3://bucket/vectors.vec, https://...: streamed),
+    or '-' for standard input.  A fastText .bin
     brings its subword n-grams along: unknown words get vectors (lookup --oov subword,
     similar).
 
@@ -58,10 +71,16 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
     Examples:
       embstore import GoogleNews-vectors-negative300.bin news.emb
       embstore import cc.en.300.vec.gz cc.emb
+      embstore import glove.6B.zip glove.emb --member glove.6B.300d.txt
+      embstore import s3://bucket/vectors/cc.en.300.vec.gz cc.emb
       embstore import ./all-MiniLM-L6-v2 minilm.emb
       embstore import model.safetensors bert.emb --tensor embeddings.word_embeddings.weight --vocab vocab.txt
       zcat glove.txt.gz | embstore import - glove.emb --format glove
     """
+    if vocab is not None and no_vocab:
+        raise click.UsageError("--vocab and --no-vocab exclude each other")
+    if no_vocab:
+        vocab = False
     if tensor is not None and fmt not in ("auto",) + TENSOR_FORMATS:
         raise click.UsageError(f"--tensor applies to --format {' or '.join(TENSOR_FORMATS)} only")
     with local_for(dest, overwrite, quiet or as_json) as local:
@@ -71,7 +90,7 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
                               limit=limit, unicode_errors=unicode_errors,
                               compression=compression, chunk_rows=chunk_rows,
                               shard_rows=shard_rows, overwrite=overwrite,
-                              on_progress=on_progress,
+                              on_progress=on_progress, member=member,
                               **({} if encoding is None else {"encoding": encoding}))
     if as_json:
         print_json({"source": src, "path": dest, "format": res.format, "rows": res.rows,
@@ -82,9 +101,9 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
     say(f"imported {res.rows} x {res.dim} {res.dtype} from {src} ({packed}{res.format}{what}) "
         f"into {dest}", quiet or as_json)
     for note in res.notes:
-        say(f"Note: {note}", quiet or as_json)
+        say(f"Note: {flag_terms(note.replace('vocab=False', '--no-vocab'))}", quiet or as_json)
     if res.duplicates and not quiet:
-        click.echo(f"{res.duplicates} duplicate key(s) dropped (the first occurrence wins)",
+        click.echo(f"{plural(res.duplicates, 'duplicate key')} dropped (the first occurrence wins)",
                    err=True)
 
 
@@ -97,11 +116,14 @@ def import_cmd(src, dest, fmt, tensor, vocab, dtype, compression, chunk_rows, sh
 @click.option("--limit", type=click.IntRange(min=0), default=None,
               help="Export only the first N rows.")
 @click.option("--vocab-out", type=click.Path(dir_okay=False), default=None,
-              help="Where the keys go for formats without keys (npy, safetensors); default: "
-                   "DEST with the extension .vocab.txt.")
+              help="Where the keys go for formats without keys (npy, safetensors, torch); "
+                   "default: DEST's stem + .vocab.txt (model.npy and model.safetensors share "
+                   "model.vocab.txt: kept when it holds the same keys, an error when other "
+                   "keys unless --overwrite). import reads it back by itself.")
 @click.option("--no-vocab-out", is_flag=True,
               help="Write no keys file for formats without keys (the keys are lost).")
-@click.option("--tensor", default=None, help="safetensors: the tensor's name (default: weight).")
+@click.option("--tensor", default=None,
+              help="safetensors, torch: the tensor's name (default: weight).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
 @options
 def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, as_json, quiet):
@@ -132,15 +154,33 @@ def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite
         print_json({"table": src, "path": dest, "format": fmt, "rows": res.rows,
                      "vocab_path": res.vocab_path, "keys_dropped": res.keys_dropped})
     keys = f"; keys in {res.vocab_path}" if res.vocab_path else ""
+    if res.vocab_reused:
+        keys += " (already there, the same keys)"
     say(f"exported {res.rows} rows of {src} to {dest} ({fmt}){keys}", quiet or as_json)
     if res.keys_dropped and not quiet:
         click.echo(f"Warning: {src} has keys and {fmt} cannot hold them: they were not "
                    "written (use --vocab-out FILE to keep them)", err=True)
 
 
+@contextlib.contextmanager
+def _stdin_file(output: str, keys: bool) -> Iterator[str]:
+    """Standard input copied to a file beside OUTPUT (a job reads its input twice: once to
+    check it, once to look it up), removed when the job ends."""
+    where = tempfile.gettempdir() if is_url(output) else os.path.dirname(os.path.abspath(output))
+    fd, path = tempfile.mkstemp(prefix=".embstore-stdin-", suffix=".txt" if keys else ".npy",
+                                dir=where)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 8 << 20)
+        yield path
+    finally:
+        os.remove(path)
+
+
 @click.command("lookup", short_help="Batch job: vectors of every id in a file.")
 @click.argument("table", type=TABLE)
-@click.argument("input", type=PathOrUrl(click.Path(exists=True, dir_okay=False)))
+@click.argument("input", type=PathOrUrl(click.Path(exists=True, dir_okay=False,
+                                                   allow_dash=True)))
 @click.argument("output", type=DEST)
 @click.option("--keys", is_flag=True,
               help="INPUT is a text file of keys: one whitespace-separated sequence a line.")
@@ -164,7 +204,8 @@ def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite
 @click.option("--resume", is_flag=True,
               help="Continue a killed job from the blocks already written (Zarr OUTPUT).")
 @click.option("--column", default=None, metavar="NAME",
-              help="Parquet INPUT: the column of ids or keys (or lists of them).")
+              help="Parquet INPUT: the column of ids or keys (or lists of them); default: "
+                   "input_ids (ids, tokens), else the only column of integer ids.")
 @click.option("--keep", multiple=True, metavar="NAME",
               help="Parquet INPUT: an input column to copy to OUTPUT (repeatable).")
 @options
@@ -173,7 +214,8 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     """Write the vectors of every id in INPUT to OUTPUT.
 
     INPUT is a .npy of integer ids of any shape (or, with --keys, a text file
-    of keys: lines are padded to the longest with zero rows).  OUTPUT is a
+    of keys: lines are padded to the longest with zero rows); '-' reads it from
+    standard input.  OUTPUT is a
     .npy file or a .zarr directory of shape ids.shape + (dim,), written
     beside OUTPUT and renamed into place when complete.  TABLE is a store
     or a 2-D .npy file.  A .parquet INPUT gives a .parquet OUTPUT: --column
@@ -184,6 +226,7 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     \b
     Examples:
       embstore lookup news.emb ids.npy vectors.npy
+      tokenize docs.txt | embstore lookup news.emb - vectors.npy --keys --oov zero
       embstore lookup news.emb sentences.txt vectors.zarr --keys --oov zero
       embstore lookup news.emb ids.npy vectors.zarr --scheduler local --workers 2
       embstore lookup news.emb docs.parquet vecs.parquet --column tokens --keep doc_id
@@ -194,8 +237,6 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     if unk_id is not None and oov != "unk":
         raise click.UsageError("--unk-id is used only with --oov unk")
     if is_parquet(input):
-        if column is None:
-            raise click.UsageError("a .parquet INPUT needs --column")
         if "vector" in keep:
             raise click.UsageError("--keep vector: the output's vector column is named "
                                    "'vector'; an input column of that name cannot be kept")
@@ -210,9 +251,11 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         if as_json:
             print_json(summary)
         else:
-            parts = f" in {summary['parts']} part files" if summary["scheduler"] else ""
-            say(f"wrote {summary['output']}{parts}: {summary['rows']} rows ({summary['ids']} "
-                f"ids in {summary['batches']} batches, {summary['seconds']:.2f} s)", quiet)
+            parts = f" in {plural(summary['parts'], 'part file')}" if summary["scheduler"] \
+                else ""
+            say(f"wrote {summary['output']}{parts}: {plural(summary['rows'], 'row')} "
+                f"({plural(summary['ids'], 'id')} in {plural(summary['batches'], 'batch', 'batches')}"
+                f", {summary['seconds']:.2f} s)", quiet)
         return
     if column is not None or keep:
         raise click.UsageError("--column and --keep need a .parquet INPUT")
@@ -222,7 +265,10 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         raise click.UsageError("--lengths needs --keys")
     if resume and output_kind(output) != "zarr":
         raise click.UsageError("--resume needs a .zarr OUTPUT (a .npy job starts over)")
-    with progress("lookup", quiet=quiet or as_json) as on_progress:
+    if resume and input == "-":
+        raise click.UsageError("--resume needs an INPUT file (standard input is read once)")
+    with progress("lookup", quiet=quiet or as_json) as on_progress, \
+            _stdin_file(output, keys) if input == "-" else contextlib.nullcontext(input) as input:
         summary = lookup_file(table, input, output, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, scheduler=scheduler, overwrite=overwrite,
                               resume=resume, lengths=lengths, cache_bytes=cache_bytes,
@@ -232,6 +278,6 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     elif not quiet:
         resumed = summary["resumed_blocks"]
         click.echo(f"wrote {summary['output']}: shape {summary['shape']}, {summary['dtype']} "
-                   f"({summary['ids']} ids in {summary['blocks']} blocks"
+                   f"({plural(summary['ids'], 'id')} in {plural(summary['blocks'], 'block')}"
                    f"{f', {resumed} resumed' if resumed else ''}, {summary['seconds']:.2f} s)",
                    err=True)

@@ -1,4 +1,5 @@
-"""The commands about one table: info, verify, reindex, similar, index; and the demo."""
+"""The commands about one table: info, verify, reindex, repair, upgrade, similar, index, copy;
+and the demo."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ import warnings
 
 import click
 
-from .. import demo as demo_steps
+from . import demo as demo_steps
+from ..errors import IndexNotFoundError
 from ..keys.foreign import build_key_index
-from ..ann import METRICS, StaleIndexWarning, build_index
+from ..search.ann import METRICS, StaleIndexWarning, build_index, index_info
 from ..layer import Embedding
 from ..store import open as open_table
 from ..store import repair as repair_table
+from ..store import upgrade as upgrade_table
 from ..store import verify as verify_table
-from ..store.normsource import store_norms
-from ..store.objstore import is_url
-from ..store.transfer import copy_table
+from ..store.norms.source import store_norms
+from ..store.remote.objstore import is_url
+from ..store.remote.transfer import copy_table
 from ..store.verify import checksum_status
-from ..progress import display as progress
+from ..progress import display as progress, plural
 from .common import DEST, TABLE, options, print_json, say
 
 @click.command("info", short_help="Describe a table: size, dtype, layout, keys.")
@@ -40,10 +43,18 @@ def info_cmd(path, as_json, quiet):
     sums = {"vectors": info.pop("checksummed")} if is_url(path) else checksum_status(path)
     info["checksummed"] = sums.get("vectors", False)  # the rows: what verify vouches for
     info["unchecksummed_arrays"] = [name for name, ok in sums.items() if not ok]
+    try:
+        ann = None if is_url(path) else index_info(path)  # approximate indexes: local only
+    except IndexNotFoundError as exc:  # damaged metadata: say so, describe the rest
+        ann = {"error": str(exc)}
+    info["approx_index"] = None if ann is None else {
+        k: ann.get(k) for k in ("metric", "nlist", "nprobe", "indexed_rows", "stale", "error")
+        if k in ann}
     if as_json:
         print_json(info)
         return
-    for k in ("path", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys", "chunk_rows",
+    for k in ("path", "format", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys",
+              "chunk_rows",
               "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
         click.echo(f"{k + ':':15}{info.get(k)}")
     bare = info["unchecksummed_arrays"]
@@ -54,6 +65,12 @@ def info_cmd(path, as_json, quiet):
     src = info.get("attributes", {}).get("source")
     if src:
         click.echo(f"{'source:':15}{json.dumps(src)}")
+    if ann is not None and "error" in ann:
+        click.echo(f"{'approx index:':15}unreadable ({ann['error']})")
+    elif ann is not None:
+        click.echo(f"{'approx index:':15}{ann.get('metric')}, {ann.get('nlist')} lists, search "
+                   f"effort {ann.get('nprobe')}" + (" (stale: the table changed since; "
+                   "`embstore index --overwrite` builds it again)" if ann.get("stale") else ""))
     ng = info.get("ngrams")
     if ng:  # a fastText model's subword n-grams (lookup --oov subword)
         click.echo(f"{'ngrams:':15}{ng['rows']} rows (n-grams of {ng['minn']}..{ng['maxn']} "
@@ -152,11 +169,36 @@ def repair_cmd(path, as_json, quiet):
                     "damaged": [d.message for d in report.damaged]})
     else:
         if not quiet:
-            click.echo(f"removed {len(removed)} leftover(s) of interrupted writes"
+            click.echo(f"removed {plural(len(removed), 'leftover')} of interrupted writes"
                        + "".join(f"\n  {name}" for name in removed))
         _echo_report(report, quiet)
     if not report.ok:
         sys.exit(1)
+
+
+@click.command("upgrade", short_help="Rewrite a format-1 table as format 2.")
+@click.argument("path", type=TABLE)
+@options
+def upgrade_cmd(path, as_json, quiet):
+    """Rewrite the format-1 table at PATH as format 2 (rows at a fixed stride, a checksum
+    per 4 KiB page: docs/FORMAT.md), in one step: written beside PATH and swapped in, keys,
+    n-grams and the approximate index kept.  Compressed tables keep format 1.
+
+    \b
+    Example:
+      embstore upgrade news.emb
+    """
+    before = open_table(path, cache_bytes=0)
+    was = before.info().get("format", 1)
+    before.close()
+    with upgrade_table(path, cache_bytes=0) as t:
+        now = t.info().get("format", 1)
+    if as_json:
+        print_json({"path": os.fspath(path), "format_before": was, "format": now})
+    elif not quiet:
+        click.echo(f"{path}: format {was} -> {now}" if now != was else
+                   f"{path}: format {now} (nothing to do"
+                   + (": compressed tables keep format 1)" if now == 1 else ")"))
 
 
 @click.command("similar", short_help="Nearest rows by cosine similarity.")
@@ -213,7 +255,7 @@ def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
                  "score": None if s != s else s}  # NaN (zero-norm row): null in JSON
                 for j, (i, s) in enumerate(pairs)]})
     if as_json:
-        print_json(result if len(result) > 1 else result[0])
+        print_json(result)  # a list, one entry per query, however many queries
         return
     for entry in result:
         click.echo(f"{entry['query']}:")

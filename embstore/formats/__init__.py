@@ -55,7 +55,8 @@ from .source import Source, open_source
 
 __all__ = ["FormatSpec", "SPECS", "FORMATS", "READ_FORMATS", "WRITE_FORMATS", "Reader",
            "detect", "get", "spec", "export_format_for", "export_extensions",
-           "DEFAULT_BLOCK_ROWS", "open_output", "detect_source", "Source", "open_source"]
+           "DEFAULT_BLOCK_ROWS", "open_output", "detect_source", "Source", "open_source",
+           "is_pickle", "PICKLE_MESSAGE"]
 
 DEFAULT_BLOCK_ROWS = 65536
 
@@ -113,16 +114,19 @@ SPECS: tuple[FormatSpec, ...] = (
                has_keys=True, can_write=True, streams=True),
     FormatSpec("glove", "glove", "GloVe", binary=False, has_keys=True, can_write=True,
                streams=True),
-    FormatSpec("word2vec-binary", "word2vec_binary", "word2vec binary", extensions=(".bin",),
+    FormatSpec("word2vec-binary", "word2vec.binary", "word2vec binary", extensions=(".bin",),
                binary=False, has_keys=True, can_write=True, streams=True),
     FormatSpec("safetensors", "safetensors", "safetensors", extensions=(".safetensors",),
                sniff=_safetensors_header, takes_tensor=True, can_write=True),
     FormatSpec("torch", "torch", "PyTorch", extensions=(".pt", ".pth", ".ckpt"),
-               magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True),
+               magic=(b"PK\x03\x04",), sniff=_torch_pickle, takes_tensor=True, can_write=True),
     # a folder (config.json, tokenizer, checkpoint): chosen for a directory, never by bytes
     FormatSpec("hf", "hf", "Hugging Face model folder", has_keys=True, takes_tensor=True),
+    # a table of words and vectors (a string column, a float-list column); pyarrow reads it
+    FormatSpec("parquet", "parquet", "Parquet", extensions=(".parquet", ".parq"),
+               magic=(b"PAR1",), has_keys=True, takes_tensor=True),
     # fastText's native model (word vectors + subword n-grams); before 2017: no magic
-    FormatSpec("fasttext-bin", "fasttext_bin", "fastText .bin model", magic=(b"\xba\x16\x4f\x2f",),
+    FormatSpec("fasttext-bin", "fasttext.bin", "fastText .bin model", magic=(b"\xba\x16\x4f\x2f",),
                sniff=_fasttext_old, has_keys=True),
 )
 _SPEC = {f.name: f for f in SPECS}
@@ -322,9 +326,11 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
             return s.name
     if head.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark: not part of the header
         head = head[3:]
+    if is_pickle(head):
+        raise FormatError(PICKLE_MESSAGE, path=path)
     m = _HEADER_RE.match(head)
     if m:
-        if _binary_record(head[m.end():], int(m.group(2))):
+        if _binary_record(head[m.end():], int(m.group(2)), ext):
             return "word2vec-binary"
         return "fasttext" if ext in _SPEC["fasttext"].extensions else "word2vec"
     if _looks_binary(head[:4096]):
@@ -333,20 +339,45 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
     return "glove"
 
 
+PICKLE_MESSAGE = ("this is a Python pickle (gensim's native .save()); embstore never unpickles: "
+                  "load it with gensim and call embstore.from_gensim")
+
+
+def is_pickle(head: bytes) -> bool:
+    """A pickle of protocol 2 to 5 (``PROTO`` opcode): gensim's ``.save()``, joblib, ..."""
+    return len(head) > 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
 _NUMERIC = frozenset(b"0123456789.+-eEinfatyINFATY \t\r")
 
 
-def _binary_record(rest: bytes, dim: int) -> bool:
-    """Whether the first record after a ``COUNT DIM`` header holds raw bytes, not text."""
+def _text_record(line: bytes, dim: int) -> bool:
+    """Whether ``line`` is a whole text record: a key, then ``dim`` numbers (a key may hold
+    spaces, so the numbers are the last ``dim`` tokens)."""
+    toks = line.split()
+    return len(toks) > dim and all(set(t) <= _NUMERIC for t in toks[-dim:]) and \
+        not _looks_binary(line)
+
+
+def _binary_record(rest: bytes, dim: int, ext: str) -> bool:
+    """Whether the first record after a ``COUNT DIM`` header holds raw bytes, not text.
+
+    Text only when the first line is a whole text record (key, then ``dim`` numbers): raw
+    float32 bytes can hold anything, a ``\n`` (0x0a) or digits included, so bytes that
+    merely could be text prove nothing.  A ``.bin`` name counts toward binary; otherwise
+    the ``4 * dim`` bytes after the key decide (control bytes, NUL, invalid UTF-8).
+    """
     rest = rest.lstrip(b"\n")
     sp = rest.find(b" ")
     if sp < 0:
-        return _looks_binary(rest[:4096])
-    end = rest.find(b"\n", sp)
-    sample = rest[sp + 1:end if end >= 0 else len(rest)]
-    if set(sample[:4096]) <= _NUMERIC:
+        return ext == ".bin" or _looks_binary(rest[:4096])
+    nl = rest.find(b"\n", sp)
+    if _text_record(rest[:nl if nl >= 0 else len(rest)], dim):
         return False
-    return _looks_binary(sample[:4096]) or len(sample.split()) != dim
+    if ext == ".bin":
+        return True
+    vec = rest[sp + 1:sp + 1 + 4 * dim]
+    return _looks_binary(vec) or len(rest[sp + 1:nl if nl >= 0 else len(rest)].split()) != dim
 
 
 def _looks_binary(data: bytes) -> bool:

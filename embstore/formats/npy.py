@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DEFAULT_BLOCK_ROWS, open_output
+from . import DEFAULT_BLOCK_ROWS, PICKLE_MESSAGE, is_pickle, open_output
 from ._array import ArrayReader, write_rows
 from .source import Source, open_source
 from ..dtypes import dtype_list, is_float_dtype
@@ -27,10 +27,17 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
         return _read_stream(src, block_rows=block_rows, limit=limit, dtype=dtype)
     src.close()
     path = src.path
+    if not src.head.startswith(b"\x93NUMPY"):  # NumPy would say "allow_pickle=": not ours
+        raise FormatError(PICKLE_MESSAGE if is_pickle(src.head) else
+                          f"expected a .npy file (starting with b'\\x93NUMPY'), got one starting "
+                          f"with {src.head[:8]!r}", path=path)
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - NumPy's header parser raises many types
         # (ValueError, EOFError for an empty file, OverflowError, tokenize.TokenError)
+        if "allow_pickle" in str(exc):
+            raise FormatError("expected a .npy array of floats, got an array of Python objects "
+                              "(pickled: embstore never unpickles)", path=path) from None
         raise FormatError(f"expected a .npy array of floats, got an unreadable file ({exc})",
                           path=path) from None
     if not isinstance(arr, np.ndarray):  # an .npz archive

@@ -140,7 +140,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     dtype = np.dtype(table.dtype).newbyteorder("<")
     code = {"f2": "F16", "f4": "F32", "f8": "F64"}[dtype.str[1:]]
     encode = None
-    if getattr(table, "storage_dtype", None) == "bfloat16" and dtype.str == "<f4":
+    if table.storage_dtype == "bfloat16" and dtype.str == "<f4":
         # the rows are bfloat16 widened to float32: their high halves are the stored bits
         code, dtype = "BF16", np.dtype("<u2")
         encode = _bf16_bits

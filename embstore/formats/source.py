@@ -6,8 +6,8 @@ and progress need (the first bytes, the inner file name, compressed bytes consum
 
 Compression is told from the magic bytes, never the extension alone: gzip
 (``1f 8b``), bzip2 (``BZh``), xz (``fd 37 7a 58 5a 00``), zstd (``28 b5 2f fd``) and
-zip (``PK\\x03\\x04``, exactly one member; a zip holding ``data.pkl`` is a PyTorch
-file, not a compressed one).  Concatenated members/streams/frames (pigz, pbzip2,
+zip (``PK\\x03\\x04``: its only member, or the one ``member=`` names, as in
+``glove.6B.zip``'s four; a zip holding ``data.pkl`` is a PyTorch file, not a compressed one).  Concatenated members/streams/frames (pigz, pbzip2,
 ``zstd`` of several inputs) are read as one.  gzip decodes with ``isal`` when it is
 installed (python-isal: 3.5x zlib's speed here), else with ``zlib``, in 1 MiB reads;
 memory is bounded by the read size whatever the file size.
@@ -67,6 +67,17 @@ def _gzip_module():
         return require("isal.isal_zlib", extra="fast-gzip", feature="fast gzip decoding")
     except MissingDependencyError:
         return zlib
+
+
+GZIP_FAST_LEVEL = 2  # isal's default: 25x the stdlib's level 6 on text, 13% larger
+
+
+def _isal_gzip():
+    """python-isal's gzip writer when installed (an accelerator: never required), else None."""
+    try:
+        return require("isal.igzip", extra="fast-gzip", feature="fast gzip compression")
+    except MissingDependencyError:
+        return None
 
 
 class _Raw(io.RawIOBase):
@@ -191,8 +202,10 @@ def stream_row_bound(src: Source, row_bytes: int) -> int | None:
     return src.size * (1 if src.compression is None else 32) // row_bytes + 1
 
 
-def _zip_member(path: str, f: IO[bytes]) -> tuple[zipfile.ZipFile, zipfile.ZipInfo] | None:
-    """The single member of a zip archive; None for a PyTorch zip (``.../data.pkl``)."""
+def _zip_member(path: str, f: IO[bytes], member: str | None = None
+                ) -> tuple[zipfile.ZipFile, zipfile.ZipInfo] | None:
+    """The single member of a zip archive, or the one named ``member``; None for a PyTorch
+    zip (``.../data.pkl``)."""
     try:
         z = zipfile.ZipFile(f)
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
@@ -202,11 +215,20 @@ def _zip_member(path: str, f: IO[bytes]) -> tuple[zipfile.ZipFile, zipfile.ZipIn
             any(i.filename.endswith("/version") for i in members):
         z.close()
         return None
+    names = ", ".join(i.filename for i in members[:20]) + (", ..." if len(members) > 20 else "")
+    if member is not None:
+        chosen = [i for i in members if i.filename == member] or \
+            [i for i in members if os.path.basename(i.filename) == member]
+        if len(chosen) != 1:
+            z.close()
+            raise FormatError(f"expected a member named {member!r} in the zip archive, got "
+                              f"{names or 'no members'}", path=path)
+        return z, chosen[0]
     if len(members) != 1:
-        names = ", ".join(i.filename for i in members[:5]) + (", ..." if len(members) > 5 else "")
         z.close()
-        raise FormatError(f"expected a zip archive with exactly one member, got "
-                          f"{len(members)}" + (f" ({names})" if members else ""), path=path)
+        raise FormatError(f"the zip archive holds {len(members)} members" +
+                          (f" ({names}); choose one with member=" if members else
+                           "; expected one"), path=path)
     return z, members[0]
 
 
@@ -225,42 +247,50 @@ def _decoder(kind: str, raw: IO[bytes]) -> Callable[[memoryview], int]:
     return reader.readinto
 
 
-def open_source(src, *, name: str | None = None) -> Source:
+def open_source(src, *, name: str | None = None, member: str | None = None) -> Source:
     """Open ``src`` (a path, an open binary stream, or a :class:`Source`, returned as is),
-    decompressing it when its first bytes say so.  ``name``: the name of a stream."""
+    decompressing it when its first bytes say so.  ``name``: the name of a stream;
+    ``member``: the member of a zip archive to read."""
     if isinstance(src, Source):
         return src
     if hasattr(src, "read"):
+        if member is not None:
+            raise FormatError("member= picks a member of a zip archive, which cannot be read "
+                              "from a stream; expected a file path", path=name or "<stdin>")
         return _open_stream(src, name or "<stdin>")
     path = os.fspath(src)
     f = open(path, "rb")
     try:
-        return _open_file(path, f)
+        return _open_file(path, f, member)
     except BaseException:
         f.close()
         raise
 
 
-def _open_file(path: str, f: IO[bytes]) -> Source:
+def _open_file(path: str, f: IO[bytes], member: str | None = None) -> Source:
     size = os.fstat(f.fileno()).st_size
     kind = sniff_compression(f.read(8))
     f.seek(0)
     base = os.path.basename(path)
+    if member is not None and kind != "zip":
+        raise FormatError(f"member= picks a member of a zip archive; expected one, got "
+                          f"{'a ' + kind + '-compressed' if kind else 'an uncompressed'} file",
+                          path=path)
     if kind == "zip":
-        found = _zip_member(path, f)
+        found = _zip_member(path, f, member)
         if found is None:  # a PyTorch file
             kind = None
         else:
-            z, member = found
+            z, info = found
             try:
-                if member.flag_bits & 0x1:
+                if info.flag_bits & 0x1:
                     raise RuntimeError("it is encrypted (password-protected)")
-                inner: Any = z.open(member)  # (an unknown compression method: refused too)
+                inner: Any = z.open(info)  # (an unknown compression method: refused too)
             except (RuntimeError, NotImplementedError, lzma.LZMAError, *_ERRORS) as exc:
                 z.close()
-                raise FormatError(f"zip member {member.filename!r}: cannot read it: {exc}; "
+                raise FormatError(f"zip member {info.filename!r}: cannot read it: {exc}; "
                                   "unzip it and import the file itself", path=path) from None
-            return _decoded(path, os.path.basename(member.filename), inner.readinto, "zip",
+            return _decoded(path, os.path.basename(info.filename), inner.readinto, "zip",
                             size, f.tell, (inner, z, f))
     if kind is None:
         src = Source(path, base, f, compression=None, size=size, is_file=True, counter=f.tell,
@@ -307,8 +337,16 @@ def _decoded(path: str, name: str, read_into: Callable[[memoryview], int], kind:
 
 
 def open_compressed_output(f: IO[bytes], kind: str) -> Any:
-    """A writable stream compressing into ``f`` (closing it finishes the data, not ``f``)."""
+    """A writable stream compressing into ``f`` (closing it finishes the data, not ``f``).
+
+    gzip goes through python-isal (the ``fast-gzip`` extra) when installed, at its level 2:
+    measured on a 175 MB word2vec text, 0.61 s and 104.5 MB against the stdlib's level 6,
+    15.7 s and 92.6 MB (isal 1: 0.59 s, 105.1 MB; 3: 0.68 s, 102.8 MB; zlib 1: 1.9 s,
+    109.5 MB); without it, the stdlib at level 6."""
     if kind == "gzip":
+        fast = _isal_gzip()
+        if fast is not None:
+            return fast.IGzipFile(fileobj=f, mode="wb", compresslevel=GZIP_FAST_LEVEL, mtime=0)
         import gzip
         return gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0)
     if kind == "bz2":

@@ -3,23 +3,31 @@ tensor, loaded only with ``torch.load(weights_only=True)`` (the restricted loade
 nothing is executed) and memory-mapped where the file allows it.
 
 ``tensor=None`` picks the only 2-D float tensor, else the error lists them;
-bfloat16 arrives as float32, float16/32/64 as is.  Write is not offered (export
-to safetensors, which PyTorch reads with ``safetensors.torch.load_file``).
+bfloat16 arrives as float32, float16/32/64 as is.
+
+Write: a state dict ``{tensor: rows}`` (default name ``weight``, as ``nn.Embedding``'s
+``state_dict()``) saved with ``torch.save``, which ``torch.load(weights_only=True)`` reads.
+``torch.save`` needs the whole tensor: the rows are streamed block by block into a
+memory-mapped scratch file beside the output (removed as soon as it is made), so memory
+holds one block, not the table.  A table stored in bfloat16 is written as bfloat16.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
+
+import numpy as np
 
 from . import DEFAULT_BLOCK_ROWS
 from ._array import ArrayReader
-from .safetensors import choose_tensor
+from .safetensors import TENSOR_NAME, _bf16_bits, choose_tensor
 from ..dtypes import FLOAT_DTYPES
 from ..errors import FormatError
 from ..optional import require
 
-__all__ = ["read", "load_tensors"]
+__all__ = ["read", "write", "load_tensors"]
 
 _FLOATS = FLOAT_DTYPES + ("bfloat16",)
 
@@ -92,3 +100,35 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
     if t.dtype == torch.bfloat16 and dtype is None:
         reader.native_dtype = "bfloat16"  # a table can keep it: blocks widen it exactly
     return reader
+
+
+def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
+          progress=None, tensor: str | None = None) -> int:
+    """Write ``table`` as a PyTorch state dict ``{tensor: rows}`` (see the module doc)."""
+    torch = _torch()
+    name = TENSOR_NAME if tensor is None else tensor
+    if not isinstance(name, str) or not name:
+        raise FormatError(f"tensor name must be a non-empty string, got {name!r}")
+    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    bf16 = table.storage_dtype == "bfloat16" and table.dtype == np.float32
+    dtype = np.dtype(np.uint16 if bf16 else table.dtype)
+    where = os.path.dirname(os.path.abspath(path if isinstance(path, (str, os.PathLike))
+                                            else getattr(path, "name", "") or "."))
+    with tempfile.TemporaryFile(dir=where if os.path.isdir(where) else None) as scratch:
+        rows: np.ndarray
+        if n and table.dim:
+            rows = np.memmap(scratch, dtype=dtype, mode="w+", shape=(n, table.dim))
+        else:
+            rows = np.zeros((n, table.dim), dtype=dtype)
+        for start in range(0, n, block_rows):
+            stop = min(n, start + block_rows)
+            block = np.asarray(table[start:stop])
+            rows[start:stop] = _bf16_bits(block) if bf16 else block
+            if progress is not None:
+                progress(stop - start)
+        weight = torch.from_numpy(rows)
+        if bf16:
+            weight = weight.view(torch.bfloat16)
+        torch.save({name: weight}, path)
+        del weight, rows
+    return n

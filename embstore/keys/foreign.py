@@ -132,7 +132,8 @@ def build_key_index(path, n: int, group: zarr.Group | None = None) -> None:
     keys = read_key_array(path, n)
     hash_key = new_hash_key()
     enc, offsets, hashes, order = _index_arrays(keys, strict=True, hash_key=hash_key)
-    g = group if group is not None else zarr.open_group(str(path), mode="r+")
+    g = group if group is not None else zarr.open_group(str(path), mode="r+",
+                                                        use_consolidated=False)
     if has_key_index(path):  # rebuilding: readers fall back to memory, never a mixed index
         shutil.rmtree(path / "key_hash")  # (open memory maps keep the old files alive)
     buf = enc.buf[: enc.nbytes + KEY_PAD]  # encode_keys ends the buffer with KEY_PAD zeros

@@ -1,4 +1,4 @@
-"""Vectorised key encoding, hashing and comparison (the arithmetic behind :mod:`embstore.vocab`).
+"""Vectorised key encoding, hashing and comparison (the arithmetic behind :mod:`embstore.keys.index`).
 
 Keys are exact Python ``str`` (no normalisation).  A batch of keys is turned
 into one UTF-8 byte buffer plus per-key ``starts`` and ``lengths`` (so any

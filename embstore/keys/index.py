@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..errors import CorruptStoreError
+from ..fs.atomic import replace
 from .foreign import MemoryKeyIndex, build_key_index, has_key_index
 from .mapped import Head, MappedArray, concat_reader, read_array_meta, write_mapped
 from .hashing import (KEY_PAD, MAX_KEY_BYTES, EncodedKeys, decode_keys, encode_keys,
@@ -78,7 +79,7 @@ class DiskVocab(Vocab):
             return self._group
         import zarr
 
-        group = zarr.open_group(str(self.path), mode=mode)
+        group = zarr.open_group(str(self.path), mode=mode, use_consolidated=False)
         if mode != "r":
             self._group = group
         return group
@@ -240,7 +241,7 @@ class DiskVocab(Vocab):
         if not m:
             return []
         n, stage = self._n, Path(stage)
-        g = zarr.open_group(str(stage), mode="a")
+        g = zarr.open_group(str(stage), mode="a", use_consolidated=False)
         key = self._hash_key
         if key is None:  # a legacy emb64-v1 index (floodable): re-keyed with a salted hash
             key = new_hash_key()
@@ -309,7 +310,7 @@ class DiskVocab(Vocab):
         try:
             for staged, live in self.stage_append(keys, stage):
                 (self.path / live).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(stage / staged, self.path / live)
+                replace(stage / staged, self.path / live)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         self.committed(self._n + len(keys))

@@ -1,6 +1,6 @@
 """Uncompressed 1-D Zarr arrays that are read through ``np.memmap`` of their chunk files.
 
-The key index (:mod:`embstore.vocab`) keeps four such arrays.  zarr-python
+The key index (:mod:`embstore.keys.index`) keeps four such arrays.  zarr-python
 writes them (codecs ``bytes`` little-endian + ``crc32c``, default chunk key
 encoding ``c/<i>``), so any Zarr v3 reader can read and checksum them; this
 module maps the raw chunk files instead, so opening costs one small JSON read
@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from crc32c import crc32c
+from ..fs.checksum import crc32c
 
 from ..errors import ClosedTableError, CorruptStoreError, ResourceLimitError
-from ..files import RESOURCE_ERRNOS, map_file, open_regular, read_small, resource_error
+from ..fs.atomic import replace
+from ..fs.files import RESOURCE_ERRNOS, map_file, open_regular, read_small, resource_error
 
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr
@@ -75,14 +76,10 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype,
         arr[start:stop] = np.ascontiguousarray(read(start, stop), dtype=dtype)
     if path is not None:
         path = Path(path)
-        old = path / f"{name}.__old__"
+        old = path / f"{name}.__old__"  # the set-aside where the system cannot exchange
         if old.exists():
             shutil.rmtree(old)
-        if (path / name).exists():
-            os.rename(path / name, old)
-        os.rename(path / target, path / name)
-        if old.exists():
-            shutil.rmtree(old)
+        replace(path / target, path / name, aside=old)
 
 
 def concat_reader(*parts) -> Callable[[int, int], np.ndarray]:

@@ -1,4 +1,4 @@
-"""KeyIndexWriter: writes ``keys`` and the key index of a new table (see :mod:`embstore.vocab`).
+"""KeyIndexWriter: writes ``keys`` and the key index of a new table (see :mod:`embstore.keys.index`).
 
 Duplicates are found without a dict of all keys: hashes of the kept keys live
 in sorted runs (merged geometrically, about 16 bytes a key), a hash match is

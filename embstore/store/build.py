@@ -4,24 +4,29 @@ or any table, streamed in blocks), locally or to object storage."""
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from .._types import Bytes, KeysLike, PathLike
 from ..dtypes import check_storage
-from ..errors import ReadOnlyError, ShapeMismatchError
+from ..errors import FormatError, ReadOnlyError, ShapeMismatchError
 from ..memory import check_table_array
-from ..table import Table, as_key_array
+from ..ids import as_key_array
+from ..table import Table
 from .codecs import Compression
-from .ngrams import subword_attrs
-from .objstore import is_url
-from .quant import logical_dtype
+from .subword.ngrams import subword_attrs
+from .remote.objstore import is_url
+from ..dtypes import DTYPES
+from ..dtypes.bfloat16 import is_ml_bfloat16
 from .table import ZarrTable
-from .transfer import staged
+from .remote.transfer import staged
 from .writer import TableWriter
 
-__all__ = ["create", "save"]
+__all__ = ["create", "save", "upgrade"]
 
 _SAVE_BLOCK_BYTES = 64 << 20
 
@@ -30,8 +35,9 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
            keys: KeysLike | None = None, chunk_rows: int | None = None,
            shard_rows: int | None = None, compression: Compression = "none",
            overwrite: bool = False, cache_bytes: Bytes = "256MiB",
-           lock_timeout: float | None = None) -> ZarrTable:
-    """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``)."""
+           lock_timeout: float | None = None, format_version: int = 1) -> ZarrTable:
+    """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``).
+    ``format_version=2``: an uncompressed table of the format-2 row layout (docs/FORMAT.md)."""
     if is_url(path):
         raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
                             "copy), not created empty and written in place")
@@ -48,7 +54,8 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
             raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
     with TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
-                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error") as w:
+                     overwrite=overwrite, expected_rows=rows, duplicate_keys="error",
+                     format_version=format_version) as w:
         w.add_zeros(rows, key_list)
     return ZarrTable(path, mode="r+", cache_bytes=cache_bytes, lock_timeout=lock_timeout)
 
@@ -57,34 +64,52 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
          chunk_rows: int | None = None, shard_rows: int | None = None,
          compression: Compression = "none", overwrite: bool = False,
          dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB",
-         storage_options: dict | None = None) -> ZarrTable:
+         storage_options: dict | None = None, format_version: int = 1) -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
     ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
     ``float64``, ``bfloat16`` (rounded to nearest even) or ``int8`` (quantised row-wise).
+    ``format_version=2`` writes an uncompressed table in the format-2 row layout (rows at a
+    fixed stride in ~64 MiB chunks, a crc32c per 4 KiB page: docs/FORMAT.md).
 
     Streamed in blocks: the source is never held in memory whole.  Returns the new table,
     opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
     """
+    if is_url(path) and format_version == 2:
+        raise FormatError(f"{path}: format-2 tables are read from local folders only in this "
+                          "version; save a format-1 table to object storage", path=str(path))
     if is_url(path):  # written locally, then uploaded (group zarr.json last)
         with staged(os.fspath(path), overwrite=overwrite, storage_options=storage_options) as local:
             save(local, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
-                 compression=compression, dtype=dtype, cache_bytes=0).close()
+                 compression=compression, dtype=dtype, cache_bytes=0,
+                 format_version=format_version).close()
         return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
-    src = array_or_table
-    sub, attrs = None, None
+    _write(path, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
+           compression=compression, overwrite=overwrite, dtype=dtype,
+           format_version=format_version)
+    return ZarrTable(path, mode="r", cache_bytes=cache_bytes)
+
+
+def _write(path: PathLike, src: ArrayLike | Table, keys: KeysLike | None, *,
+           chunk_rows: int | None, shard_rows: int | None, compression: Compression,
+           overwrite: bool, dtype: DTypeLike | None, format_version: int,
+           attrs: dict | None = None, staging: Callable[[str], None] | None = None) -> None:
+    """``save``'s work: ``src`` streamed into a :class:`TableWriter` at ``path`` (``attrs``
+    added to the group's, ``staging(dir)`` run on the staging directory before the commit)."""
+    sub = None
+    attrs = dict(attrs or {})
     if isinstance(src, Table):
         rows, dim = src.shape
-        src_dtype = getattr(src, "storage_dtype", src.dtype)
+        src_dtype = src.storage_dtype
         if keys is None and src.keys is not None:
             keys = src.keys
-        sub = getattr(src, "subwords", None)  # a fastText table's n-grams go along
+        sub = src.subwords  # a fastText table's n-grams go along
         if sub is not None:
-            attrs = {"subwords": subword_attrs(minn=sub.minn, maxn=sub.maxn, bucket=sub.bucket)}
+            attrs["subwords"] = subword_attrs(minn=sub.minn, maxn=sub.maxn, bucket=sub.bucket)
         blocks = lambda n: src.iter_blocks(n)  # noqa: E731
     else:
         arr = np.asarray(src)
-        if not (arr.dtype.name == "bfloat16" and arr.ndim == 2):  # ml_dtypes: stored as is
+        if not (is_ml_bfloat16(arr) and arr.ndim == 2):  # ml_dtypes: stored as is
             arr = check_table_array(src)
         rows, dim = arr.shape
         src_dtype = arr.dtype.name
@@ -92,11 +117,11 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
     if keys is not None and len(keys) != rows:
         raise ShapeMismatchError(f"got {len(keys)} keys for a table of {rows} rows")
     dt = check_storage(dtype if dtype is not None else src_dtype)
-    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * logical_dtype(dt).itemsize))
+    block = max(1, _SAVE_BLOCK_BYTES // max(1, dim * DTYPES[dt].logical.itemsize))
     with TableWriter(path, dim=dim, dtype=dt, has_keys=keys is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
                      overwrite=overwrite, expected_rows=rows, duplicate_keys="error",
-                     attrs=attrs) as w:
+                     attrs=attrs, format_version=format_version) as w:
         if sub is not None:
             sub.copy_into(w.staging, dt, compression, _SAVE_BLOCK_BYTES)
         for start, part in blocks(block):
@@ -105,4 +130,35 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
                 continue
             kb = [str(k) for k in as_key_array(list(keys[start: start + part.shape[0]]))]
             w.add(part, kb)
-    return ZarrTable(path, mode="r", cache_bytes=cache_bytes)
+        if staging is not None:
+            staging(w.staging)
+
+
+_LAYOUT_ATTRS = ("format", "dim", "dtype", "chunk_rows", "shard_rows", "compression",
+                 "has_keys", "created_by", "subwords")
+
+
+def upgrade(path: PathLike, *, cache_bytes: Bytes = "256MiB") -> ZarrTable:
+    """Rewrite the format-1 table at ``path`` as format 2 (docs/FORMAT.md), in one step: the
+    new table is written beside it and swapped in as ``save(..., overwrite=True)`` does, with
+    its keys, n-grams, provenance attributes and approximate index; rows read back the same.
+    A compressed table keeps format 1 (its chunks cannot sit at a fixed stride) and is left
+    as it is; a format-2 table is left as it is.  Returns the table, opened read-only."""
+    if is_url(path):
+        raise ReadOnlyError(f"{path}: upgrade a local copy and copy it to object storage")
+    with ZarrTable(path, cache_bytes=0) as src:
+        info = src.info()
+        if info.get("format") == 2 or info["compression"] != "none":
+            return ZarrTable(path, cache_bytes=cache_bytes)
+        extra = {k: v for k, v in info.get("attributes", {}).items() if k not in _LAYOUT_ATTRS}
+        ann = Path(os.fspath(path)) / "vectors" / ".embstore" / "ann"
+
+        def carry(staged: str) -> None:  # the approximate index: its rows did not change
+            if ann.is_dir() and not ann.is_symlink():
+                area = Path(staged) / "vectors" / ".embstore"
+                area.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(ann, area / "ann", symlinks=False)
+        _write(path, src, None, chunk_rows=None, shard_rows=None, compression="none",
+               overwrite=True, dtype=src.storage_dtype, format_version=2, attrs=extra,
+               staging=carry)
+    return ZarrTable(path, cache_bytes=cache_bytes)

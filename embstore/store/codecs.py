@@ -1,8 +1,10 @@
-"""Format-v1 building blocks: the ``vectors`` layout as read from its ``zarr.json``, the
-chunk codecs, and the byte layout of a shard file (see docs/FORMAT.md)."""
+"""Format-v1 building blocks: the ``vectors`` layout as read from its ``zarr.json``, its
+default (:func:`choose_layout`, docs/FORMAT.md section 3), the chunk codecs, and the byte
+layout of a shard file (see docs/FORMAT.md)."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -10,12 +12,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from crc32c import crc32c
+from numpy.typing import DTypeLike
 
-from ..errors import CorruptStoreError
+from ..fs.checksum import crc32c
 
-__all__ = ["Layout", "ABSENT", "COMPRESSIONS", "Compression", "make_codec",
-           "encode_chunks", "check_chunk", "pool"]
+from ..dtypes import DTYPES, check_storage
+from ..errors import CorruptStoreError, InvalidOptionError
+from ..ids import positive_int
+
+__all__ = ["Layout", "choose_layout", "pow2_below", "SIDE_CHUNK_ROWS", "ABSENT", "COMPRESSIONS",
+           "Compression", "make_codec", "encode_chunks", "check_chunk", "pool"]
 
 ABSENT = np.uint64(2**64 - 1)
 COMPRESSIONS: tuple[str, ...] = ("none", "zstd", "blosc")
@@ -56,8 +62,8 @@ def make_codec(compression: str, itemsize: int):
     if compression == "blosc":
         return Blosc(cname="zstd", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0,
                      typesize=itemsize)
-    raise ValueError(f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}, got "
-                     f"{compression!r}")
+    raise InvalidOptionError(f"compression must be one of "
+                             f"{', '.join(map(repr, COMPRESSIONS))}, got {compression!r}")
 
 
 @dataclass(frozen=True)
@@ -138,11 +144,8 @@ class Layout:
 
 def _code_dtype(data_type) -> np.dtype | None:
     """The NumPy dtype of the stored values (bfloat16: its uint16 codes), or None."""
-    if data_type == "bfloat16":
-        return np.dtype("<u2")
-    if data_type in ("float16", "float32", "float64", "int8"):
-        return np.dtype(data_type)
-    return None
+    record = DTYPES.get(data_type) if isinstance(data_type, str) else None
+    return None if record is None else record.code
 
 
 def _endian(codec: dict) -> str:
@@ -180,3 +183,54 @@ def check_chunk(buf, where: str) -> memoryview:
         raise CorruptStoreError(f"{where}: crc32c mismatch (stored bytes are damaged)",
                                 path=where)
     return payload
+
+
+#: bytes per inner chunk (uncompressed).  A cold random row costs the pages of its chunk (its
+#: crc32c is checked on first touch): a 1 KiB chunk + 4-byte checksum spans 1.25 pages on
+#: average, a 4 KiB one always 2 (docs/FORMAT.md section 3 has the measurements)
+CHUNK_TARGET = 1 << 10
+#: compressed chunks are decoded whole on every read and read whole when cold: 1 KiB as well
+#: (16,384 uniform ids on 1M x 256 float32 decode 16 MiB instead of 64; the price is size:
+#: random normal floats store at 96% of raw instead of 90% with 4 KiB chunks)
+CHUNK_TARGET_COMPRESSED = 1 << 10
+SHARD_TARGET = 128 << 20  # bytes per shard
+SIDE_CHUNK_ROWS = 512  # rows per chunk of a side array (row_scale): 4 KiB, a page per cold touch
+
+
+def pow2_below(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(1.0, x)))))
+
+
+def choose_layout(dim: int, dtype: DTypeLike, rows: int | None = None, *,
+                  chunk_rows: int | None = None, shard_rows: int | None = None,
+                  compression: str = "none") -> tuple[int, int]:
+    """``(chunk_rows, shard_rows)``: the given values, or the defaults of docs/FORMAT.md.
+
+    Rows per chunk and per shard are sized by the stored row (codes for bfloat16 and int8):
+    about 1 KiB chunks, so a cold chunk read is about a page whatever the dtype, and the
+    20 bytes each chunk adds (its crc32c and index entry) stay 2% of what is stored.  (With
+    16 KiB chunks, sizing by the logical row made compact tables' cold reads 2-4x smaller;
+    at 1 KiB it would only make their chunks 256-512 bytes and the overhead 4-8%.)
+    """
+    name = check_storage(dtype)
+    rb = dim * DTYPES[name].code.itemsize
+    for what, v in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)):
+        if v is not None:
+            positive_int(v, what)
+    cr = chunk_rows
+    if cr is None:
+        cr = pow2_below((CHUNK_TARGET if compression == "none" else CHUNK_TARGET_COMPRESSED)
+                         / rb)
+        if shard_rows is not None:
+            cr = math.gcd(cr, int(shard_rows))
+        elif rows is not None:
+            cr = max(1, min(cr, rows))
+    sr = shard_rows
+    if sr is None:
+        sr = cr * pow2_below(SHARD_TARGET / (cr * rb))
+        if rows is not None:
+            sr = min(sr, max(cr, -(-rows // cr) * cr))
+    if sr % cr:
+        raise InvalidOptionError(f"shard_rows must be a multiple of chunk_rows: got "
+                                 f"shard_rows={sr}, chunk_rows={cr}")
+    return int(cr), int(sr)

@@ -38,10 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CorruptStoreError, LockTimeoutError
-from ..beside import fsync_path as _fsync
-from ..beside import remove_quietly, sweep_beside
-from ..files import MAX_JSON_BYTES, open_regular
+from ..fs.beside import fsync_path as _fsync
+from ..fs.beside import remove_quietly, sweep_beside
+from ..fs.files import create_new, open_regular, read_small, real_dir
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
+from .meta import refresh_consolidated
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]
 
@@ -50,8 +51,20 @@ JOURNAL, LAST = "journal", "last"
 _PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def area_of(root: Path) -> Path:
-    return Path(root) / "vectors" / AREA[0]
+def area_of(root: Path, *, create: bool = False) -> Path:
+    """``vectors/.embstore`` of the table at ``root``; :class:`CorruptStoreError` when it
+    or ``vectors`` is a symbolic link (or no directory): nothing inside a table follows a
+    link, and a writer never writes or deletes outside the table's directory."""
+    return real_dir(root, ("vectors", AREA[0]), create=create)
+
+
+def _read_private(path: Path, limit: int = 16 << 20) -> bytes:
+    """The content of a regular file of the commit area (never a link or a FIFO)."""
+    fd = open_regular(path, nofollow=True)
+    try:
+        return read_small(fd, path, limit)
+    finally:
+        os.close(fd)
 
 
 class Transaction:
@@ -60,12 +73,11 @@ class Transaction:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.id = uuid.uuid4().hex[:16]
-        self.area = area_of(self.root)
+        self.area = area_of(self.root, create=True)
         self.stage = self.area / f"txn-{self.id}"
         self.moves: list[tuple[str, str]] = []  # (staged name in the area, live path)
         self.committed = False
         self._after: list[Callable[[], None]] = []
-        self.area.mkdir(exist_ok=True)
 
     def file(self, live: str) -> Path:
         """A path to write the new version of the live file ``live`` (relative to the
@@ -97,11 +109,15 @@ class Transaction:
         """Make the staged files live, all or nothing."""
         if self.stage.exists():
             remove_quietly(self.stage)  # scratch only: every staged file was adopted
+        self._stage_consolidated()
+        for parent in dict.fromkeys(live.rpartition("/")[0] for _, live in self.moves):
+            real_dir(self.root, parent.split("/") if parent else [], create=True)  # before
+            # the commit point: a committed journal that cannot be applied would stop the table
         doc = {"embstore_journal": 1, "txn": self.id, "pid": os.getpid(),
                "moves": [list(m) for m in self.moves]}
         tmp = self.area / f"{JOURNAL}.tmp-{self.id}"
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
+            with os.fdopen(create_new(tmp), "w", encoding="utf-8") as f:
                 json.dump(doc, f)
                 f.flush()
                 os.fsync(f.fileno())
@@ -114,6 +130,19 @@ class Transaction:
         _apply(self.root, doc)
         for fn in self._after:
             fn()
+
+    def _stage_consolidated(self) -> None:
+        """Stage the group ``zarr.json`` with its consolidated metadata (if it has any)
+        rebuilt from the arrays' new documents: moved last, after ``vectors/zarr.json``
+        (see :func:`~.meta.refresh_consolidated`)."""
+        doc = refresh_consolidated(self.root, {live: self.area / staged
+                                               for staged, live in self.moves})
+        if doc is None:
+            return
+        with open(self.file("zarr.json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
 
     def abort(self) -> None:
         """Remove the staged files of an operation that did not commit (no-op after a
@@ -137,10 +166,11 @@ def _check_rel(rel, where) -> str:
 def _read_journal(root: Path) -> dict | None:
     path = area_of(root) / JOURNAL
     try:
-        with os.fdopen(open_regular(path), encoding="utf-8") as f:  # (a FIFO: refused)
-            doc = json.loads(f.read(MAX_JSON_BYTES))
+        doc = json.loads(_read_private(path).decode("utf-8"))
     except FileNotFoundError:
         return None
+    except CorruptStoreError:
+        raise
     except (OSError, ValueError, RecursionError) as exc:
         raise CorruptStoreError(f"{path}: unreadable commit journal ({exc})",
                                 path=str(path)) from None
@@ -164,13 +194,16 @@ def _apply(root: Path, doc: dict) -> None:
     area = area_of(root)
     stage = area / f"txn-{doc['txn']}"
     dirs: dict[str, None] = {}
+    checked: set[str] = set()
     for staged, live in doc["moves"]:  # a loop per changed file
         src, dst = area / staged, root / live
         if not os.path.lexists(src):
             continue  # moved by an earlier roll-forward
-        if not dst.parent.is_dir():
-            dst.parent.mkdir(parents=True, exist_ok=True)  # a shard never written before
-            dirs[str(dst.parent.parent)] = None
+        if str(dst.parent) not in checked:  # never a move through a link out of the table
+            if not os.path.lexists(dst.parent):
+                dirs[str(dst.parent.parent)] = None  # a shard never written before
+            real_dir(root, live.split("/")[:-1], create=True)
+            checked.add(str(dst.parent))
         os.replace(src, dst)
         dirs[str(dst.parent)] = None
     for d in dirs:
@@ -242,10 +275,9 @@ def last_commit(root: Path) -> str | None:
     """The id of the last commit applied (None before the first one): a handle that saw
     another id has stale metadata, shard indexes or key index."""
     try:
-        with os.fdopen(open_regular(area_of(root) / LAST), "rb") as f:  # (never blocks)
-            doc = json.loads(f.read(1 << 20))
-    except CorruptStoreError:  # a FIFO, socket or device there: refused
-        raise
+        doc = json.loads(_read_private(area_of(root) / LAST))
+    except CorruptStoreError:
+        raise  # a link or a FIFO in its place: refused, never followed
     except (OSError, ValueError, RecursionError):
         return None
     return doc.get("txn") if isinstance(doc, dict) else None

@@ -17,9 +17,11 @@ from typing import TypeGuard
 
 from ..dtypes import STORAGE_DTYPES
 from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
-from ..files import MAX_JSON_BYTES, open_regular, read_small, within
+from ..fs.files import MAX_JSON_BYTES, link_below, open_regular, read_small
 
-__all__ = ["check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
+FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 1 unless asked
+
+__all__ = ["FORMATS", "check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES"]
 
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
@@ -49,9 +51,9 @@ def check_group_meta(group: dict, where) -> dict:
     if not isinstance(attrs, dict):
         raise CorruptStoreError(f"{where}: attributes.embstore must be a JSON object, got "
                                 f"{type(attrs).__name__}", path=str(where))
-    if attrs and (not _is_int(attrs.get("format")) or attrs.get("format") != 1):
+    if attrs and (not _is_int(attrs.get("format")) or attrs.get("format") not in FORMATS):
         raise FormatError(f"embstore format {attrs.get('format')!r} is not supported "
-                          "(this version reads format 1)", path=str(where))
+                          "(this version reads formats 1 and 2)", path=str(where))
     return attrs
 
 
@@ -142,7 +144,7 @@ def read_json(path: Path, what: str, *, root: Path | None = None) -> dict:
 def unsafe_files(root: Path) -> list[tuple[str, str]]:
     """``(path, message)`` for every entry of the table at ``root`` that a reader must not
     open: not a regular file or directory (a FIFO blocks whoever opens it), or a symbolic
-    link whose target leaves ``root``.  Only ``lstat``/``stat``, never an ``open``."""
+    link (out of the table: another table's files; inside it: another shard's rows).  Only ``lstat``/``stat``, never an ``open``."""
     found = []
     stack = [os.fspath(root)]
     while stack:
@@ -154,11 +156,9 @@ def unsafe_files(root: Path) -> list[tuple[str, str]]:
         for e in entries:
             try:
                 if e.is_symlink():
-                    if not within(e.path, root):
-                        found.append((e.path, f"{e.path}: a symbolic link out of the table's "
-                                              f"directory {root} (refused)"))
-                        continue
-                    st_mode = os.stat(e.path).st_mode
+                    found.append((e.path, link_below(e.path, root) or
+                                  f"{e.path}: a symbolic link inside the table (refused)"))
+                    continue
                 elif e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                     continue
@@ -191,3 +191,37 @@ def read_table_meta(path: Path) -> tuple[dict, dict]:
     meta = read_json(path / "vectors" / "zarr.json", "vectors/zarr.json", root=path)
     check_vectors_meta(meta, path / "vectors" / "zarr.json", attrs)
     return attrs, meta
+
+
+def refresh_consolidated(root: Path, staged: dict[str, Path]) -> dict | None:
+    """The group ``zarr.json`` with its consolidated metadata brought up to date, or
+    ``None`` when it has none (nothing to do).
+
+    ``zarr.consolidate_metadata`` (what ``xarray.Dataset.to_zarr`` runs by default) copies
+    each array's ``zarr.json`` into the group's; zarr-python and xarray then read shapes
+    from that copy.  A commit that changes arrays (``staged``: live ``<array>/zarr.json``
+    -> its new version) rebuilds the copy from the arrays' documents as they will be,
+    new top-level arrays included, so every reader sees the same rows; when one cannot be
+    read the copy is dropped instead (readers then list the arrays themselves).
+    """
+    group = Path(root) / "zarr.json"
+    doc = read_json(group, "the group's zarr.json", root=Path(root))
+    cm = doc.get("consolidated_metadata")
+    if cm is None:
+        return None
+    if not isinstance(cm, dict) or not isinstance(cm.get("metadata") or {}, dict):
+        doc.pop("consolidated_metadata")
+        return doc
+    names = dict.fromkeys(cm.get("metadata") or {})
+    names.update(dict.fromkeys(live[:-len("/zarr.json")] for live in staged
+                               if live.endswith("/zarr.json") and live.count("/") == 1))
+    members: dict[str, dict] = {}
+    try:
+        for name in names:
+            src = staged.get(f"{name}/zarr.json", Path(root) / name / "zarr.json")
+            members[name] = read_json(src, f"{name}/zarr.json", root=Path(root))
+    except (FormatError, CorruptStoreError):
+        doc.pop("consolidated_metadata")
+        return doc
+    doc["consolidated_metadata"] = {**cm, "metadata": members}
+    return doc

@@ -1,7 +1,8 @@
 """Whole-table scans in blocks of rows, zero-copy where the layout allows
-(:func:`scan_blocks`, used by the exact search of :mod:`embstore.search_exact`).
+(:func:`scan_blocks`, used by the exact search of :mod:`embstore.search.exact`).
 
-An uncompressed float table stores each inner chunk's rows back to back, followed by the
+A format-2 table's rows are one view of its mapped chunk files (:meth:`PagedSource.rows_view`).
+In format 1, an uncompressed float table stores each inner chunk's rows back to back, followed by the
 chunk's 4-byte crc32c; zarr writes the chunks of a shard back to back.  A run of rows is
 then one strided view of the shard's memory map: ``(rows, dim)`` with a row stride of
 ``row_bytes + 4`` when a chunk holds one row (BLAS takes such a matrix as is: a leading
@@ -19,8 +20,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..table import Table
-from .shardfile import ShardFile
-from .shardread import ShardReader
+from .shard.file import ShardFile
+from .shard.read import ShardReader
+from .rows.source import PagedSource
 from .source import ShardSource
 from .table import ZarrTable
 
@@ -76,12 +78,16 @@ def rows_in_place(table: Table) -> bool:
     if not isinstance(table, ZarrTable):
         return False
     src = table.row_source
+    if type(src) is PagedSource:  # format 2: every row at a fixed stride
+        return True
     return type(src) is ShardSource and src.layout["compression"] == "none" and \
         src.reader.layout.chunk_rows == 1
 
 
 def _read(source, start: int, stop: int, buf: list | None = None) -> np.ndarray:
     """Rows ``start..stop-1`` of ``source``: a view when it can be one, else a copy."""
+    if type(source) is PagedSource:
+        return source.rows_view(start, stop)
     if type(source) is ShardSource and source.layout["compression"] == "none":
         reader = source.reader
         sr = reader.layout.shard_rows
@@ -117,6 +123,6 @@ def scan_blocks(table: Table, block_rows: int, *, reuse: bool = False
     src, norms = table.row_source, table.norms_source
     rbuf: list | None = [None] if reuse else None
     for start, stop in _bounds(table.vocab_size, block_rows, src, norms):
-        rows = _read(src, start, stop, rbuf) if type(src) is ShardSource else \
+        rows = _read(src, start, stop, rbuf) if type(src) in (ShardSource, PagedSource) else \
             table[start:stop]
         yield start, rows, None if norms is None else _read(norms, start, stop)[:, 0]

@@ -1,23 +1,26 @@
 """Where rows leave (and enter) the store: the row-source interface of :class:`ZarrTable`.
 
-A :class:`RowSource` reads and writes the ``vectors`` array of one table:
+A :class:`~embstore.store.base.RowSource` reads and writes the ``vectors`` array of one
+table:
 
 - :class:`ShardSource`, the fast path: format-v1 shard files read through their indexes
   (memory-mapped gathers, crc32c checked once per chunk) and rewritten copy-on-write;
 - :class:`ZarrSource`, any other Zarr v3 layout (other codecs, no sharding), read and
-  written by zarr-python.
+  written by zarr-python;
+- :class:`~embstore.store.rows.source.PagedSource` (format 2): rows at a fixed stride.
 
-- :class:`Bf16Source` and :class:`Int8Source` wrap the source of the stored codes (and of
-  the ``row_scale`` array) and decode rows into float32 as they leave the store, so
-  :class:`ZarrTable` and its row cache only ever see float rows.
+- :class:`CodedSource` wraps the source of the stored codes (and of a side array such as
+  int8's ``row_scale``) of a compact storage dtype and decodes rows through the dtype's
+  record (:mod:`embstore.dtypes`) as they leave the store, so :class:`ZarrTable` and its row
+  cache only ever see float rows.
 
 Ids given to a source are validated 1-D int64 arrays; rows are ``(n, dim)`` arrays of the
-table's dtype.  A remote table is one more implementation here.
+table's dtype.  A remote table is one more implementation
+(:mod:`embstore.store.remote.source`).
 """
 
 from __future__ import annotations
 
-import abc
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,109 +29,21 @@ import numpy as np
 from ..errors import CorruptStoreError, FormatError
 from .codecs import Layout
 from .meta import check_vectors_meta, read_json
-from .quant import SCALE_ARRAY, bf16_decode, bf16_encode, int8_dequantise, int8_quantise
+from ..dtypes import DTYPES, StorageDtype
+from .base import LayoutSource, RowSource
 from .commit import Transaction
-from .shardread import ShardReader
-from .shardwrite import rewrite_shard
+from .rows.layout import PAGE_CRC, RowLayout
+from .rows.source import PagedSource
+from .shard.read import ShardReader
+from .shard.write import rewrite_shard
 from .writer import set_rows
 
-__all__ = ["RowSource", "LayoutSource", "ShardSource", "ZarrSource", "Bf16Source", "Int8Source",
-           "open_source"]
-
-
-class RowSource(abc.ABC):
-    """Rows of one ``vectors`` array: geometry, reads, writes."""
-
-    @property
-    @abc.abstractmethod
-    def shape(self) -> tuple[int, int]: ...
-
-    @property
-    @abc.abstractmethod
-    def dtype(self) -> np.dtype: ...
-
-    @property
-    @abc.abstractmethod
-    def layout(self) -> dict:
-        """``chunk_rows``, ``shard_rows``, ``compression`` (None if unknown), ``fast_path``."""
-
-    #: reading a row costs about what a row-cache hit costs (uncompressed, memory-mapped)
-    cheap_reads = False
-
-    @property
-    def storage_dtype(self) -> str:
-        """The dtype of the stored values (``bfloat16`` and ``int8`` are decoded to float32)."""
-        return self.dtype.name
-
-    def raw(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """``(codes, scale, offset)`` of rows ``ids`` as stored (floats: the rows, None, None)."""
-        return self.take(ids), None, None
-
-    def reads_cold(self) -> bool:
-        """Whether the last reads found their rows out of memory (then no read is cheap)."""
-        return False
-
-    @abc.abstractmethod
-    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` (``(len(ids), dim)``) with rows ``ids``."""
-
-    def take(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` as a new ``(len(ids), dim)`` array."""
-        out = np.empty((ids.size, self.shape[1]), dtype=self.dtype)
-        if ids.size:
-            self.gather(ids, out)
-        return out
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start..stop-1`` as a new array."""
-        return self.take(np.arange(start, stop, dtype=np.int64))
-
-    @abc.abstractmethod
-    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        """Set rows ``ids`` (distinct, ascending) to ``values`` when ``txn`` commits."""
-
-    @abc.abstractmethod
-    def append(self, values: np.ndarray, txn: Transaction) -> None:
-        """Store rows after the last one when ``txn`` commits (with :meth:`publish_rows`)."""
-
-    @abc.abstractmethod
-    def publish_rows(self, rows: int, txn: Transaction) -> None:
-        """Make the table ``rows`` rows long when ``txn`` commits (its last file)."""
-
-    def refresh(self) -> None:
-        """Forget what was read of the store (another process may have changed it)."""
-
-    def close(self) -> None:
-        """Release maps and files (reads in flight finish first)."""
-
-
-class LayoutSource(RowSource):
-    """A source of format-v1 shards: its geometry comes from its :class:`Layout`."""
-
-    #: whether reads take the local memory-mapped path (``layout["fast_path"]``)
-    fast_path = True
-
-    @property
-    @abc.abstractmethod
-    def _layout(self) -> Layout: ...
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self._layout.rows, self._layout.dim)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self._layout.dtype.name)
-
-    @property
-    def layout(self) -> dict:
-        L = self._layout
-        return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
-                "compression": L.compression, "fast_path": self.fast_path}
+__all__ = ["ShardSource", "ZarrSource", "CodedSource",
+           "check_side_meta", "open_source"]
 
 
 class ShardSource(LayoutSource):
-    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shardread`)."""
+    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shard.read`)."""
 
     def __init__(self, root: Path, layout: Layout, name: str = "vectors"):
         self.root, self.name = root, name
@@ -248,87 +163,84 @@ class ZarrSource(RowSource):
         pass  # zarr-python wrote the new shape with the rows
 
 
-class Bf16Source(RowSource):
-    """bfloat16 rows: ``uint16`` codes from ``inner``, widened to float32 (exact) on the way
-    out and rounded to nearest even on the way in."""
+class CodedSource(RowSource):
+    """Rows of a compact storage dtype (``record``): codes from ``inner`` (and per-row values
+    from ``side``, the record's side array), decoded to float32 on the way out and encoded
+    by the record on the way in."""
 
-    def __init__(self, inner: RowSource):
+    def __init__(self, inner: RowSource, record: StorageDtype, side: RowSource | None = None):
         self.inner = inner
+        self.record = record
+        self.side = side
         self.cheap_reads = inner.cheap_reads
 
     shape = property(lambda self: self.inner.shape)
     layout = property(lambda self: self.inner.layout)
-    dtype = property(lambda self: np.dtype(np.float32))
-    storage_dtype = property(lambda self: "bfloat16")
+    dtype = property(lambda self: self.record.logical)
+    storage_dtype = property(lambda self: self.record.name)
 
     def reads_cold(self) -> bool:
         return self.inner.reads_cold()
 
-    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        bf16_decode(self.inner.take(ids), out)
-
-    def raw(self, ids: np.ndarray):
-        return self.inner.take(ids), None, None
-
-    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        self.inner.write(ids, bf16_encode(values), txn)
-
-    def append(self, values: np.ndarray, txn: Transaction) -> None:
-        self.inner.append(bf16_encode(values), txn)
-
-    def publish_rows(self, rows: int, txn: Transaction) -> None:
-        self.inner.publish_rows(rows, txn)
-
-    def refresh(self) -> None:
-        self.inner.refresh()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class Int8Source(Bf16Source):
-    """int8 rows quantised row-wise: codes from ``inner``, ``[scale, offset]`` per row from
-    ``scales`` (the ``row_scale`` array); ``code * scale + offset`` in float32 on the way
-    out, quantised again (to nearest) on the way in."""
-
-    def __init__(self, inner: RowSource, scales: RowSource):
-        super().__init__(inner)
-        self.scales = scales
-
-    storage_dtype = property(lambda self: "int8")
+    def _side(self, ids: np.ndarray) -> np.ndarray | None:
+        return None if self.side is None else self.side.take(ids)
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        int8_dequantise(self.inner.take(ids), self.scales.take(ids), out)
+        side = self._side(ids)
+        self.record.decode(self.inner.take(ids), side, out)
 
     def raw(self, ids: np.ndarray):
-        rs = self.scales.take(ids)
-        return self.inner.take(ids), rs[:, 0].copy(), rs[:, 1].copy()
+        side = self._side(ids)
+        return self.record.raw(self.inner.take(ids), side)
 
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        codes, rs = int8_quantise(values)
-        self.scales.write(ids, rs, txn)
+        codes, side = self.record.encode(values)
+        if self.side is not None:
+            assert side is not None  # a record with a side array encodes its rows too
+            self.side.write(ids, side, txn)
         self.inner.write(ids, codes, txn)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
-        codes, rs = int8_quantise(values)
-        self.scales.append(rs, txn)
+        codes, side = self.record.encode(values)
+        if self.side is not None:
+            assert side is not None
+            self.side.append(side, txn)
         self.inner.append(codes, txn)
 
     def publish_rows(self, rows: int, txn: Transaction) -> None:
-        self.scales.publish_rows(rows, txn)  # readers take the row count from vectors: last
+        if self.side is not None:  # readers take the row count from vectors: last
+            self.side.publish_rows(rows, txn)
         self.inner.publish_rows(rows, txn)
 
     def refresh(self) -> None:
-        self.scales.refresh()
+        if self.side is not None:
+            self.side.refresh()
         self.inner.refresh()
 
     def close(self) -> None:
-        self.scales.close()
+        if self.side is not None:
+            self.side.close()
         self.inner.close()
 
 
-def _open_array(root: Path, meta: dict, mode: str, name: str) -> ShardSource | ZarrSource:
+def check_side_meta(record: StorageDtype, side_meta: dict, meta: dict, where, path: str) -> None:
+    """Refuse a side array (``record.side``, metadata ``side_meta``) that does not fit the
+    ``vectors`` array of metadata ``meta``."""
+    side = record.side
+    assert side is not None
+    check_vectors_meta(side_meta, where)
+    if side_meta["data_type"] != side.dtype or side_meta["shape"][1] != side.columns or \
+            side_meta["shape"][0] < meta["shape"][0]:
+        raise CorruptStoreError(
+            f"{where}: expected {side.dtype} of shape [>= {meta['shape'][0]}, {side.columns}] "
+            f"({side.meaning}), got {side_meta['data_type']} {side_meta['shape']}", path=path)
+
+
+def _open_array(root: Path, meta: dict, mode: str, name: str) -> RowSource:
     """The fast path when it knows the layout of the array (``meta``), else zarr-python."""
+    rows = RowLayout.from_metadata(meta) if name == "vectors" else None
+    if rows is not None and (root / PAGE_CRC / "zarr.json").is_file():
+        return PagedSource(root, rows, name)  # format 2: rows at a fixed stride
     layout = Layout.from_metadata(meta)
     if layout is None:
         return ZarrSource(root, mode, name)
@@ -338,17 +250,14 @@ def _open_array(root: Path, meta: dict, mode: str, name: str) -> ShardSource | Z
 def open_source(root: Path, meta: dict, mode: str) -> RowSource:
     """The row source of the table at ``root`` whose ``vectors/zarr.json`` is ``meta``."""
     codes = _open_array(root, meta, mode, "vectors")
-    kind = meta.get("data_type")
-    if kind == "bfloat16":
-        return Bf16Source(codes)
-    if kind != "int8":
+    record = DTYPES.get(meta.get("data_type"))  # type: ignore[arg-type]
+    if record is None or not record.compact:
         return codes
-    where = root / SCALE_ARRAY / "zarr.json"
-    smeta = read_json(where, f"{SCALE_ARRAY}/zarr.json (int8 vectors need their row scales)")
-    check_vectors_meta(smeta, where)
-    if smeta["data_type"] != "float32" or smeta["shape"][1] != 2 or \
-            smeta["shape"][0] < meta["shape"][0]:
-        raise CorruptStoreError(f"{where}: expected float32 of shape [>= {meta['shape'][0]}, 2] "
-                                f"(scale, offset per row), got {smeta['data_type']} "
-                                f"{smeta['shape']}", path=str(root))
-    return Int8Source(codes, _open_array(root, smeta, mode, SCALE_ARRAY))
+    if record.side is None:
+        return CodedSource(codes, record)
+    name = record.side.name
+    where = root / name / "zarr.json"
+    smeta = read_json(where, f"{name}/zarr.json ({record.name} vectors need their "
+                             f"{record.side.called})")
+    check_side_meta(record, smeta, meta, where, str(root))
+    return CodedSource(codes, record, _open_array(root, smeta, mode, name))

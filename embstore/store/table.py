@@ -1,6 +1,8 @@
-"""The on-disk backend: :class:`ZarrTable` and ``create``/``save``/``open``/``verify``.
+"""The on-disk backend's table: :class:`ZarrTable` and ``open`` (``create``/``save`` are in
+:mod:`embstore.store.build`, :class:`~embstore.store.writer.TableWriter` in
+:mod:`embstore.store.writer`, ``verify`` in :mod:`embstore.store.verify`).
 
-Format v1 is described in docs/FORMAT.md.  Reads go through :mod:`embstore.shards` (shard
+Format v1 is described in docs/FORMAT.md.  Reads go through :mod:`embstore.store.shard.read` (shard
 index kept, memory-mapped gathers, crc32c checked once per chunk) unless the ``vectors``
 array has a layout that path does not know, in which case zarr-python reads it.
 """
@@ -17,30 +19,27 @@ from typing import Any
 import numpy as np
 
 from .._types import Bytes, OpenMode, PathLike
-from ..cache import CacheInfo, parse_bytes
-from ..rowcaches import make_cache
-from ..errors import (CorruptStoreError, InvalidIdError,
+from ..cache.rows import CacheInfo, parse_bytes
+from ..cache.null import make_cache
+from ..errors import (CorruptStoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
                       ReadOnlyError, ShapeMismatchError)
-from ..beside import sweep_beside
+from ..fs.beside import sweep_beside
 from .commit import Transaction, last_commit, recover, settle
 from .lock import writer_lock
-from ..forksafe import renew_after_fork
+from ..fs.forksafe import renew_after_fork
 from ..ids import as_ids, memory_refused
 from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .meta import read_table_meta
-from .ngrams import Subwords
-from .objstore import is_url
-from .remote_open import open_remote_ngrams, open_remote_source
+from .subword.ngrams import Subwords
+from .remote.objstore import is_url
+from .remote.open import open_remote_ngrams, open_remote_source
 from .source import open_source
-from .normsource import NormsSource, attach_norms
+from .norms.source import NormsSource, attach_norms
 from ..table import Table
-from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter
 
-__all__ = ["ZarrTable", "TableWriter", "open", "verify", "VerifyReport", "Damage"]
-
+__all__ = ["ZarrTable", "open"]
 
 
 class ZarrTable(Table):
@@ -48,17 +47,17 @@ class ZarrTable(Table):
 
     Rows come from a :class:`~embstore.store.source.RowSource` (the shard fast path, or
     zarr-python for layouts it does not know) through a row cache (a
-    :class:`~embstore.rowcaches.NullCache` when ``cache_bytes=0``).
+    :class:`~embstore.cache.null.NullCache` when ``cache_bytes=0``).
     """
 
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
                  lock_timeout: float | None = None, **remote: Any):
         if mode not in ("r", "r+"):
-            raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
+            raise InvalidOptionError(f"mode must be 'r' or 'r+', got {mode!r}")
         # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
         self._remote = remote if is_url(path) else None
         if remote and self._remote is None:
-            raise TypeError(f"{', '.join(remote)}: options of tables on object storage "
+            raise InvalidTypeError(f"{', '.join(remote)}: options of tables on object storage "
                             f"(URLs), not of the local path {path!r}")
         # a str for a URL, a Path on disk (Any: the local code below never sees a URL)
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
@@ -129,6 +128,11 @@ class ZarrTable(Table):
         return self.mode == "r+" and not self._closed
 
     @property
+    def is_remote(self) -> bool:
+        """Whether the table is on object storage (opened from a URL)."""
+        return self._remote is not None
+
+    @property
     def layout(self) -> dict:
         """``chunk_rows``, ``shard_rows`` and ``compression`` of ``vectors`` (None if unknown)."""
         return self._source.layout
@@ -146,7 +150,7 @@ class ZarrTable(Table):
                 "storage_dtype": self.storage_dtype,
                 **{k: v for k, v in self.layout.items() if k != "fast_path"},
                 "has_keys": self._has_keys, "nbytes": self.nbytes, "stored_bytes": stored,
-                "saved_bytes": self.nbytes - stored,
+                "saved_bytes": max(0, self.nbytes - stored),  # by compression; never < 0
                 **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
                     "format", "dim", "dtype", "chunk_rows", "shard_rows", "compression",

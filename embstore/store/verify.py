@@ -14,7 +14,6 @@ other arrays without one (a foreign ``keys``) are read and listed as not checksu
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -24,16 +23,21 @@ import numpy as np
 
 from .._types import PathLike
 from ..errors import CorruptStoreError, FormatError, LockTimeoutError, NotATableError
+from ..progress import plural
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from .codecs import Layout
-from .commit import area_of, last_commit, settle
+from .rows.layout import PAGE_CRC, RowLayout
+from .rows.verify import verify_rows
+from ..search.integrity import verify_index
+from ..fs.files import real_dir
+from .commit import AREA, last_commit, settle
 from .meta import read_json, read_table_meta, unsafe_files
-from .ngrams import NGRAMS
-from .quant import SCALE_ARRAY
-from .normcalc import NORMS_ARRAY
-from .normsource import check_norms
-from .shardread import ShardReader
+from .subword.ngrams import NGRAMS, check_subwords
+from ..dtypes import SIDE_ARRAYS
+from .norms.calc import NORMS_ARRAY
+from .norms.source import check_norms
+from .shard.read import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]
 
@@ -89,25 +93,29 @@ class VerifyReport:
         self.ok = False
 
     def _what(self) -> str:
-        return (f"{self.shards} shard(s), {self.chunks} chunk(s) of vectors"
-                + (f", arrays {', '.join(self.arrays)}" if self.arrays else ""))
+        return (f"{plural(self.shards, 'shard')}, {plural(self.chunks, 'chunk')} of vectors"
+                + (f", {'array' if len(self.arrays) == 1 else 'arrays'} "
+                   f"{', '.join(self.arrays)}" if self.arrays else ""))
 
     def unchecked_line(self) -> str:
         """One line naming what could not be checked ("" when everything was)."""
         parts = []
         if self.unchecked:
-            parts.append(f"{self.unchecked} chunk(s) of vectors")
+            parts.append(f"{plural(self.unchecked, 'chunk')} of vectors")
         if self.unchecked_arrays:
-            parts.append(f"array(s) {', '.join(self.unchecked_arrays)}")
+            parts.append(f"{'array' if len(self.unchecked_arrays) == 1 else 'arrays'} "
+                         f"{', '.join(self.unchecked_arrays)}")
         if not parts:
             return ""
-        return (f"{' and '.join(parts)} carry no checksum (written without the crc32c "
+        one = len(parts) == 1 and (self.unchecked == 1 or (not self.unchecked and len(
+            self.unchecked_arrays) == 1))
+        return (f"{' and '.join(parts)} {'carries' if one else 'carry'} no checksum (written without the crc32c "
                 "codec): read, but they cannot be verified")
 
     def __str__(self) -> str:
         note = self.unchecked_line()
         if self.damaged:
-            lines = [f"DAMAGED {self.path}: {len(self.damaged)} problem(s); checked "
+            lines = [f"DAMAGED {self.path}: {plural(len(self.damaged), 'problem')}; checked "
                      f"{self._what()}"]
             lines += [f"  {d.message}" for d in self.damaged]
             return "\n".join(lines + ([f"  {note}"] if note else []))
@@ -154,10 +162,12 @@ def checksum_status(path) -> dict[str, bool]:
                 continue
             if meta.get("node_type") == "array":
                 out[entry] = checksummed(meta)
+    if out.get(PAGE_CRC):  # format 2: the rows' checksums live in page_crc
+        out["vectors"] = True
     return out
 
 
-_KEYS_SLACK = 1 << 20  # keys beyond the rows a reader tolerates (it caps them)
+_KEYS_SLACK = 1 << 20  # keys or norms beyond the rows a reader tolerates (it caps them)
 
 
 def _n_chunks(meta: dict) -> int:
@@ -190,8 +200,16 @@ def verify(path: PathLike) -> VerifyReport:
     except (FormatError, CorruptStoreError, LockTimeoutError) as exc:
         report.add(str(root), None, str(exc))
         return report
-    fast = set()
-    for name in ("vectors", SCALE_ARRAY, NGRAMS):  # int8 tables' scales, fastText n-grams
+    fast: set[str] = set()
+    rows = RowLayout.from_metadata(meta)
+    if rows is not None and _array_meta(root, PAGE_CRC) is not None:  # format 2
+        fast.update(("vectors", PAGE_CRC))
+        for file, chunk, message in verify_rows(root, rows):
+            report.add(file, chunk, message)
+        report.vocab_size, report.shards, report.chunks = rows.rows, rows.n_chunks, rows.n_chunks
+    for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
+        if name in fast:
+            continue
         m = meta if name == "vectors" else _array_meta(root, name)
         layout = None if m is None else Layout.from_metadata(m)
         if layout is None:
@@ -211,6 +229,9 @@ def verify(path: PathLike) -> VerifyReport:
             report.arrays.append(name)
             if not layout.has_crc:
                 report.unchecked_arrays.append(name)
+    if not any(d.file.startswith(str(root / NGRAMS)) for d in report.damaged):
+        for file, message in check_subwords(root, attrs, int(meta["shape"][1])):
+            report.add(file, None, message)  # n-grams the checksums pass but nobody can use
     import zarr
     # arrays listed from the directory: zarr-python cannot open a group holding bfloat16
     # (not arrays an older embstore left half written beside the live ones: not the table)
@@ -252,7 +273,7 @@ def verify(path: PathLike) -> VerifyReport:
             check_norms(root, lambda file, msg: report.add(file, None, msg))
         except (CorruptStoreError, FormatError) as exc:
             report.add(str(root / NORMS_ARRAY), None, str(exc))
-    report.index = _index_note(root, report.vocab_size)
+    report.index = _index_note(root, report)
     if report.unchecked:
         report.ok = False
     return report
@@ -265,7 +286,7 @@ def _too_long(root: Path, name: str, report: VerifyReport) -> bool:
     if name not in (NORMS_ARRAY, "keys") or rows is None:
         return False
     shape = (_array_meta(root, name) or {}).get("shape") or [0]
-    limit = rows if name == NORMS_ARRAY else rows + _KEYS_SLACK  # (keys of an append in flight)
+    limit = rows + _KEYS_SLACK  # (keys of an append in flight, norms of dropped rows)
     if isinstance(shape[0], int) and shape[0] <= limit:
         return False
     report.add(f"{root}/{name}", None, f"{root}/{name}/zarr.json: {shape[0]} rows, more than "
@@ -273,18 +294,17 @@ def _too_long(root: Path, name: str, report: VerifyReport) -> bool:
     return True
 
 
-def _index_note(root: Path, rows: int | None) -> str:
-    """What the approximate index (embstore/ann.py) says of itself ("" if none)."""
+def _index_note(root: Path, report: VerifyReport) -> str:
+    """What the approximate index (embstore/search/ann.py) is: checked
+    (embstore/search/integrity.py), its damage reported ("" if there is none)."""
     try:
-        with open(area_of(root) / "ann" / "meta.json", "rb") as f:
-            meta = json.loads(f.read(1 << 20))
-        stale = meta["table_commit"] != last_commit(root) or meta["table_rows"] != rows
-        return (f"{meta['indexed_rows']} rows, {meta['metric']}, "
-                f"{'stale (the table changed since it was built)' if stale else 'up to date'}")
-    except FileNotFoundError:
-        return ""
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return "unreadable metadata (build it again)"
+        home = real_dir(root, ("vectors", AREA[0], "ann"))
+        note, problems = verify_index(home, report.vocab_size, last_commit(root))
+    except CorruptStoreError as exc:
+        note, problems = "damaged", [(str(exc.path), str(exc))]
+    for file, message in problems:
+        report.add(file, None, f"approximate index: {message}")
+    return note
 
 
 def _array_meta(root: Path, name: str) -> dict | None:

@@ -1,5 +1,5 @@
 """Writing new format-v1 tables: the default layout and the streaming :class:`TableWriter`
-(see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shardwrite`)."""
+(see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shard.write`)."""
 
 from __future__ import annotations
 
@@ -14,76 +14,32 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .. import atomic
+from ..fs import atomic
 from .._types import PathLike
 from .._version import __version__
 from ..dtypes import check_dtype, check_storage
-from ..errors import ShapeMismatchError
+from ..errors import InvalidOptionError, ShapeMismatchError
 from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
-from ..beside import fsync_path as _fsync
-from .codecs import COMPRESSIONS, Compression, Layout, make_codec
-from .meta import MAX_DIM
-from .normcalc import NORMS_ARRAY, create_norms_stream, decoded_norms
-from .quant import (SCALE_ARRAY, bf16_decode, bf16_encode, bf16_finite, code_dtype,
-                    int8_quantise, logical_dtype)
-from .shardwrite import BackgroundSync, RowStream, write_json
+from ..fs.beside import fsync_path as _fsync
+from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_layout,
+                     make_codec, pow2_below)
+from .norms.calc import NORMS_ARRAY, create_norms_stream, decoded_norms
+from ..dtypes import DTYPES
+from ..dtypes.bfloat16 import widen
+from .meta import FORMATS, MAX_DIM
+from .rows.layout import PAGE, PAGE_CRC, choose_chunk_rows, min_chunk_rows
+from .rows.stream import create_row_arrays
+from .shard.write import BackgroundSync, RowStream, write_json
 
-__all__ = ["TableWriter", "choose_layout", "set_rows", "check_dtype", "check_storage"]
-
-#: bytes per inner chunk (uncompressed).  A cold random row costs the pages of its chunk (its
-#: crc32c is checked on first touch): a 1 KiB chunk + 4-byte checksum spans 1.25 pages on
-#: average, a 4 KiB one always 2 (docs/FORMAT.md section 3 has the measurements)
-CHUNK_TARGET = 1 << 10
-#: compressed chunks are decoded whole on every read and read whole when cold: 1 KiB as well
-#: (16,384 uniform ids on 1M x 256 float32 decode 16 MiB instead of 64; the price is size:
-#: random normal floats store at 96% of raw instead of 90% with 4 KiB chunks)
-CHUNK_TARGET_COMPRESSED = 1 << 10
-SHARD_TARGET = 128 << 20  # bytes per shard
-SCALE_CHUNK_ROWS = 512  # row_scale rows per chunk: 4 KiB, one page per cold touch
-
-
-def _pow2_below(x: float) -> int:
-    return 1 << max(0, int(math.floor(math.log2(max(1.0, x)))))
-
-
-def choose_layout(dim: int, dtype: DTypeLike, rows: int | None = None, *,
-                  chunk_rows: int | None = None, shard_rows: int | None = None,
-                  compression: str = "none") -> tuple[int, int]:
-    """``(chunk_rows, shard_rows)``: the given values, or the defaults of docs/FORMAT.md.
-
-    Rows per chunk and per shard are sized by the stored row (codes for bfloat16 and int8):
-    about 1 KiB chunks, so a cold chunk read is about a page whatever the dtype, and the
-    20 bytes each chunk adds (its crc32c and index entry) stay 2% of what is stored.  (With
-    16 KiB chunks, sizing by the logical row made compact tables' cold reads 2-4x smaller;
-    at 1 KiB it would only make their chunks 256-512 bytes and the overhead 4-8%.)
-    """
-    name = check_storage(dtype)
-    rb = dim * code_dtype(name).itemsize
-    for what, v in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)):
-        if v is not None:
-            positive_int(v, what)
-    cr = chunk_rows
-    if cr is None:
-        cr = _pow2_below((CHUNK_TARGET if compression == "none" else CHUNK_TARGET_COMPRESSED)
-                         / rb)
-        if shard_rows is not None:
-            cr = math.gcd(cr, int(shard_rows))
-        elif rows is not None:
-            cr = max(1, min(cr, rows))
-    sr = shard_rows
-    if sr is None:
-        sr = cr * _pow2_below(SHARD_TARGET / (cr * rb))
-        if rows is not None:
-            sr = min(sr, max(cr, -(-rows // cr) * cr))
-    if sr % cr:
-        raise ValueError(f"shard_rows must be a multiple of chunk_rows: got shard_rows={sr}, "
-                         f"chunk_rows={cr}")
-    return int(cr), int(sr)
-
+__all__ = ["TableWriter", "set_rows", "check_dtype", "check_storage"]
 
 DECIDE_BYTES = 8 << 20  # pending bytes that make a table "large" (default layout)
+
+
+def _set_data_type(path: str, name: str) -> None:
+    _replace_json(path, lambda doc: doc.update(data_type=name))
 
 
 def _replace_json(path: str, update) -> None:
@@ -96,7 +52,7 @@ def _replace_json(path: str, update) -> None:
         json.dump(doc, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic.replace(tmp, path)
 
 
 def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
@@ -118,7 +74,7 @@ def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
 class TableWriter:
     """Stream rows into a new table at ``path``; ``commit()`` renames it into place.
 
-    Rows go to a temporary directory beside ``path`` (see :mod:`embstore.atomic`); at most
+    Rows go to a temporary directory beside ``path`` (see :mod:`embstore.fs.atomic`); at most
     one shard of rows is held in memory.  Used as a context manager, it commits on success
     and aborts on an exception::
 
@@ -145,16 +101,25 @@ class TableWriter:
                  shard_rows: int | None = None, compression: Compression = "none",
                  overwrite: bool = False, expected_rows: int | None = None,
                  attrs: dict | None = None,
-                 duplicate_keys: Literal["drop", "error"] = "drop"):
+                 duplicate_keys: Literal["drop", "error"] = "drop", format_version: int = 1):
         import zarr
+        if dim == 0 and not isinstance(dim, bool):  # as torch's nn.Embedding(n, 0)
+            raise ShapeMismatchError("a stored table needs dim >= 1 (Zarr chunks of 0-value "
+                                     "rows hold nothing); a MemoryTable takes dim 0")
         if positive_int(dim, "dim", error=ShapeMismatchError) > MAX_DIM:  # the reader's bound
             raise ShapeMismatchError(f"dim {dim}: more than the {MAX_DIM} values a table's row "
                                      "may hold (no reader would open the table)")
         one_of(compression, "compression", COMPRESSIONS)
         self.path = Path(os.fspath(path)).absolute()
         self.dim, self.storage = int(dim), check_storage(dtype)
-        self.dtype = logical_dtype(self.storage)  # rows are checked as this, stored as codes
+        self.record = DTYPES[self.storage]
+        self.dtype = self.record.logical  # rows are checked as this, stored as codes
         self.compression, self.overwrite = compression, bool(overwrite)
+        if format_version not in FORMATS:
+            raise InvalidOptionError(f"format_version must be one of {FORMATS}, got "
+                                     f"{format_version!r}")
+        # format 2 (rows at a fixed stride, page checksums) is for uncompressed rows
+        self.format = 2 if format_version == 2 and compression == "none" else 1
         self._layout_args = (chunk_rows, shard_rows)
         choose_layout(self.dim, self.storage, expected_rows, chunk_rows=chunk_rows,
                       shard_rows=shard_rows, compression=compression)  # check arguments now
@@ -165,7 +130,7 @@ class TableWriter:
         self._seen = 0
         self._pending: list[list[np.ndarray]] = []  # codes, [row_scale], norms: per stream
         self._pending_rows = 0
-        self._streams: list[RowStream] = []  # vectors, (row_scale), norms, once decided
+        self._streams: list[Any] = []  # vectors, (row_scale), norms, once decided
         self._layout: Layout | None = None
         self._attrs = dict(attrs or {})
         self._done = False
@@ -194,39 +159,59 @@ class TableWriter:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
         cr, sr = choose_layout(self.dim, self.storage, rows, chunk_rows=self._layout_args[0],
                                shard_rows=self._layout_args[1], compression=self.compression)
-        codes = code_dtype(self.storage)
+        record = self.record
+        codes = record.code
         by_name: dict[str, list[Any]] = {
             "none": [], "zstd": [ZstdCodec(level=0, checksum=False)],
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
-        arr = self._group.create_array(
-            "vectors", shape=(0, self.dim), dtype=codes, chunks=(cr, self.dim),
-            shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
-            compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
-        meta = arr.metadata.to_dict()
-        if self.storage == "bfloat16":  # zarr-python 3.1 has no bfloat16: written as uint16
-            meta["data_type"] = "bfloat16"
-            _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
-                          lambda doc: doc.update(data_type="bfloat16"))
-        layout = Layout.from_metadata(meta)
-        assert layout is not None and layout.has_crc
-        self._layout = layout
-        self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
-                                   make_codec(self.compression, codes.itemsize), self._sync)]
-        if self.storage == "int8":
-            scr = min(SCALE_CHUNK_ROWS, cr * _pow2_below(SCALE_CHUNK_ROWS / cr))
+        if self.format == 2:  # vectors: rows at a fixed stride (the side arrays: format 1)
+            self._decide_rows(rows)
+        else:
+            arr = self._group.create_array(
+                "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
+                shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
+                compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
+            meta = arr.metadata.to_dict()
+            if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
+                meta["data_type"] = record.name
+                _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
+                              lambda doc: doc.update(data_type=record.name))
+            layout = Layout.from_metadata(meta)
+            assert layout is not None and layout.has_crc
+            self._layout = layout
+            self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
+                                       make_codec(self.compression, codes.itemsize), self._sync)]
+        side = record.side
+        if side is not None:  # int8's row scales: an array of their own, 4 KiB chunks
+            scr = min(SIDE_CHUNK_ROWS, cr * pow2_below(SIDE_CHUNK_ROWS / cr))
             ssr = max(scr, sr // scr * scr)
             sarr = self._group.create_array(
-                SCALE_ARRAY, shape=(0, 2), dtype="float32", chunks=(scr, 2), shards=(ssr, 2),
-                serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
-                fill_value=0, dimension_names=("scale_row", "scale_field"))
+                side.name, shape=(0, side.columns), dtype=side.dtype, chunks=(scr, side.columns),
+                shards=(ssr, side.columns), serializer=BytesCodec(endian="little"),
+                compressors=[Crc32cCodec()], fill_value=0, dimension_names=side.dimension_names)
             slayout = Layout.from_metadata(sarr.metadata.to_dict())
             assert slayout is not None
-            self._streams.append(RowStream(os.path.join(self._tmp, SCALE_ARRAY), slayout, None,
+            self._streams.append(RowStream(os.path.join(self._tmp, side.name), slayout, None,
                                            self._sync))
         self._streams.append(create_norms_stream(self._group, self._tmp, self.storage, cr, sr,
-                                                 self._sync))  # the rows' norms (normcalc.py)
+                                                 self._sync))  # the rows' norms (norms/calc.py)
+
+    def _decide_rows(self, rows: int | None) -> None:
+        """Make ``vectors`` a format-2 row array (docs/FORMAT.md, "Format version 2")."""
+        rb = self.dim * self.record.code.itemsize
+        cr = self._layout_args[0] or choose_chunk_rows(rb, rows)
+        if (cr * rb) % PAGE and (rows is None or rows > cr):
+            raise InvalidOptionError(f"chunk_rows={cr} makes chunks of {cr * rb} bytes: "
+                                     f"format 2 needs whole 4 KiB pages (a multiple of "
+                                     f"{min_chunk_rows(rb)} rows)")
+        stream, rl = create_row_arrays(self._group, self._tmp, self.record, self.dim, cr,
+                                       self._sync, _set_data_type)
+        self._streams = [stream]
+        self._layout = Layout(rows=0, dim=self.dim, dtype=rl.dtype, chunk_rows=cr, shard_rows=cr,
+                              compression="none", has_crc=False, index_crc=False,
+                              separator="/", fill_value=0.0)  # (what commit records)
 
     def add(self, vectors: np.ndarray, keys: list[str] | None = None) -> int:
         """Append a block of rows ``(n, dim)`` (with ``has_keys``, one key per row).
@@ -236,19 +221,17 @@ class TableWriter:
         self._check_open()
         if self._zeros:
             raise ValueError("add_zeros() made this table complete; nothing can be added")
-        vec = np.asarray(vectors)
-        if vec.dtype.name == "bfloat16" and vec.dtype.itemsize == 2:  # ml_dtypes: widen (exact)
-            vec = bf16_decode(vec.view(np.uint16).reshape(vec.shape),
-                              np.empty(vec.shape, np.float32))
+        vec = widen(np.asarray(vectors))  # ml_dtypes' bfloat16 arrays: float32 (exact)
         if vec.ndim != 2 or vec.shape[1] != self.dim or vec.dtype.kind not in "fiu":
             raise ShapeMismatchError(f"expected numeric vectors of shape (n, {self.dim}), got "
                                      f"shape {vec.shape} and dtype {vec.dtype}")
         with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
             vec = np.ascontiguousarray(vec, dtype=self.dtype)
         finite = np.isfinite(vec).all(axis=1)
-        codes, scales = self._encode(vec)
-        if self.storage == "bfloat16":
-            finite &= bf16_finite(codes)  # the largest float32 values round to infinity
+        codes, scales = self.record.encode(vec)
+        coded_finite = self.record.finite(codes)  # bfloat16: the largest float32 round to inf
+        if coded_finite is not None:
+            finite &= coded_finite
         if not finite.all():
             i = int(np.argmin(finite))
             err = ShapeMismatchError(
@@ -270,20 +253,11 @@ class TableWriter:
         self._seen += len(finite)
         if codes.shape[0]:
             self._pending.append([codes] + ([] if scales is None else [scales])
-                                 + [decoded_norms(self.storage, codes, scales)])
+                                 + [decoded_norms(self.record, codes, scales)])
             self._pending_rows += codes.shape[0]
             self.rows += codes.shape[0]
             self._flush(final=False)
         return int(codes.shape[0])
-
-    def _encode(self, vec: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(codes, row_scale)`` of finite-checked rows (row_scale for int8 only)."""
-        if self.storage == "bfloat16":
-            return bf16_encode(vec), None
-        if self.storage == "int8":
-            ok = np.isfinite(vec).all(axis=1)
-            return int8_quantise(np.where(ok[:, None], vec, 0))
-        return vec, None
 
     def _flush(self, *, final: bool) -> None:
         """Write every whole inner chunk that is pending (all rows when ``final``).
@@ -351,14 +325,16 @@ class TableWriter:
                 self._keys.finish()
             L = self._layout
             assert L is not None
-            meta = {"format": 1, "dim": self.dim, "dtype": self.storage,
+            meta = {"format": self.format, "dim": self.dim, "dtype": self.storage,
                     "chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
                     "compression": self.compression, "has_keys": self._keys is not None,
                     "created_by": f"embstore {__version__}"}
             self._group.update_attributes({"embstore": {**self._attrs, **meta}})
-            if self.storage == "int8":
-                set_rows(self._tmp, self.rows, SCALE_ARRAY)
+            if self.record.side is not None:
+                set_rows(self._tmp, self.rows, self.record.side.name)
             set_rows(self._tmp, self.rows, NORMS_ARRAY)
+            if self.format == 2:
+                set_rows(self._tmp, -(-self.rows // L.chunk_rows), PAGE_CRC)
             set_rows(self._tmp, self.rows)
             atomic.check_dest(self.path, self.overwrite)
             self._swap_in()

@@ -119,7 +119,7 @@ def test_readers_see_old_or_new_rows_while_a_writer_works(tmp_path, compression)
 
 BUILDER = r"""
 import sys, numpy as np, embstore
-from embstore.ann import index_info
+from embstore.search.ann import index_info
 path, rounds, nlist = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for r in range(rounds):
     embstore.build_index(path, nlist=nlist, overwrite=True)
@@ -135,7 +135,7 @@ searches = after = 0
 while after < 3:
     after += os.path.exists(done)
     with embstore.open(path) as t:
-        ids, _ = embstore.search.most_similar(t, a[[3, 1200, 2999]], k=3, approx=True, ef=64)
+        ids, _ = embstore.search.stream.most_similar(t, a[[3, 1200, 2999]], k=3, approx=True, ef=64)
     assert ids[:, 0].tolist() == [3, 1200, 2999], ids
     searches += 1
 print("searched", searches)
@@ -147,7 +147,7 @@ def test_two_index_builds_and_a_searcher_at_once(tmp_path):
     while a third opens and searches it: every build succeeds (the last swap wins), every
     search finds each query's own row, and one whole index is left, no staging."""
     pytest.importorskip("faiss")
-    from embstore.ann import index_info, index_path
+    from embstore.search.ann import index_info, index_path
     rng = np.random.default_rng(2)
     a = (rng.standard_normal((40, 16))[rng.integers(0, 40, ROWS)]
          + 0.3 * rng.standard_normal((ROWS, 16))).astype(np.float32)

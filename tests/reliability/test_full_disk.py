@@ -178,7 +178,7 @@ def test_index_build_on_a_full_disk(small_fs):
     it fits and the new one is whole; either way it opens and finds each query's own row
     and its exact neighbours."""
     pytest.importorskip("faiss")
-    from embstore.ann import index_info, index_path
+    from embstore.search.ann import index_info, index_path
     rng = np.random.default_rng(5)
     centres = rng.standard_normal((20, DIM)).astype(np.float32)
     a = centres[rng.integers(0, 20, ROWS)] + 0.05 * rng.standard_normal((ROWS, DIM)).astype(
@@ -204,8 +204,8 @@ def test_index_build_on_a_full_disk(small_fs):
         if not ok:
             assert _tree(home) == before, "the failed build left or changed files"
         with embstore.open(table) as t:
-            approx, _ = embstore.search.most_similar(t, q, k=5, approx=True, ef=meta["nlist"])
-            exact, _ = embstore.search.most_similar(t, q, k=5)
+            approx, _ = embstore.search.stream.most_similar(t, q, k=5, approx=True, ef=meta["nlist"])
+            exact, _ = embstore.search.stream.most_similar(t, q, k=5)
         assert approx[:, 0].tolist() == [5, 77, 2999]  # every list probed
         assert all(len(set(x) & set(y)) >= 4 for x, y in zip(approx.tolist(), exact.tolist()))
         filler.unlink()

@@ -37,9 +37,9 @@ def test_verify_refuses_norms_that_claim_2_40_rows_at_once(tmp_path):
             assert t.norms_source is None
             np.testing.assert_array_equal(t[[3, 299]], E[[3, 299]])
     assert not report.ok
-    assert (f"{path}/norms/zarr.json: 1099511627776 rows, more than the 300 the table's "
+    assert (f"{path}/norms/zarr.json: 1099511627776 rows, more than the 1048876 the table's "
             "300 rows allow") in str(report)
-    assert res.exit_code == 1 and "1099511627776 rows, more than the 300" in res.output
+    assert res.exit_code == 1 and "1099511627776 rows, more than the 1048876" in res.output
 
 
 # -- fastText .bin: header fields bounded by the file and by the words -------------------
@@ -92,7 +92,7 @@ def test_ngram_work_is_sized_by_the_longest_word_not_by_maxn():
     """500,000 two-letter words with maxn 64: ~1 GB of (characters x 64) work arrays before;
     now sized by the longest word (4 characters wrapped), under a 700 MiB address space."""
     code = ("import resource, sys, numpy as np; resource.setrlimit(resource.RLIMIT_AS, "
-            "(700 << 20, 700 << 20)); from embstore.subword import ngram_hashes; "
+            "(700 << 20, 700 << 20)); from embstore.store.subword.hashing import ngram_hashes; "
             "h, c = ngram_hashes(['ab', 'cd'] * 250000, 1, 64); "
             "print(int(h.size), int(c.sum()), *h[:8].tolist())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -109,7 +109,7 @@ def test_ngram_work_is_sized_by_the_longest_word_not_by_maxn():
 def test_ngram_hashes_in_groups_equal_gensim(monkeypatch):
     """Words split into groups when the work arrays would pass their bound: same hashes."""
     gensim_ft = pytest.importorskip("gensim.models.fasttext")
-    from embstore import subword
+    from embstore.store.subword import hashing as subword
 
     monkeypatch.setattr(subword, "_BLOCK_ELEMENTS", 200)
     rng = np.random.default_rng(1)

@@ -61,7 +61,7 @@ def test_an_append_rekeys_a_legacy_emb64_table_with_the_salted_hash(tmp_path, mo
 def test_after_close_approximate_search_and_to_dask_raise_closed_table_error(tmp_path):
     pytest.importorskip("faiss")
     pytest.importorskip("dask")
-    from embstore.search import most_similar
+    from embstore.search.stream import most_similar
 
     rows = np.random.default_rng(1).normal(size=(300, 8)).astype(np.float32)
     embstore.save(tmp_path / "t.emb", rows).close()

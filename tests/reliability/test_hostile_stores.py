@@ -161,7 +161,7 @@ VECTOR_EDITS = {  # name -> (edit of vectors/zarr.json, must refuse)
 }
 
 GROUP_EDITS = {
-    "format-2": (_set("attributes", "embstore", "format", value=2), True),
+    "format-3": (_set("attributes", "embstore", "format", value=3), True),  # 1 and 2 are read
     "format-string": (_set("attributes", "embstore", "format", value="1"), True),
     "attributes-list": (_set("attributes", value=[1]), True),
     "embstore-string": (_set("attributes", "embstore", value="x"), True),
@@ -326,7 +326,7 @@ def test_shard_index_damage_is_named(store, scratch):
 
 def test_a_shard_index_that_points_elsewhere_with_a_valid_crc(store, scratch):
     """A re-checksummed index that points at another chunk's bytes or outside the file."""
-    from crc32c import crc32c
+    from embstore.fs.checksum import crc32c
 
     n_inner = SHARD // CHUNK
     for case in ("swap", "outside", "huge", "overlap-index"):

@@ -22,7 +22,7 @@ from relhelpers import assert_clean_error, invoke
 
 import embstore
 from embstore.errors import CorruptStoreError
-from embstore.beside import owned_prefix
+from embstore.fs.beside import owned_prefix
 
 ROWS, DIM = 300, 4
 
@@ -79,7 +79,7 @@ def test_repair_and_r_plus_open_remove_leftovers_inside(tmp_path):
     assert embstore.verify(path).ok  # the reader serves this table: not damage
     res = invoke(["repair", path])
     assert res.exit_code == 0, res.output
-    assert "removed 4 leftover(s)" in res.output, res.output
+    assert "removed 4 leftovers" in res.output, res.output
     assert os.listdir(area) == []
     assert not (path / "key_hash.__tmp__").exists()
     assert os.listdir(path / "vectors" / "c" / "0") == ["0"]

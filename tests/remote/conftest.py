@@ -13,7 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("moto")
@@ -23,19 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import embstore  # noqa: E402
 from benchmarks import s3server  # noqa: E402
 
 _buckets = itertools.count()
-
-# name -> keyword arguments of embstore.save for the remote contract suite
-REMOTE_LAYOUTS = {
-    "s3": {},
-    "s3-small-chunks": {"chunk_rows": 4, "shard_rows": 16},
-    "s3-zstd-nocache": {"compression": "zstd", "chunk_rows": 8, "shard_rows": 32,
-                        "cache_bytes": 0},
-}
-
 
 @pytest.fixture(scope="session")
 def s3_server():
@@ -56,30 +45,6 @@ def s3(s3_server, monkeypatch):
     s3_server.bucket = bucket
     s3_server.reset()
     return s3_server
-
-
-# the default layout in every run; the others (same code paths, more requests) in full runs
-@pytest.fixture(params=[pytest.param(name, marks=() if name == "s3" else pytest.mark.slow)
-                        for name in REMOTE_LAYOUTS], ids=list(REMOTE_LAYOUTS))
-def make_table(request, s3, tmp_path):
-    """``make_table(array, keys=None, mode=...)``: a table on S3 holding ``array``, opened
-    read-only (remote tables are)."""
-    kw = dict(REMOTE_LAYOUTS[request.param])
-    cache = kw.pop("cache_bytes", "1MiB")
-    opened = []
-    names = itertools.count()
-
-    def make(array, keys=None, mode="r"):
-        url = f"s3://{s3.bucket}/t{next(names)}.emb"
-        embstore.save(url, np.ascontiguousarray(array), keys=keys, **kw).close()
-        t = embstore.open(url, cache_bytes=cache)
-        opened.append(t)
-        return t
-
-    make.backend = request.param
-    yield make
-    for t in opened:
-        t.close()
 
 
 class _FakeEndpoint:
@@ -138,7 +103,7 @@ def broken_endpoint(request, s3, monkeypatch):
     """AWS_ENDPOINT_URL pointing at a broken object store (timeouts lowered to a second)."""
     from datetime import timedelta
 
-    from embstore.store import objstore
+    from embstore.store.remote import objstore
 
     monkeypatch.setattr(objstore, "REQUEST_TIMEOUT", timedelta(seconds=1))
     monkeypatch.setattr(objstore, "RETRY_TIMEOUT", timedelta(milliseconds=500))

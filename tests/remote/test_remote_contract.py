@@ -1,18 +1,63 @@
-"""The read side of the Table contract (tests/test_contract.py) over tables on S3.
+"""The whole Table contract (tests/contract.py) over tables on S3 (the moto server of
+tests/remote/conftest.py).
 
-Remote tables are read-only, so the contract tests of writes are not collected here;
-``test_read_only`` checks the refusal.
+Remote tables are read-only (``writable = False``): the contract's write tests assert the
+refusal and that the rows stay.  The default layout runs in every run; the others (the same
+code paths, more requests) in full runs.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from test_contract import (  # noqa: E402,F401
-    KEYS, E, test_bad_ids_raise, test_context_manager, test_every_integer_dtype, test_geometry,
-    test_lookup_any_shape, test_lookup_python_int_and_list, test_non_integer_ids_raise,
-    test_out_buffer, test_out_buffer_checked, test_read_only, test_scalar_result_is_a_copy,
-    test_keys, test_keys_absent, test_slices, test_threads_read_concurrently, test_unknown_keys)
+from contract import TableContract, saving_factory  # noqa: E402
+
+
+class S3Tables(TableContract):
+    """Tables written by ``embstore.save`` to a fresh URL of the test's bucket, opened
+    read-only (the only mode of remote tables)."""
+
+    writable = False
+    remote = True
+    layout: dict = {}
+
+    @pytest.fixture
+    def make_table(self, s3):
+        names = itertools.count()
+        make, opened = saving_factory(lambda: f"s3://{s3.bucket}/t{next(names)}.emb",
+                                      layout=self.layout, storage_dtype=self.storage_dtype,
+                                      fixed_mode="r")
+        yield make
+        for t in opened:
+            t.close()
+
+
+class TestS3(S3Tables):
+    pass
+
+
+@pytest.mark.slow
+class TestS3SmallChunks(S3Tables):
+    layout = {"chunk_rows": 4, "shard_rows": 16}
+
+
+@pytest.mark.slow
+class TestS3ZstdNoCache(S3Tables):
+    layout = {"compression": "zstd", "chunk_rows": 8, "shard_rows": 32, "cache_bytes": 0}
+
+
+class TestS3Int8(S3Tables):
+    storage_dtype = "int8"
+    row_steps = 0.5
+
+
+@pytest.mark.slow
+class TestS3Bfloat16(S3Tables):
+    storage_dtype = "bfloat16"
+    rtol = 2.0**-8

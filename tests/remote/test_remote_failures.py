@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 import embstore
 from embstore.cli import cli
-from embstore.store.objstore import RemoteError
-from embstore.store.transfer import copy_table
+from embstore.store.remote.objstore import RemoteError
+from embstore.store.remote.transfer import copy_table
 
 EXPECT = {"deny": "access denied, check the credentials (InvalidAccessKeyId",
           "hang": "cannot reach the object store", "dead": "cannot reach the object store",
@@ -73,7 +73,7 @@ def test_library_calls_against_a_broken_endpoint(broken_endpoint, inputs):
 
 def test_a_failing_batch_stops_issuing_requests(s3, monkeypatch):
     """After the first failed request the others are cancelled, not each timed out."""
-    from embstore.store.objstore import ObjectClient
+    from embstore.store.remote.objstore import ObjectClient
 
     client = ObjectClient(f"s3://{s3.bucket}/t.emb", concurrency=2)
     calls = []
@@ -91,7 +91,7 @@ def test_a_failing_batch_stops_issuing_requests(s3, monkeypatch):
 
 KILLED_IMPORT = """
 import os, signal, sys
-from embstore.store import objstore
+from embstore.store.remote import objstore
 put, calls = objstore.ObjectClient.put, []
 def dying_put(self, rel, data):
     calls.append(rel)

@@ -8,7 +8,7 @@ import pytest
 import embstore
 from embstore import CorruptStoreError
 from embstore.keys import mapped
-from embstore.keys.ranged import BLOCK, block_sidecar, sidecar_name
+from embstore.store.remote.ranged import BLOCK, block_sidecar, sidecar_name
 from embstore.keys.writer import INDEX_ARRAYS
 
 N = 200_000
@@ -181,9 +181,9 @@ class _MemoryReader:
 
 
 def _ranged(values: np.ndarray, chunk: int):
-    from crc32c import crc32c
+    from embstore.fs.checksum import crc32c
 
-    from embstore.keys.ranged import RangedArray
+    from embstore.store.remote.ranged import RangedArray
 
     objects = {}
     for c, a in enumerate(range(0, values.size, chunk)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,8 +13,9 @@ import pytest
 import embstore
 from embstore import CorruptStoreError, ReadOnlyError
 from embstore.errors import EmbstoreError, FormatError
-from embstore.store.objstore import RemoteError
-from embstore.store.transfer import copy_table
+from embstore.store.remote.objstore import RemoteError
+from embstore.fs import beside
+from embstore.store.remote.transfer import copy_table, download_table
 
 
 @pytest.fixture
@@ -237,7 +239,7 @@ def test_unreachable_endpoint_fails_fast(s3, monkeypatch):
 
 
 def test_refused_credentials_are_one_line(s3):
-    from embstore.store.objstore import ObjectClient
+    from embstore.store.remote.objstore import ObjectClient
     client = ObjectClient(f"s3://{s3.bucket}/t.emb")
     exc = RuntimeError('Client error with status 403 Forbidden: <?xml version="1.0"?>\n<Error>'
                        "<Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you "
@@ -273,3 +275,35 @@ def test_quantised_and_half_rows_read_as_locally(s3, rng, tmp_path, dtype):
     if dtype == "float16":  # and the reference itself against NumPy
         with embstore.open(url) as t:
             np.testing.assert_array_equal(t[ids], E[ids].astype(np.float16))
+
+
+def test_download_over_a_table_swaps_it_whole(s3, rng, tmp_path, monkeypatch):
+    """The downloaded table replaces an existing one through ``fs.atomic.replace``: one
+    exchange, or (where the system has none) two renames of which a failed second puts the
+    old table back, never a destination left missing."""
+    E, old = rng.standard_normal((300, 8)).astype(np.float32), np.ones((5, 8), np.float32)
+    embstore.save(tmp_path / "a.emb", E, chunk_rows=16, shard_rows=64).close()
+    url = f"s3://{s3.bucket}/a.emb"
+    copy_table(tmp_path / "a.emb", url)
+    dest = tmp_path / "down.emb"
+    embstore.save(dest, old).close()
+    exchange, real = beside._exchange, os.rename
+    monkeypatch.setattr(beside, "_exchange", lambda a, b: False)
+
+    def rename(a, b):
+        if os.fspath(b) == str(dest) and os.path.basename(a).startswith(".down.emb."):
+            raise OSError(28, "No space left on device")
+        real(a, b)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="No space left"):
+        download_table(url, dest, overwrite=True)
+    with embstore.open(dest) as t:
+        np.testing.assert_array_equal(t.to_numpy(), old)
+    assert sorted(os.listdir(tmp_path)) == ["a.emb", "down.emb"]
+    monkeypatch.setattr(os, "rename", real)
+    monkeypatch.setattr(beside, "_exchange", exchange)
+    download_table(url, dest, overwrite=True)  # the exchange
+    with embstore.open(dest) as t:
+        np.testing.assert_array_equal(t.to_numpy(), E)
+    assert sorted(os.listdir(tmp_path)) == ["a.emb", "down.emb"]

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import embstore
 from embstore.cli import cli
 from embstore.errors import NotATableError
-from embstore.keys.ranged import sidecar_name
+from embstore.store.remote.ranged import sidecar_name
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_damaged_chunk_named_by_shard_and_chunk(pair, s3):
     assert [(d.file, d.chunk) for d in report.damaged] == [(f"{url}/vectors/c/2/0", 7)]
     assert "chunk 7: crc32c mismatch" in report.damaged[0].message
     r = CliRunner().invoke(cli, ["verify", url])
-    assert r.exit_code == 1 and f"DAMAGED {url}: 1 problem(s)" in r.output
+    assert r.exit_code == 1 and f"DAMAGED {url}: 1 problem" in r.output
 
 
 def test_damaged_index_and_truncated_shard(pair, s3):

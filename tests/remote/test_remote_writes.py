@@ -10,8 +10,8 @@ import embstore
 from embstore import DestinationExistsError
 from embstore.cli import cli
 from embstore.errors import FormatError
-from embstore.store import objstore
-from embstore.store.transfer import copy_table, upload_table
+from embstore.store.remote import objstore
+from embstore.store.remote.transfer import copy_table, upload_table
 
 
 def _keys(s3, prefix: str) -> list[str]:
@@ -120,3 +120,17 @@ def test_cli_errors_are_one_line(s3, tmp_path, args, message):
         return
     assert r.exit_code == 1
     assert r.output == message.format(bucket=s3.bucket)
+
+
+def test_format_2_tables_are_refused_before_anything_is_uploaded(s3, rng, tmp_path):
+    """Format 2 is read from local folders only in this version: saving or copying one to
+    object storage says so, and leaves nothing behind."""
+    A = rng.standard_normal((100, 8)).astype(np.float32)
+    url = f"s3://{s3.bucket}/v2.emb"
+    with pytest.raises(embstore.FormatError, match="format-2 tables are read from local "
+                                                   "folders only"):
+        embstore.save(url, A, format_version=2)
+    embstore.save(tmp_path / "v2.emb", A, format_version=2).close()
+    res = CliRunner().invoke(cli, ["copy", str(tmp_path / "v2.emb"), url])
+    assert res.exit_code == 1 and "is a format-2 table" in res.output
+    assert _keys(s3, "v2.emb/") == []

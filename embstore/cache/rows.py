@@ -1,0 +1,408 @@
+"""The LRU row cache of on-disk tables, and its statistics.
+
+:class:`RowCache` keeps rows in a slot matrix.  Its bookkeeping (per slot: the cached id
+and a last-use stamp; an open-addressing hash table id -> slot of at least twice as many
+cells) goes with it.  The number of slots is chosen so that rows plus bookkeeping fit in
+``capacity_bytes`` (the cache never holds more than its budget), and never exceeds the
+table's row count: a small table gets a small cache whatever the budget.  Nothing is
+allocated when a table opens; the slot matrix and the bookkeeping start small on first use
+and double as rows come in (2,000 open tables cost nothing; a 128 KB table's cache is
+never more than 128 KB of rows).
+A batch costs a handful of NumPy operations over its ids: a vectorised hash probe (one
+round per step of linear probing), one gather of the hits, one fetch of all the batch's
+misses through the read path, and eviction of the least recently used slots by
+``np.argpartition`` of their stamps (slots never used are filled first, with no scan).
+
+Admission: a batch caches every row that was missed before (within a window of about
+``slots`` first misses: TinyLFU's "doorkeeper") plus up to ``ADMIT_ALL_BELOW`` of its
+first-time misses, taken evenly (all of them while there are never-used slots for them and
+the batch was read from disk).  A small batch is thus cached whole, as by a plain LRU,
+while a large cold batch (a scan, uniformly random ids) copies little into the cache and
+so costs about what the read path costs; rows that recur (the head of a Zipf
+distribution) enter on their second use at the latest.
+
+Counting (``cache_info``): every requested id counts once (duplicates in a batch included):
+a *hit* if its row was cached when the batch started, a *miss* otherwise.  ``evictions``
+counts rows dropped to make room (not rows dropped because they were written).  ``bytes``
+is ``entries * row_bytes`` (the row data held; rows plus bookkeeping stay <= capacity).  ``warm``
+and ``cache_clear`` do not count hits or misses; ``cache_clear`` resets all counters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..fs.forksafe import renew_after_fork
+from ..ids import parse_bytes
+
+__all__ = ["CacheInfo", "RowCache", "parse_bytes"]
+
+_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of ids
+_EMPTY, _TOMB = -1, -2
+#: A batch caches at most this many of its first-time misses (all of them in a small
+#: batch, as a plain LRU does), plus every row missed before (see ``RowCache._admit``).
+ADMIT_ALL_BELOW = 2048
+_FIRST_SLOTS = 4096  # slots allocated on first use; doubled as they fill
+
+class CacheInfo(NamedTuple):
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    entries: int = 0
+    bytes: int = 0
+    capacity_bytes: int = 0
+
+
+def _bits_for(slots: int) -> int:
+    return max(3, int(2 * max(1, slots) - 1).bit_length())
+
+
+class RowCache:
+    """A thread-safe LRU cache of table rows with a byte budget it never exceeds."""
+
+    # bookkeeping arrays, allocated on first use (None until then; see _grow)
+    _slot_id: Any
+    _stamp: Any
+    _hk: Any
+    _hv: Any
+    _seen: Any
+    _rows: Any
+    _filled: int
+    _used: int
+
+    def __init__(self, capacity_bytes: int, dim: int, dtype, rows: int | None = None):
+        self.capacity_bytes = int(capacity_bytes)
+        self.dtype = np.dtype(dtype)
+        self.dim = int(dim)
+        self.row_bytes = self.dim * self.dtype.itemsize
+        self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
+        #: reads are about as cheap as cache hits (uncompressed, memory-mapped): a batch that
+        #: mostly misses is then read whole from the store instead of merged from both
+        self.cheap_reads = False
+        #: ``() -> bool``: whether the store's last reads were not resident (then they are
+        #: not cheap whatever ``cheap_reads`` says, and hits are never read again)
+        self.reads_cold: Callable[[], bool] | None = None
+        self._slot_id = None
+        self._cap = 0  # slots allocated so far (rows and bookkeeping), <= slots
+        self.resize_for(rows)
+        self._reset()
+
+    def resize_for(self, rows: int | None) -> None:
+        """Size the cache for a table of ``rows`` rows (None: as the budget allows).
+
+        Only the limit changes: arrays grow on use.  A table that grows (``append``) calls
+        this again; the cache never shrinks below the slots it already uses.
+        """
+        slots = self.capacity_bytes // (self.row_bytes + 48)
+        if rows is not None:
+            slots = min(slots, max(int(rows), 0))
+        while slots and self._footprint(slots) > self.capacity_bytes:
+            slots -= max(1, slots // 64)
+        self.slots = max(slots, self._cap)
+        self.bits = _bits_for(self._cap)
+
+    def _footprint(self, slots: int) -> int:
+        """Bytes held with ``slots`` slots: rows, slot ids, stamps, hash keys and values,
+        and the one-byte-per-cell doorkeeper."""
+        h = 1 << _bits_for(slots)
+        return slots * (self.row_bytes + 16) + 16 * h + 2 * h
+
+    def _reset(self) -> None:
+        # the arrays are allocated on first use, so an open table costs nothing; once
+        # allocated they are refilled in place (no new pages to fault in)
+        if self._slot_id is not None:
+            if self._filled:
+                self._slot_id[: self._filled] = -1
+                self._stamp[: self._filled] = -1
+            if self._used:
+                self._hk.fill(_EMPTY)
+            if getattr(self, "_seen_count", 0):
+                self._seen.fill(0)
+        else:
+            self._slot_id = self._stamp = self._hk = self._hv = self._seen = None
+            self._rows = None
+            self._cap = 0
+        self._used = 0  # hash cells not empty (live + deleted)
+        self._entries = 0
+        self._filled = 0  # slots ever used (they fill in order, then LRU eviction)
+        self._seen_count = 0
+        self._clock = 0
+        self._gen = 0
+        self.hits = self.misses = self.evictions = 0
+
+    def _after_fork(self) -> None:
+        """In a forked child: another thread of the parent may have been mid-update, so
+        drop every row (the statistics stay)."""
+        stats, gen = (self.hits, self.misses, self.evictions), self._gen
+        self._slot_id = None
+        self._reset()
+        self.hits, self.misses, self.evictions = stats
+        self._gen = gen + 1
+
+    def _allocate(self) -> None:
+        if self._slot_id is None:
+            self._grow(min(self.slots, _FIRST_SLOTS))
+
+    def _grow(self, cap: int) -> None:
+        """Make room for ``cap`` slots: copy the filled slots, rebuild the hash index."""
+        old = self._cap if self._slot_id is not None else 0
+        slot_id = np.full(cap, -1, dtype=np.int64)
+        stamp = np.full(cap, -1, dtype=np.int64)  # -1: empty, evicted first
+        rows = np.empty((cap, self.dim), dtype=self.dtype)
+        if old:
+            f = self._filled
+            slot_id[:f], stamp[:f], rows[:f] = self._slot_id[:f], self._stamp[:f], self._rows[:f]
+        self._slot_id, self._stamp, self._rows, self._cap = slot_id, stamp, rows, cap
+        self.bits = _bits_for(cap)
+        self._hk = np.full(1 << self.bits, _EMPTY, dtype=np.int64)  # id; -1 empty, -2 deleted
+        self._hv = np.zeros(1 << self.bits, dtype=np.int64)  # slot of that id
+        self._seen = np.zeros(2 << self.bits, dtype=np.uint8)  # doorkeeper (see _admit)
+        self._seen_count = 0
+        self._used = 0
+        live = np.flatnonzero(slot_id >= 0)
+        if live.size:
+            self._hinsert(slot_id[live], live)
+
+    def _seen_before(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each id missed before: TinyLFU's doorkeeper, one byte per hash cell.
+
+        Marks the ids as seen.  The window is reset after about ``slots`` first misses.
+        Call under the lock.
+        """
+        self._allocate()
+        cell = ((ids.astype(np.uint64) * _MULT) >> np.uint64(63 - self.bits)).astype(np.intp)
+        seen = self._seen[cell].astype(bool)
+        self._seen[cell] = 1
+        self._seen_count += int(ids.size - np.count_nonzero(seen))
+        if self._seen_count > self.slots:
+            self._seen.fill(0)
+            self._seen_count = 0
+        return seen
+
+    # -- the id -> slot hash index (open addressing, linear probing, vectorised) ------------
+    def _home(self, ids: np.ndarray) -> np.ndarray:
+        return ((ids.astype(np.uint64) * _MULT) >> np.uint64(64 - self.bits)).astype(np.int64)
+
+    def _probe(self, ids: np.ndarray) -> np.ndarray:
+        """Hash cell of each id, -1 where absent; call under the lock."""
+        res = np.full(ids.shape, -1, dtype=np.int64)
+        if not self._entries:
+            return res
+        mask = (1 << self.bits) - 1
+        pos = self._home(ids)
+        act = np.arange(ids.size)
+        q = ids
+        while act.size:
+            k = self._hk[pos]
+            found = k == q
+            res[act[found]] = pos[found]
+            go = ~found & (k != _EMPTY)
+            act, q, pos = act[go], q[go], (pos[go] + 1) & mask
+        return res
+
+    def _hinsert(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Add distinct absent ``ids`` -> ``slots``; call under the lock."""
+        if self._used + ids.size > (7 << self.bits) // 10:  # too many deleted cells: rebuild
+            live = np.flatnonzero(self._slot_id >= 0)
+            live = live[~np.isin(live, slots)]
+            self._hk.fill(_EMPTY)
+            self._used = 0
+            ids, slots = np.concatenate([self._slot_id[live], ids]), np.concatenate([live, slots])
+        mask = (1 << self.bits) - 1
+        pos = self._home(ids)
+        while ids.size:
+            k = self._hk[pos]
+            free = np.flatnonzero(k < 0)
+            if free.size:
+                _, first = np.unique(pos[free], return_index=True)
+                win = free[first]
+                self._used += int(np.count_nonzero(k[win] == _EMPTY))
+                self._hk[pos[win]] = ids[win]
+                self._hv[pos[win]] = slots[win]
+                rest = np.ones(ids.size, dtype=bool)
+                rest[win] = False
+                ids, slots, pos = ids[rest], slots[rest], pos[rest]
+            pos = (pos + 1) & mask
+
+    # -- lookups ----------------------------------------------------------------------
+    def gather(self, ids: np.ndarray, out: np.ndarray | None,
+               fetch: Callable[[np.ndarray, np.ndarray], None],
+               take: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """Rows ``ids`` (validated 1-D int64) into ``out`` (returned), reading misses with
+        ``fetch(ids, out)`` in one call.  With ``out=None`` a new array is returned; when
+        nothing hits, it is ``take(ids)`` itself (no extra copy), if ``take`` is given."""
+        n = ids.size
+        if out is None and (take is None or n == 0):
+            out = np.empty((n, self.dim), dtype=self.dtype)
+        if n == 0:
+            assert out is not None
+            return out
+        with self._lock:
+            self._clock += 1
+            tick, gen = self._clock, self._gen
+            cell = self._probe(ids)
+            hit = cell >= 0
+            nh = int(np.count_nonzero(hit))
+            self.hits += nh
+            self.misses += n - nh
+            if (nh and take is not None and out is None and self.cheap_reads and 2 * nh < n
+                    and not (self.reads_cold is not None and self.reads_cold())):
+                self._stamp[self._hv[cell[hit]]] = tick  # the hits stay recent
+                miss_ids = ids[~hit]
+                nh = -1  # read everything below
+            elif nh:
+                if out is None:
+                    out = np.empty((n, self.dim), dtype=self.dtype)
+                slots = self._hv[cell] if nh == n else self._hv[cell[hit]]
+                if nh == n:
+                    np.take(self._rows, slots, axis=0, out=out, mode="clip")
+                else:
+                    miss_at = np.flatnonzero(~hit)
+                    out[hit] = self._rows[slots]
+                self._stamp[slots] = tick
+                if nh == n:
+                    return out
+        # one call into the read path for all misses, outside the lock; afterwards every
+        # row is in ``out`` and ``miss_pos`` says where the missed ones are
+        if nh < 0:
+            assert take is not None
+            out = take(ids)
+            miss_pos = np.flatnonzero(~hit)
+        elif nh:
+            miss_ids = ids[miss_at]
+            rows = np.empty((miss_ids.size, self.dim), dtype=self.dtype)
+            fetch(miss_ids, rows)
+            assert out is not None
+            out[miss_at] = rows
+            miss_pos = miss_at
+        else:
+            miss_ids = ids
+            if out is None:
+                assert take is not None
+                out = take(ids)
+            else:
+                fetch(ids, out)
+            miss_pos = None
+        with self._lock:
+            if gen != self._gen:  # a write happened meanwhile: the rows may be stale
+                return out
+            admit = self._admit(miss_ids)
+            if admit.size:
+                uniq, first = np.unique(miss_ids[admit], return_index=True)
+                src = admit[first] if miss_pos is None else miss_pos[admit[first]]
+                self._insert(uniq, out[src], tick)
+        return out
+
+    def _admit(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of the missed ``ids`` to cache; call under the lock.
+
+        Every row missed before (within the doorkeeper's window, see ``_seen_before``), plus
+        up to ``ADMIT_ALL_BELOW`` first-time misses, taken evenly from the batch; all of
+        them while the cache has never-used slots for them and the batch was read from disk
+        (``reads_cold``): copying a row costs nothing beside its page read, evicts nothing,
+        and each first-time Zipf tail row cached is a page not read when it recurs.  A small
+        batch is thus cached whole, as by a plain LRU; a large cold batch (a scan, uniformly
+        random traffic) copies little into the cache and evicts little, while rows that
+        recur (the head of a Zipf distribution) get in on their second use at the latest.
+        """
+        seen = self._seen_before(ids)
+        first = np.flatnonzero(~seen)
+        if (first.size > ADMIT_ALL_BELOW and self._filled + ids.size <= self.slots
+                and self.reads_cold is not None and self.reads_cold()):
+            return np.arange(ids.size)  # read from disk, and room for all: nothing evicted
+        if first.size > ADMIT_ALL_BELOW:
+            seen[first[:: -(-first.size // ADMIT_ALL_BELOW)]] = True
+            return np.flatnonzero(seen)
+        return np.arange(ids.size)
+
+    def _insert(self, ids: np.ndarray, rows: np.ndarray, tick: int) -> None:
+        """Cache distinct ``ids``; call under the lock."""
+        if self.slots == 0 or ids.size == 0:
+            return
+        self._allocate()
+        present = self._probe(ids) >= 0
+        if present.any():  # another thread cached some meanwhile
+            ids, rows = ids[~present], rows[~present]
+        k = min(ids.size, self.slots)
+        if k == 0:
+            return
+        ids, rows = ids[:k], rows[:k]
+        if self._filled + k > self._cap and self._cap < self.slots:
+            self._grow(min(self.slots, max(2 * self._cap, self._filled + k)))
+        fresh = min(k, self.slots - self._filled)  # never-used slots first: no eviction scan
+        victims = np.arange(self._filled, self._filled + fresh)
+        self._filled += fresh
+        if fresh < k:
+            need = k - fresh
+            stamp = self._stamp
+            if fresh:  # the slots just taken are not candidates
+                stamp = stamp.copy()
+                stamp[victims] = np.iinfo(np.int64).max
+            lru = np.argpartition(stamp, need - 1)[:need]
+            victims = np.concatenate([victims, lru])
+            old = self._slot_id[lru]
+            gone = old >= 0
+            if gone.any():
+                self.evictions += int(np.count_nonzero(gone))
+                self._hk[self._probe(old[gone])] = _TOMB
+                self._entries -= int(np.count_nonzero(gone))
+        self._slot_id[victims] = ids
+        self._stamp[victims] = tick
+        self._rows[victims] = rows
+        self._hinsert(ids, victims)
+        self._entries += k
+
+    # -- maintenance ----------------------------------------------------------------------
+    def warm(self, ids: np.ndarray, fetch: Callable[[np.ndarray, np.ndarray], None],
+             *, block: int = 65536) -> int:
+        """Load rows ``ids`` (validated, 1-D; most important first) without counting hits.
+
+        At most ``slots`` distinct ids are loaded, the first ones given.  Returns how many.
+        """
+        _, first = np.unique(ids, return_index=True)
+        order = ids[np.sort(first)][: self.slots]
+        for s in range(0, order.size, block):
+            part = np.sort(order[s: s + block])
+            rows = np.empty((part.size, self.dim), dtype=self.dtype)
+            with self._lock:
+                gen = self._gen
+            fetch(part, rows)
+            with self._lock:
+                self._clock += 1
+                if gen == self._gen:
+                    self._insert(part, rows, self._clock)
+        return int(order.size)
+
+    def invalidate(self, ids: np.ndarray) -> None:
+        """Forget rows ``ids`` (just written) so they are read again from the store."""
+        with self._lock:
+            self._gen += 1
+            cell = self._probe(np.unique(ids))
+            cell = cell[cell >= 0]
+            if not cell.size:
+                return
+            slots = self._hv[cell]
+            self._hk[cell] = _TOMB
+            self._slot_id[slots] = -1
+            self._stamp[slots] = -1
+            self._entries -= int(cell.size)
+
+    def clear(self, *, keep_stats: bool = False) -> None:
+        """Drop every row and (unless ``keep_stats``) reset the statistics."""
+        with self._lock:
+            gen, stats = self._gen, (self.hits, self.misses, self.evictions)
+            self._reset()
+            self._gen = gen + 1
+            if keep_stats:
+                self.hits, self.misses, self.evictions = stats
+
+    def info(self) -> CacheInfo:
+        with self._lock:
+            n = self._entries
+            return CacheInfo(self.hits, self.misses, self.evictions, n, n * self.row_bytes,
+                             self.capacity_bytes)

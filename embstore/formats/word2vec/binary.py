@@ -1,0 +1,232 @@
+"""The original C word2vec tool's binary format.
+
+A text header line ``COUNT DIM\\n``, then per row: the key's UTF-8 bytes, one
+space, ``DIM`` little-endian float32 values, and (C tool: always; gensim: never)
+a ``\\n``.  Quirks handled as the reference readers do: a ``\\n`` before a key is
+skipped (gensim's ``lstrip``); in files with the ``\\n`` after each vector a key
+holding spaces is read whole (the space before the vector is the one whose
+vector is followed by ``\\n``), where gensim would cut it at its first space
+(only text before a later space counts as a key: raw vector bytes before it mean the
+first space ends the key, as in gensim's files without ``\\n``).  Export refuses such
+keys (gensim and the C tool would read shifted vectors).
+The header's count is checked against the file, and only used as a size hint.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+from ...errors import FormatError
+from .. import DEFAULT_BLOCK_ROWS, open_output, Reader, check_finite
+from .._textparse import decode_keys
+from ..source import open_source, stream_row_bound
+from . import MAX_LINE_BYTES, _show, fasttext_bin_error, is_fasttext_bin
+
+__all__ = ["read", "write", "BinaryReader"]
+
+CHUNK_BYTES = 8 << 20
+MAX_KEY_BYTES = 1 << 16
+
+
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+
+
+def _text_key(key: bytes) -> bool:
+    """Whether ``key`` can be a key holding spaces: UTF-8 text without control bytes (the
+    bytes of a vector misread as part of a key are neither)."""
+    if _CONTROL.search(key) is not None:
+        return False
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class BinaryReader(Reader):
+    """Streams word2vec binary records from a path or a :class:`~.source.Source`."""
+
+    count: int  # from the header
+    format = "word2vec-binary"
+    progress_unit = "bytes"
+
+    def __init__(self, path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
+                 unicode_errors: str = "strict", dtype=None, chunk_bytes: int = CHUNK_BYTES):
+        super().__init__(path, block_rows=block_rows, limit=limit)
+        self.unicode_errors = unicode_errors
+        self.has_keys = True
+        self.dtype = np.dtype(dtype or np.float32)
+        self._src = self._f = open_source(path)
+        self.progress_total = self._src.size  # stored bytes (compressed); None for a pipe
+        try:
+            kind = is_fasttext_bin(self._src)
+            if kind is not False:
+                raise fasttext_bin_error(self.path, self.format, old=kind is None)
+            first = self._f.readline(4096)
+            toks = first.split()
+            if not first:
+                raise self.error("the file is empty; expected a 'COUNT DIM' header")
+            if len(toks) != 2 or not all(t.isdigit() for t in toks) or not first.endswith(b"\n"):
+                raise self.error(f"expected a header 'COUNT DIM', got {_show(first)}", line=1)
+            self.count, self.dim = int(toks[0]), int(toks[1])
+            if self.dim < 1:
+                raise self.error(f"expected a dimension >= 1 in the header, got {self.dim}", line=1)
+            # a row holds 4 * dim bytes: refuse before sizing a read buffer by dim
+            if self._src.size is not None and self._src.is_file:
+                most = (self._src.size - len(first)) // 4 if self.count else 1 << 31
+                room = f"{self.progress_total} bytes in the file"
+            else:  # compressed or a pipe
+                most, room = MAX_LINE_BYTES // 4, f"a row holds at most {MAX_LINE_BYTES} bytes"
+            if self.dim > most:
+                raise self.error(f"the header's dimension {self.dim} cannot fit: expected at "
+                                 f"most {most} ({room})", line=1)
+        except BaseException:
+            self._src.close()
+            raise
+        self.progress_done = len(first)
+        self._chunk = max(int(chunk_bytes), 4 * self.dim + MAX_KEY_BYTES + 2)
+        self._newline: bool | None = None  # rows end with "\n" (C tool) or not (gensim)
+
+    def size_hint(self) -> int | None:
+        most = stream_row_bound(self._src, 4 * self.dim + 2)
+        if most is None:
+            return None
+        n = min(self.count, most)
+        return n if self.limit is None else min(n, self.limit)
+
+    def _split(self, buf: bytes, pos: int, eof: bool, row: int) -> tuple[int, int] | None:
+        """``(space, end)`` of the record at ``pos``, or ``None`` if ``buf`` holds only part of it."""
+        vb = 4 * self.dim
+        n = len(buf)
+        sp = buf.find(b" ", pos, pos + MAX_KEY_BYTES)
+        if sp < 0:
+            if not eof and n - pos < MAX_KEY_BYTES:
+                return None
+            raise self.error(f"row {row + 1}: expected a key and a space, got "
+                             f"{_show(buf[pos:pos + 40])}")
+        if self._newline is not False:
+            # "\n"-terminated rows: the right space is the one whose vector ends in "\n";
+            # a key holds no "\n", so candidates stop at the first one
+            stop = buf.find(b"\n", pos, pos + MAX_KEY_BYTES)
+            stop = pos + MAX_KEY_BYTES if stop < 0 else stop
+            cand = sp
+            while 0 <= cand < stop:
+                if cand != sp and not _text_key(buf[pos:cand]):
+                    break  # raw bytes before this space: the first space ends the key
+                end = cand + 1 + vb
+                if end >= n and not eof:
+                    return None
+                if end < n and buf[end] == 10:
+                    self._newline = True
+                    return cand, end + 1
+                if end == n and (self._newline or cand == sp):  # the last row, without "\n"
+                    return cand, end
+                if end > n and cand == sp:
+                    raise self.error(f"row {row + 1}: expected {vb} bytes of vector after the "
+                                     f"key, got {n - sp - 1} (the file is truncated)")
+                cand = buf.find(b" ", cand + 1, stop)
+            if self._newline:
+                raise self.error(f"row {row + 1}: expected a key, a space, {vb} bytes of vector "
+                                 "and a newline; no such record starts here")
+            self._newline = False
+        end = sp + 1 + vb
+        if end > n:
+            if not eof:
+                return None
+            raise self.error(f"row {row + 1}: expected {vb} bytes of vector after the key, got "
+                             f"{n - sp - 1} (the file is truncated)")
+        return sp, end
+
+    def blocks(self) -> Iterator[tuple[np.ndarray, list[str]]]:
+        f = self._f
+        buf, pos, eof = b"", 0, False
+        row = 0
+        target = self.count if self.limit is None else min(self.count, self.limit)
+        while row < target:
+            keys: list[bytes] = []
+            vecs: list[bytes] = []
+            want = min(self.block_rows, target - row)
+            while len(keys) < want:
+                while pos < len(buf) and buf[pos] == 10:  # "\n" before a key (gensim lstrips it)
+                    pos += 1
+                rec = self._split(buf, pos, eof, row + len(keys)) if pos < len(buf) else None
+                if rec is None:
+                    if eof:
+                        raise self.error(f"the header promises {self.count} rows, the file "
+                                         f"has {row + len(keys)}")
+                    more = f.read(self._chunk)
+                    eof = not more
+                    buf, pos = buf[pos:] + more, 0
+                    continue
+                sp, end = rec
+                keys.append(buf[pos:sp])
+                vecs.append(buf[sp + 1:sp + 1 + 4 * self.dim])
+                pos = end
+            block = np.frombuffer(b"".join(vecs), dtype="<f4").reshape(len(keys), self.dim)
+            check_finite(self, block, row)
+            out = block.astype(self.dtype)  # a writable, native-order copy
+            if self.dtype != np.float32:
+                check_finite(self, out, row)
+            names = decode_keys(keys, path=self.path, first_line=row + 1,
+                                unicode_errors=self.unicode_errors, unit="row")
+            row += len(keys)
+            self.progress_done = self._src.consumed(len(buf) - pos)
+            yield out, names
+        if self.limit is None or self.limit > self.count:
+            rest = buf[pos:] + f.read(1 << 16)
+            if rest.strip():
+                raise self.error(f"the header promises {self.count} rows, the file has more "
+                                 f"(bytes after row {self.count})")
+
+    def close(self) -> None:
+        self._src.close()
+
+
+def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
+         unicode_errors: str = "strict", tensor: str | None = None, dtype=None) -> BinaryReader:
+    """Stream a word2vec binary file."""
+    return BinaryReader(path, block_rows=block_rows, limit=limit, unicode_errors=unicode_errors,
+                        dtype=dtype)
+
+
+_KEY_BREAK = re.compile(r"[ \t\n\r\x0b\x0c]")  # where gensim and the C tool end a key
+
+
+def _check_keys(keys: list[str], first_row: int) -> None:
+    """Keys the readers would cut (whitespace) or lose (empty) raise naming the row."""
+    if _KEY_BREAK.search("\x00".join(keys)) is None and "" not in keys:
+        return
+    for i, k in enumerate(keys):
+        if not k or _KEY_BREAK.search(k):
+            raise FormatError(f"row {first_row + i}: key {k!r} is empty or holds whitespace; "
+                              "word2vec-binary cannot store it (gensim and the C tool end a "
+                              "key at its first space and would read shifted vectors)")
+
+
+def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,
+          progress=None) -> int:
+    """Write ``table`` as the C tool does (``\\n`` after each vector); gensim reads it back."""
+    keys = table.keys
+    if keys is None:
+        raise FormatError("the table has no keys; word2vec-binary needs one key per row "
+                          "(export to npy or safetensors instead)")
+    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    dim = table.dim
+    vb = 4 * dim
+    with open_output(path) as f:
+        f.write(f"{n} {dim}\n".encode())
+        for start in range(0, n, block_rows):
+            stop = min(n, start + block_rows)
+            data = np.ascontiguousarray(table[start:stop], dtype="<f4").tobytes()
+            ks = list(keys[start:stop])
+            _check_keys(ks, start)
+            parts: list[bytes] = []
+            for i, k in enumerate(ks):
+                parts += (k.encode("utf-8"), b" ", data[i * vb:(i + 1) * vb], b"\n")
+            f.write(b"".join(parts))
+            if progress is not None:
+                progress(stop - start)
+    return n

@@ -1,0 +1,286 @@
+"""The exact cosine scan behind :func:`embstore.search.stream.most_similar`.
+
+One pass over the table in blocks (:func:`embstore.store.scan.scan_blocks`: zero-copy views
+of the mapped shards where the layout allows; 128 MiB of rows then, else 32 MiB), each
+block split in parts between the cores (the first on the calling thread, the others on
+the shared pool, BLAS held to one thread meanwhile), and per part:
+
+- one matrix product of the rows with the unit queries, ``(rows, queries)``: ``rows @ q``
+  for one query (``einsum``: one thread at memory speed, straight from the strided view),
+  ``rows @ Q.T`` for a batch (a batch of queries shares one read of the table, and the
+  scores come out in the layout the rest works on, no transpose);
+- a division (in place) by the rows' stored norms (``norms``, docs/FORMAT.md §2d; computed
+  per block for tables without them).  An undefined cosine (a zero row or query) scores
+  the lowest finite number instead of NaN, so it ranks below every real neighbour without
+  a pass to find NaNs; it is reported as NaN;
+- one comparison with each query's running threshold (the ``k``-th best score so far):
+  only the few rows above it are kept and merged into the running top-``k``.  A block with
+  many rows above it (the first one, or rows in rising order) is reduced by
+  ``argpartition`` first (:func:`_block_top`).
+
+The parts join the running top-``k`` in id order, each as soon as its scores are in (the
+first part's while the others are still being computed).  Ties rank by the lower id: the
+running top-``k`` holds lower ids than any later part, so a later row needs a strictly
+larger score.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import numpy as np
+import threadpoolctl
+
+from ..fs.forksafe import renew_after_fork
+from ..store.codecs import pool
+from ..store.scan import rows_in_place, scan_blocks
+from ..table import Table
+from .topk import sort_desc, top_k_columns
+
+__all__ = ["cosine_top_k", "SCAN_BLOCK_BYTES", "VIEW_BLOCK_BYTES", "scan_block_rows"]
+
+#: bytes of rows per block: large enough that the per-block work (a few NumPy calls, a
+#: merge) is small against the product (1M x 256 f32: 32 MiB blocks measured ~15% faster
+#: than 8 MiB for 32 queries, ~30% for one), small enough that the scores of a block
+#: (``4 * rows * queries`` bytes) stay in cache for the division and comparison after it
+SCAN_BLOCK_BYTES = 32 << 20
+#: bytes of rows per block when they are read in place (views of the mapped shards: nothing
+#: copied), the scores of a block held to ``SCAN_BLOCK_BYTES``: fewer blocks, less work
+#: between products.  1M x 256 f32 (shards of 131,072 rows: blocks never cross a shard),
+#: idle machine: one query, 32 MiB blocks 90-96 ms, 64 MiB 86-88 ms, 128 MiB 80-84 ms;
+#: 32 queries, 32 MiB 334 ms, 128 MiB 297 ms
+VIEW_BLOCK_BYTES = 128 << 20
+_MIN_PART_ROWS = 4096  # a block is split between the cores in parts of at least this
+_PARTS = min(4, os.cpu_count() or 1)  # parts a block is split in (one per core)
+
+
+def scan_block_rows(table: Table, n_queries: int, *, in_place: bool = False) -> int:
+    """Rows per block: about ``SCAN_BLOCK_BYTES`` of rows plus their scores; rows read
+    ``in_place``: ``VIEW_BLOCK_BYTES`` of rows, at most ``SCAN_BLOCK_BYTES`` of scores."""
+    row_bytes = table.dim * table.dtype.itemsize
+    score_bytes = 4 * max(1, n_queries)
+    if in_place:
+        rows = min(VIEW_BLOCK_BYTES // row_bytes, SCAN_BLOCK_BYTES // score_bytes)
+    else:
+        rows = SCAN_BLOCK_BYTES // (row_bytes + score_bytes)
+    return int(max(256, min(rows, max(1, table.vocab_size))))
+
+
+class _OneBlasThread:
+    """BLAS held to one thread while any scan of this process runs (a context; nested and
+    concurrent scans share one limit, restored when the last one ends): the scan splits
+    each block's rows between the cores itself.  Measured on this shared 2-core machine
+    (load 3-4), 1M x 256 f32 against 32 queries: two halves of each block on two
+    single-threaded calls 0.61 s, one call on OpenBLAS's two threads 0.72-0.88 s."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._limit = None
+        self._ctl: threadpoolctl.ThreadpoolController | None = None
+        renew_after_fork(self, "_lock")
+
+    def _after_fork(self) -> None:
+        """A child forked during a scan has none of its threads: BLAS back to its own."""
+        if self._limit is not None:
+            self._limit.restore_original_limits()
+        self._users, self._limit = 0, None
+
+    def __enter__(self):
+        with self._lock:
+            if self._users == 0:
+                if self._ctl is None:
+                    self._ctl = threadpoolctl.ThreadpoolController()
+                self._limit = self._ctl.limit(limits=1, user_api="blas")
+            self._users += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._limit is not None:
+                self._limit.restore_original_limits()
+                self._limit = None
+
+
+_one_blas_thread = _OneBlasThread()
+
+
+def _part(rows: np.ndarray, qt: np.ndarray, norms: np.ndarray, out: np.ndarray) -> None:
+    """``out = (rows @ qt) / norms`` (a zero row: 0 / 0, overwritten by the caller).
+    One query (``qt`` 1-D): ``einsum`` (memory speed from the strided view, one thread)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if qt.ndim == 1:
+            np.einsum("ij,j->i", rows, qt, out=out[:, 0])
+        else:
+            np.matmul(rows, qt, out=out)
+        out /= norms[:, None]
+
+
+def _cuts(b: int, parts: int) -> list[int]:
+    """Bounds of the ``parts`` ranges (of at least ``_MIN_PART_ROWS``) a block is split in."""
+    parts = max(1, min(parts, b // _MIN_PART_ROWS))
+    return [b * i // parts for i in range(parts + 1)]
+
+
+def _odd_rows(rows: np.ndarray, q: np.ndarray, low) -> np.ndarray:
+    """Cosines ``(r, n)`` of rows whose norm is 0, NaN or inf (stored as inf when it passes
+    the largest float32): scaled by their largest element, in float64; ``low`` where
+    undefined (a zero row)."""
+    r = rows.astype(np.float64)
+    top = np.abs(r).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r /= top
+        s = (r @ q.T.astype(np.float64)) / np.sqrt(np.einsum("ij,ij->i", r, r))[:, None]
+    s[~np.isfinite(s)] = low
+    return s.astype(q.dtype)
+
+
+def _block_top(s: np.ndarray, k: int) -> np.ndarray:
+    """Columns ``(n, min(k, b))``, ascending, of the ``k`` best rows of each column of the
+    scores ``s`` (``(b, n)``; lowest rows among ties)."""
+    b, n = s.shape
+    st = s.T
+    if b <= k:
+        return np.broadcast_to(np.arange(b), (n, b))
+    idx = np.argpartition(st, b - k, axis=1)[:, b - k:]
+    kth = np.take_along_axis(st, idx, axis=1).min(axis=1)
+    exact = np.count_nonzero(st >= kth[:, None], axis=1) == k
+    if not exact.all():  # ties across the boundary (or -inf, excluded rows, among the best)
+        bad = np.flatnonzero(~exact)
+        idx[bad] = top_k_columns(st[bad], k)
+    return np.sort(idx, axis=1)
+
+
+class _Best:
+    """The running top-``k`` of ``n`` queries: ``vals``/``ids`` ``(n, k)`` with ids
+    ascending along each row (places not yet filled: -inf, id -1), and ``thr`` the k-th
+    best score of each query (a later row must beat it)."""
+
+    def __init__(self, n: int, k: int, dtype):
+        self.k = k
+        self.vals = np.full((n, k), -np.inf, dtype)
+        self.ids = np.full((n, k), -1, np.int64)
+        self.thr = np.full(n, -np.inf, dtype)
+        self.empty = True  # nothing kept yet
+        self.cap = 4 * n * k + 256  # more rows above the thresholds: partition the block
+
+    def add(self, s: np.ndarray, start: int, head: bool = True) -> None:
+        """Merge the scores ``s`` (``(b, n)``, C-contiguous) of rows ``start..``."""
+        b, n = s.shape
+        above: np.ndarray | None = None
+        if n == 1:  # one query: the rows above its threshold, in one pass
+            rows = np.flatnonzero(s[:, 0] > self.thr[0])
+            if not rows.size:
+                return
+            if rows.size <= self.cap:
+                self._merge(s[rows, 0][None, :], (rows + start)[None, :])
+                return
+            count = int(rows.size)  # (many: partitioned below)
+        else:
+            above = s > self.thr
+            count = int(np.count_nonzero(above))
+        if not count:
+            return
+        if count > self.cap:
+            h = b // 4
+            if head and h * n > 4 * self.cap:  # (the first block) thresholds from a quarter
+                self.add(s[:h], start, False)
+                self.add(s[h:], start + h, False)
+                return
+            cols = _block_top(s, self.k)
+            self._merge(np.take_along_axis(s.T, cols, axis=1), cols + start)
+            return
+        assert above is not None  # (one query never gets here)
+        flat = np.flatnonzero(above)  # by row, then query
+        row, query = np.divmod(flat, n)
+        order = np.argsort(query, kind="stable")  # by query, then row
+        row, query, vals = row[order], query[order], s.reshape(-1)[flat[order]]
+        per = np.bincount(query, minlength=n)
+        place = np.arange(count) - np.repeat(np.cumsum(per) - per, per)
+        width = int(per.max())
+        v = np.full((n, width), -np.inf, s.dtype)
+        i = np.full((n, width), -1, np.int64)
+        v[query, place] = vals
+        i[query, place] = row + start
+        self._merge(v, i)
+
+    def _merge(self, v: np.ndarray, i: np.ndarray) -> None:
+        if self.empty and v.shape[1] == self.k:  # the first block's best: nothing to merge
+            self.vals, self.ids, self.empty = v, np.ascontiguousarray(i), False
+            self.thr = v.min(axis=1)
+            return
+        self.empty = False
+        vals = np.concatenate([self.vals, v], axis=1)  # kept (lower ids) first
+        ids = np.concatenate([self.ids, i], axis=1)
+        cols = top_k_columns(vals, self.k)
+        self.vals = np.take_along_axis(vals, cols, axis=1)
+        self.ids = np.take_along_axis(ids, cols, axis=1)
+        self.thr = self.vals.min(axis=1)
+
+
+def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
+                 own: np.ndarray | None, block_rows: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores, ids)``, ``(n, k)`` sorted by descending cosine, of the unit queries ``q``
+    (``(n, dim)``, the compute dtype; zero rows for zero queries) against every row.
+
+    ``exclude`` (sorted ids) and each query's ``own`` id score ``-inf``: the caller turns
+    places holding them (and places left empty: id -1) into id -1."""
+    n = q.shape[0]
+    dtype = q.dtype
+    low = -np.finfo(dtype).max  # an undefined cosine (reported as NaN)
+    bad_q = np.flatnonzero(~(np.isfinite(q).all(axis=1) & q.any(axis=1)))
+    qt = q[0] if n == 1 else q.T
+    best = _Best(n, k, dtype)
+    buf: np.ndarray | None = None
+    rows_per = block_rows or scan_block_rows(
+        table, n, in_place=table.dtype == dtype and rows_in_place(table))
+    parts = _PARTS
+    sbuf = np.empty((rows_per, n), dtype)
+
+    def finish(start: int, rows: np.ndarray, norms: np.ndarray, s: np.ndarray) -> None:
+        """Fix the scores ``s`` of rows ``start..`` (odd rows, bad queries, excluded ids),
+        then keep the best."""
+        b = rows.shape[0]
+        odd = np.flatnonzero(~((norms > 0) & (norms < np.inf)))
+        if odd.size:  # zero rows (0 / 0), rows whose norm overflows
+            s[odd] = _odd_rows(rows[odd], q, low)
+        if bad_q.size:
+            s[:, bad_q] = low
+        lo, hi = np.searchsorted(exclude, (start, start + b))
+        if hi > lo:
+            s[exclude[lo:hi] - start] = -np.inf
+        if own is not None:
+            mine = np.flatnonzero((own >= start) & (own < start + b))
+            s[own[mine] - start, mine] = -np.inf
+        best.add(s, start)
+
+    with (_one_blas_thread if parts > 1 and n > 1 else contextlib.nullcontext()), \
+            np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for start, rows, norms in scan_blocks(table, rows_per, reuse=True):
+            b = rows.shape[0]
+            if rows.dtype != dtype:  # into one reused buffer
+                if buf is None or buf.shape[0] < b:
+                    buf = np.empty((rows_per, q.shape[1]), dtype)
+                np.copyto(buf[:b], rows, casting="unsafe")
+                rows = buf[:b]
+            if norms is None:
+                norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+            cuts = _cuts(b, parts)
+            s = sbuf[:b]  # (b, n), C-contiguous
+            # the parts after the first on the pool; each part's rows join the running top-k
+            # as soon as its scores are in (in id order: ties rank by the lower id)
+            todo = [pool().submit(_part, rows[a:z], qt, norms[a:z], s[a:z])
+                    for a, z in zip(cuts[1:-1], cuts[2:])]
+            for j, (a, z) in enumerate(zip(cuts[:-1], cuts[1:])):
+                if j:
+                    todo[j - 1].result()
+                else:
+                    _part(rows[a:z], qt, norms[a:z], s[a:z])
+                finish(start + a, rows[a:z], norms[a:z], s[a:z])
+    vals, ids = sort_desc(best.vals, best.ids)
+    vals[vals == low] = np.nan
+    return vals, ids

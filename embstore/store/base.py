@@ -1,0 +1,110 @@
+"""The row-source interface of :class:`~embstore.store.table.ZarrTable`: where rows leave
+(and enter) the store.  Implementations: :mod:`embstore.store.source` (format-1 shards,
+zarr-python, the compact dtypes' decoding), :mod:`embstore.store.rows.source` (format-2 row
+arrays) and :mod:`embstore.store.remote.source` (object storage).
+
+Ids given to a source are validated 1-D int64 arrays; rows are ``(n, dim)`` arrays of the
+source's dtype.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+from .codecs import Layout
+from .commit import Transaction
+
+__all__ = ["RowSource", "LayoutSource"]
+
+
+class RowSource(abc.ABC):
+    """Rows of one ``vectors`` array: geometry, reads, writes."""
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> tuple[int, int]: ...
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    @abc.abstractmethod
+    def layout(self) -> dict:
+        """``chunk_rows``, ``shard_rows``, ``compression`` (None if unknown), ``fast_path``."""
+
+    #: reading a row costs about what a row-cache hit costs (uncompressed, memory-mapped)
+    cheap_reads = False
+
+    @property
+    def storage_dtype(self) -> str:
+        """The dtype of the stored values (``bfloat16`` and ``int8`` are decoded to float32)."""
+        return self.dtype.name
+
+    def raw(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``(codes, scale, offset)`` of rows ``ids`` as stored (floats: the rows, None, None)."""
+        return self.take(ids), None, None
+
+    def reads_cold(self) -> bool:
+        """Whether the last reads found their rows out of memory (then no read is cheap)."""
+        return False
+
+    @abc.abstractmethod
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (``(len(ids), dim)``) with rows ``ids``."""
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` as a new ``(len(ids), dim)`` array."""
+        out = np.empty((ids.size, self.shape[1]), dtype=self.dtype)
+        if ids.size:
+            self.gather(ids, out)
+        return out
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start..stop-1`` as a new array."""
+        return self.take(np.arange(start, stop, dtype=np.int64))
+
+    @abc.abstractmethod
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        """Set rows ``ids`` (distinct, ascending) to ``values`` when ``txn`` commits."""
+
+    @abc.abstractmethod
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
+        """Store rows after the last one when ``txn`` commits (with :meth:`publish_rows`)."""
+
+    @abc.abstractmethod
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        """Make the table ``rows`` rows long when ``txn`` commits (its last file)."""
+
+    def refresh(self) -> None:
+        """Forget what was read of the store (another process may have changed it)."""
+
+    def close(self) -> None:
+        """Release maps and files (reads in flight finish first)."""
+
+
+class LayoutSource(RowSource):
+    """A source of format-v1 shards: its geometry comes from its :class:`Layout`."""
+
+    #: whether reads take the local memory-mapped path (``layout["fast_path"]``)
+    fast_path = True
+
+    @property
+    @abc.abstractmethod
+    def _layout(self) -> Layout: ...
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._layout.rows, self._layout.dim)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._layout.dtype.name)
+
+    @property
+    def layout(self) -> dict:
+        L = self._layout
+        return {"chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
+                "compression": L.compression, "fast_path": self.fast_path}

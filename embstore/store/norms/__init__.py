@@ -1,0 +1,2 @@
+"""Row norms stored beside ``vectors`` (the ``norms`` array): computed in blocks (``calc``),
+read, kept current and checked (``source``)."""

@@ -1,0 +1,84 @@
+"""Row norms as stored in the ``norms`` array (docs/FORMAT.md §2d): how they are computed
+and the stream a :class:`~embstore.store.writer.TableWriter` writes them with.
+
+``norms[i]`` is the Euclidean norm of row ``i`` *as the table returns it* (after the
+bfloat16 widening or the int8 dequantisation), summed in float64 and stored as float32
+(float64 for float64 tables), so that an exact cosine scan divides ``rows @ q`` by them
+instead of computing norms again (:mod:`embstore.search.exact`).  The array is
+``(vocab_size, 1)``: the same 2-D sharded, crc32c-checksummed layout as ``vectors`` and
+``row_scale``, read and rewritten by the same code.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..codecs import Layout
+from ...dtypes import DTYPES, StorageDtype
+from ..shard.write import BackgroundSync, RowStream
+
+__all__ = ["NORMS_ARRAY", "norms_dtype", "row_norms", "stored_rows", "create_norms_stream",
+           "norms_layout"]
+
+NORMS_ARRAY = "norms"
+NORM_CHUNK_ROWS = 1024  # 4 KiB chunks: norms are read in long runs, a page per chunk
+_BLOCK_ELEMENTS = 1 << 18  # float64 elements converted at a time (2 MiB)
+
+
+def norms_dtype(storage: str) -> np.dtype:
+    """The dtype of the stored norms of a table of storage dtype ``storage``."""
+    return np.dtype("<f8") if storage == "float64" else np.dtype("<f4")
+
+
+def row_norms(rows: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """``(n, 1)`` norms of ``rows`` (``(n, dim)``), summed in float64, as ``dtype``.
+
+    Blocked so that the float64 copy stays small; the sum of each row is the same whatever
+    the block (one row is one reduction).  A norm past the largest float32 (a row of values
+    near 3.4e38) is stored as inf, quietly: such a row is legal data, its cosine undefined."""
+    n, dim = rows.shape
+    out = np.empty((n, 1), dtype=dtype)
+    step = max(1, _BLOCK_ELEMENTS // max(1, dim))
+    with np.errstate(over="ignore"):
+        for a in range(0, n, step):  # a loop per block of rows
+            r = np.asarray(rows[a: a + step], dtype=np.float64)
+            out[a: a + step, 0] = np.sqrt(np.einsum("ij,ij->i", r, r))
+    return out
+
+
+def stored_rows(storage: str, values: np.ndarray) -> np.ndarray:
+    """The rows a table of storage dtype ``storage`` returns after storing ``values``
+    (bfloat16 rounded, int8 quantised; other dtypes: ``values`` themselves)."""
+    return DTYPES[storage].stored(values)
+
+
+def decoded_norms(record: StorageDtype, codes: np.ndarray, side: np.ndarray | None
+                  ) -> np.ndarray:
+    """Norms of rows given as stored codes (what :class:`TableWriter` holds)."""
+    rows = record.decode(codes, side, np.empty(codes.shape, record.logical)) \
+        if record.compact else codes
+    return row_norms(rows, norms_dtype(record.name))
+
+
+def norms_layout(shard_rows: int, chunk_rows: int) -> tuple[int, int]:
+    """``(chunk_rows, shard_rows)`` of the norms of a table with this layout: 1,024-row
+    chunks (or the table's chunk when larger), shards of about the table's shard rows."""
+    ncr = max(chunk_rows, NORM_CHUNK_ROWS // chunk_rows * chunk_rows)
+    return ncr, max(ncr, shard_rows // ncr * ncr)
+
+
+def create_norms_stream(group, root: str, storage: str, chunk_rows: int, shard_rows: int,
+                        sync: BackgroundSync | None) -> RowStream:
+    """Create the empty ``norms`` array in the zarr ``group`` (at ``root``) and return the
+    stream its rows are written with."""
+    from zarr.codecs import BytesCodec, Crc32cCodec
+    ncr, nsr = norms_layout(shard_rows, chunk_rows)
+    arr = group.create_array(
+        NORMS_ARRAY, shape=(0, 1), dtype=norms_dtype(storage), chunks=(ncr, 1),
+        shards=(nsr, 1), serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
+        fill_value=0, dimension_names=("row", "norm"))
+    layout = Layout.from_metadata(arr.metadata.to_dict())
+    assert layout is not None
+    return RowStream(os.path.join(root, NORMS_ARRAY), layout, None, sync)

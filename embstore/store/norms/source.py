@@ -1,0 +1,220 @@
+"""The stored row norms of a table (``norms``, docs/FORMAT.md §2d) at read and write time.
+
+- :class:`NormsSource` wraps the row source of a table that has ``norms``: reads go to the
+  rows; ``write``/``append`` also rewrite the norms of the changed rows *in the same
+  transaction* (so the journal moves norms and vectors together: all or nothing);
+- :func:`store_norms` adds (or rebuilds) the ``norms`` of a table written without them
+  (older tables, other Zarr tools): one transaction under the writer lock;
+- :func:`check_norms` (for ``verify``) recomputes every norm and compares.
+
+Tables without ``norms`` still search: their norms are computed on the fly per block.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..._types import PathLike
+from ...errors import CorruptStoreError, FormatError
+from ..codecs import Layout
+from ..commit import Transaction, recover
+from ..lock import writer_lock
+from ..meta import read_json, read_table_meta
+from .calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms, stored_rows
+from ..shard.write import RowStream
+from ..base import RowSource
+from ..source import ShardSource, open_source
+from ..writer import set_rows
+
+__all__ = ["NormsSource", "attach_norms", "store_norms", "check_norms", "has_norms"]
+
+_BLOCK_BYTES = 32 << 20  # rows read at a time when norms are computed from the table
+
+
+class NormsSource(RowSource):
+    """The rows of ``rows`` and their stored norms (``norms``: a ``(V, 1)`` source)."""
+
+    def __init__(self, rows: RowSource, norms: ShardSource):
+        self.rows, self.norms = rows, norms
+        self.cheap_reads = rows.cheap_reads
+
+    def __getattr__(self, name: str):
+        """Anything else is the rows' (``reader`` of a shard source, ...): the wrapper stays
+        transparent to code written against the rows' source."""
+        if name in ("rows", "norms"):
+            raise AttributeError(name)
+        return getattr(self.rows, name)
+
+    shape = property(lambda self: self.rows.shape)
+    layout = property(lambda self: self.rows.layout)
+    dtype = property(lambda self: self.rows.dtype)
+    storage_dtype = property(lambda self: self.rows.storage_dtype)
+
+    def raw(self, ids):
+        return self.rows.raw(ids)
+
+    def reads_cold(self) -> bool:
+        return self.rows.reads_cold()
+
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        self.rows.gather(ids, out)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        return self.rows.take(ids)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.rows.read(start, stop)
+
+    def row_norms(self, start: int, stop: int) -> np.ndarray:
+        """Stored norms of rows ``start..stop-1`` (1-D)."""
+        return self.norms.read(start, stop)[:, 0]
+
+    def _norms_of(self, values: np.ndarray) -> np.ndarray:
+        return row_norms(stored_rows(self.storage_dtype, values), self.norms.dtype)
+
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        self.norms.write(ids, self._norms_of(values), txn)
+        self.rows.write(ids, values, txn)
+
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
+        self.norms.append(self._norms_of(values), txn)
+        self.rows.append(values, txn)
+
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        self.norms.publish_rows(rows, txn)  # readers take the row count from vectors: last
+        self.rows.publish_rows(rows, txn)
+
+    def refresh(self) -> None:
+        self.norms.refresh()
+        self.rows.refresh()
+
+    def close(self) -> None:
+        self.norms.close()
+        self.rows.close()
+
+
+def _norms_meta(root: Path) -> dict | None:
+    where = root / NORMS_ARRAY / "zarr.json"
+    if not where.is_file():
+        return None
+    return read_json(where, f"{NORMS_ARRAY}/zarr.json", root=root)
+
+
+#: norms past the table's rows that are tolerated (left by a write that dropped rows)
+EXTRA_NORMS = 1 << 20
+
+
+def has_norms(root: PathLike) -> bool:
+    return (Path(os.fspath(root)) / NORMS_ARRAY / "zarr.json").is_file()
+
+
+def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | None]:
+    """Why the ``norms`` of the table at ``root`` cannot serve ``rows`` ("" if they can)."""
+    try:
+        meta = _norms_meta(root)
+    except (CorruptStoreError, FormatError) as exc:
+        return str(exc), None
+    if meta is None:
+        return "", None
+    layout = Layout.from_metadata(meta)
+    want = norms_dtype(rows.storage_dtype)
+    n = rows.shape[0]
+    if layout is None or layout.dim != 1 or layout.dtype != want or \
+            not n <= layout.rows <= n + EXTRA_NORMS:  # (2**40 norms: a hostile size)
+        return (f"{root / NORMS_ARRAY}/zarr.json: expected {want.name} of shape [>= "
+                f"{n}, 1] (at most {n + EXTRA_NORMS} rows) in embstore's sharded layout (one "
+                f"norm per row), got "
+                f"{meta.get('data_type')} {meta.get('shape')}; store them again "
+                "(store_norms)"), None
+    return "", layout
+
+
+def attach_norms(root: Path, rows: RowSource) -> RowSource:
+    """``rows`` with their stored norms when the table at ``root`` has a usable ``norms``
+    array.  Norms that do not fit the rows (another tool appended rows) are left aside:
+    they only save work, searches compute norms instead, and ``verify`` reports them."""
+    why, layout = _mismatch(root, rows)
+    if layout is None:
+        return rows
+    return NormsSource(rows, ShardSource(root, layout, NORMS_ARRAY))
+
+
+def _table_blocks(source: RowSource):
+    """``(start, rows)`` of the whole table, about ``_BLOCK_BYTES`` at a time."""
+    n, dim = source.shape
+    step = max(1, _BLOCK_BYTES // max(1, dim * source.dtype.itemsize))
+    for a in range(0, n, step):  # a loop per block
+        yield a, source.read(a, min(n, a + step))
+
+
+def store_norms(path: PathLike, *, lock_timeout: float | None = None) -> int:
+    """Compute the norms of every row of the table at ``path`` and store them (``norms``),
+    replacing any there: one transaction under the writer lock.  Returns the row count."""
+    import zarr
+    from zarr.codecs import BytesCodec, Crc32cCodec
+
+    root = Path(os.fspath(path)).absolute()
+    with writer_lock(root, lock_timeout):
+        recover(root)
+        _, meta = read_table_meta(root)
+        source = open_source(root, meta, "r")
+        txn = Transaction(root)
+        try:
+            rows, _ = source.shape
+            layout = source.layout
+            cr = layout["chunk_rows"] or 1
+            ncr, nsr = norms_layout(layout["shard_rows"] or cr, cr)
+            tree = txn.tree(NORMS_ARRAY)
+            arr = zarr.create_array(
+                str(tree), shape=(0, 1), dtype=norms_dtype(source.storage_dtype),
+                chunks=(ncr, 1), shards=(nsr, 1), serializer=BytesCodec(endian="little"),
+                compressors=[Crc32cCodec()], fill_value=0, dimension_names=("row", "norm"))
+            nlayout = Layout.from_metadata(arr.metadata.to_dict())
+            assert nlayout is not None
+            stream = RowStream(str(tree), nlayout, None)
+            for _, block in _table_blocks(source):
+                stream.add(row_norms(block, nlayout.dtype))
+            stream.add(np.empty((0, 1), nlayout.dtype), final=True)
+            set_rows(str(tree.parent), rows, NORMS_ARRAY)
+            files = sorted(p for p in tree.rglob("*") if p.is_file())
+            for p in sorted(files, key=lambda p: p.name == "zarr.json"):  # zarr.json last
+                txn.adopt(p, f"{NORMS_ARRAY}/{p.relative_to(tree).as_posix()}")
+            txn.commit()
+        finally:
+            txn.abort()
+            source.close()
+    return rows
+
+
+def check_norms(root: Path, damage) -> int:
+    """Recompute the norm of every row of the table at ``root`` and compare with the stored
+    ones; ``damage(file, message)`` for each block with a wrong norm.  Returns rows checked
+    (0 when the table has no ``norms``)."""
+    if _norms_meta(root) is None:
+        return 0
+    _, meta = read_table_meta(root)
+    source = attach_norms(root, open_source(root, meta, "r"))
+    try:
+        if not isinstance(source, NormsSource):
+            damage(str(root / NORMS_ARRAY), _mismatch(root, source)[0])
+            return 0
+        dt = source.norms.dtype
+        tol = 8 * np.finfo(dt).eps  # the sum's order may differ by a few units
+        for a, block in _table_blocks(source.rows):
+            want = row_norms(block, dt)[:, 0].astype(np.float64)  # past float32 max: inf
+            got = source.row_norms(a, a + block.shape[0]).astype(np.float64)
+            with np.errstate(invalid="ignore"):  # inf - inf: equal, caught by ==
+                near = np.abs(got - want) <= tol * np.maximum(want, np.finfo(dt).tiny)
+            bad = ~((got == want) | near)  # NaN is never right
+            if bad.any():
+                i = int(np.argmax(bad))
+                damage(str(root / NORMS_ARRAY),
+                       f"{root / NORMS_ARRAY}: row {a + i} has stored norm "
+                       f"{float(got[i])!r}, its row's norm is {float(want[i])!r} "
+                       f"({int(bad.sum())} wrong in rows {a}..{a + block.shape[0] - 1})")
+        return int(source.shape[0])
+    finally:
+        source.close()

@@ -1,0 +1,330 @@
+"""The remote read path: format-v1 shards on object storage, read by ranges.
+
+:class:`RemoteShardSource` is the third :class:`~embstore.store.source.RowSource` (a
+:class:`~embstore.store.base.LayoutSource`, as the local shard source).  For a
+batch of ids it
+
+1. fetches the index of each touched shard it has not seen yet: one suffix-range GET of
+   ``16 * n_inner + 4`` bytes per shard, all at once, crc32c checked, kept for the process;
+2. looks the touched chunks up in the on-disk chunk cache (``cache_dir=``), if any;
+3. coalesces the other chunks of a shard into byte ranges (chunks closer than
+   ``coalesce_bytes`` share a request, requests are at most ``max_request_bytes``) and
+   issues every request concurrently;
+4. checks each chunk's crc32c as its bytes arrive, decodes it (zstd, blosc), and scatters
+   the rows into the output (vectorised per request).
+
+Opening (:mod:`embstore.store.remote.open`) reads the group and ``vectors`` ``zarr.json``
+(2 requests).  The row cache of :class:`~embstore.store.table.ZarrTable` sits in front, as
+for local tables.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ...fs.checksum import crc32c
+
+from ...errors import CorruptStoreError, ReadOnlyError
+from .chunkcache import ChunkCache
+from ..codecs import ABSENT, Layout, check_chunk, make_codec
+from .objstore import ObjectClient
+from .keys import download_key_arrays, open_remote_vocab
+from ..base import LayoutSource
+
+__all__ = ["RemoteShardSource", "parse_index"]
+
+COALESCE_BYTES = 1 << 20  # the gap worth reading rather than paying another request
+MAX_REQUEST_BYTES = 8 << 20  # one request's size: large regions are split and run in parallel
+
+
+def parse_index(tail, size: int, layout: Layout, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, nbytes)`` of a shard's chunks (offset -1: absent) from its index tail."""
+    n = layout.n_inner
+    index_len = 16 * n + (4 if layout.index_crc else 0)
+    buf = memoryview(tail).cast("B")
+    if size < index_len or len(buf) != index_len:
+        raise CorruptStoreError(f"shard {where}: {size} bytes, shorter than its "
+                                f"{index_len}-byte index (truncated?)", path=where)
+    body = buf[: 16 * n]
+    if layout.index_crc and crc32c(body) != int.from_bytes(buf[16 * n:], "little"):
+        raise CorruptStoreError(f"shard {where}: the shard index fails its crc32c "
+                                "(damaged or truncated)", path=where)
+    index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
+    present = index[:, 0] != ABSENT
+    data_len = size - index_len
+    bad = present & ((index[:, 0] > data_len) | (index[:, 1] > data_len - np.minimum(
+        index[:, 0], data_len)))
+    want = layout.chunk_bytes + (4 if layout.has_crc else 0)
+    if layout.compression == "none":
+        bad |= present & (index[:, 1].astype(np.int64) != want)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise CorruptStoreError(
+            f"shard {where}, chunk {i}: index says offset {int(index[i, 0])}, "
+            f"{int(index[i, 1])} bytes, outside the {data_len} data bytes or not the {want} "
+            "expected", path=where)
+    return (np.where(present, index[:, 0].astype(np.int64), -1),
+            np.where(present, index[:, 1].astype(np.int64), 0))
+
+
+def _regions(shard: np.ndarray, off: np.ndarray, nb: np.ndarray, gap: int, cap: int):
+    """Cut chunks (sorted by shard, offset) into requests: ``[(first, stop), ...]``."""
+    if off.size == 0:
+        return []
+    end = off + nb
+    cut = np.ones(off.size, dtype=bool)
+    cut[1:] = (shard[1:] != shard[:-1]) | (off[1:] - end[:-1] > gap)
+    starts = np.flatnonzero(cut).tolist() + [off.size]
+    out = []
+    for a, b in zip(starts[:-1], starts[1:]):  # a loop per region; split the long ones
+        base = int(off[a])
+        if int(end[b - 1]) - base <= cap:
+            out.append((a, b))
+            continue
+        s = a
+        for j in range(a + 1, b):  # a loop per chunk of a long region only
+            if int(end[j]) - int(off[s]) > cap:
+                out.append((s, j))
+                s = j
+        out.append((s, b))
+    return out
+
+
+class _Batch:
+    """One gather: ids, their unique chunks (``inv`` maps ids to them), and the output."""
+
+    def __init__(self, ids, inv, chunks, out):
+        self.ids, self.inv, self.chunks, self.out = ids, inv, chunks, out
+        self.off = self.nb = None
+
+
+class RemoteShardSource(LayoutSource):
+    """Rows of a format-v1 ``vectors`` array on object storage (read-only)."""
+
+    def __init__(self, client: ObjectClient, layout: Layout, *, cache: ChunkCache | None = None,
+                 coalesce_bytes: int = COALESCE_BYTES, max_request_bytes: int = MAX_REQUEST_BYTES,
+                 name: str = "vectors"):
+        self.client = client
+        self.name = name
+        self._layout_v = layout
+        self.cache = cache
+        self.gap = int(coalesce_bytes)
+        self.cap = max(int(max_request_bytes), layout.chunk_bytes + 4)
+        self.codec = make_codec(layout.compression, layout.dtype.itemsize)
+        self._index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._keys_lock = threading.Lock()
+        self._keys_dir: Path | None = None
+        self._keys_tmp: Path | None = None
+
+    fast_path = False  # not the local mapped path
+
+    @property
+    def _layout(self) -> Layout:
+        return self._layout_v
+
+    @property
+    def layout(self) -> dict:
+        return {**super().layout, "checksummed": self._layout.has_crc}
+
+    def shard_object(self, k: int) -> str:
+        return f"{self.name}/{self._layout.shard_key(k)}"
+
+    # -- shard indexes ------------------------------------------------------------------------
+    def _index_len(self) -> int:
+        return 16 * self._layout.n_inner + (4 if self._layout.index_crc else 0)
+
+    def _load_index(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        L, obj = self._layout, self.shard_object(k)
+        where = self.client.where(obj)
+        if self.cache is not None:
+            hit = self.cache.get(obj, "index")
+            if hit is not None and len(hit) >= 8:
+                size = int.from_bytes(hit[:8], "little", signed=True)
+                try:
+                    return self._parsed(hit[8:], size, where)
+                except CorruptStoreError:
+                    self.cache.drop(obj, "index")  # a damaged cache entry: fetch again
+        got = self.client.get_tail(obj, self._index_len())
+        size, tail = (-1, b"") if got is None else (got[1], got[0])
+        parsed = self._parsed(tail, size, where)
+        if self.cache is not None:
+            self.cache.put(obj, "index", int(size).to_bytes(8, "little", signed=True)
+                           + bytes(tail))
+        return parsed
+
+    def _parsed(self, tail, size: int, where: str):
+        if size < 0:  # no object: an absent shard, every chunk the fill value
+            n = self._layout.n_inner
+            return np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        return parse_index(tail, size, self._layout, where)
+
+    def _indexes(self, shards: list[int]) -> None:
+        todo = [k for k in shards if k not in self._index]
+        loaded: list[Any] = self.client.map(self._load_index, todo)
+        for k, idx in zip(todo, loaded):
+            self._index[k] = idx
+
+    # -- reads --------------------------------------------------------------------------------
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        if ids.size == 0:
+            return
+        L = self._layout
+        per = L.n_inner
+        chunks, inv = np.unique(ids // L.chunk_rows, return_inverse=True)
+        b = _Batch(ids, inv.reshape(-1), chunks, out)
+        shard = chunks // per
+        bounds = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]]).tolist() + [chunks.size]
+        self._indexes([int(shard[a]) for a in bounds[:-1]])
+        b.off = np.empty(chunks.size, dtype=np.int64)
+        b.nb = np.empty(chunks.size, dtype=np.int64)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):  # a loop per shard
+            o, n = self._index[int(shard[lo])]
+            b.off[lo:hi], b.nb[lo:hi] = o[chunks[lo:hi] % per], n[chunks[lo:hi] % per]
+        todo = b.off >= 0
+        absent = ~todo[b.inv]
+        if absent.any():
+            out[absent] = L.fill_value
+        if self.cache is not None:
+            todo &= ~self._from_cache(b, todo)
+        sel = np.flatnonzero(todo)
+        if sel.size == 0:
+            return
+        sel = sel[np.lexsort((b.off[sel], shard[sel]))]  # by shard, then by offset
+        regions = _regions(shard[sel], b.off[sel], b.nb[sel], self.gap, self.cap)
+        # ids grouped by request: one argsort, then a slice per request
+        region_of_chunk = np.full(chunks.size, -1, dtype=np.int64)
+        for r, (lo, hi) in enumerate(regions):
+            region_of_chunk[sel[lo:hi]] = r
+        rid = region_of_chunk[b.inv]
+        order = np.argsort(rid, kind="stable")
+        cuts = np.searchsorted(rid[order], np.arange(len(regions) + 1)).tolist()
+        jobs = [(sel[lo:hi], order[cuts[r]: cuts[r + 1]]) for r, (lo, hi) in enumerate(regions)]
+        self.client.map(lambda job: self._fetch(b, *job), jobs)
+
+    def _where(self, b: _Batch, j: int) -> str:
+        k, i = divmod(int(b.chunks[j]), self._layout.n_inner)
+        return f"shard {self.client.where(self.shard_object(k))}, chunk {i}"
+
+    def _fetch(self, b: _Batch, js: np.ndarray, pos: np.ndarray) -> None:
+        """One request: chunks ``js`` (one shard, by offset) for the ids at ``pos``."""
+        L = self._layout
+        obj = self.shard_object(int(b.chunks[js[0]]) // L.n_inner)
+        start, stop = int(b.off[js[0]]), int(b.off[js[-1]] + b.nb[js[-1]])
+        buf = np.frombuffer(self.client.get_range(obj, start, stop), dtype=np.uint8)
+        if buf.size != stop - start:
+            raise CorruptStoreError(f"shard {self.client.where(obj)}: got {buf.size} bytes "
+                                    f"for range {start}-{stop} (object truncated?)",
+                                    path=self.client.where(obj))
+        payloads = []
+        for j in js.tolist():  # a loop per chunk: its checksum, and the disk cache
+            a = int(b.off[j]) - start
+            raw = buf[a: a + int(b.nb[j])]
+            payloads.append(self._check(raw, b, j))
+            if self.cache is not None:
+                self.cache.put(obj, f"{int(b.off[j])}-{int(b.nb[j])}", raw.tobytes())
+        if self.codec is None:  # rows straight from the response buffer
+            rb = L.row_bytes
+            at = b.off[b.inv[pos]] - start + (b.ids[pos] % L.chunk_rows) * rb
+            rows = np.ndarray(shape=(buf.size - rb + 1,), dtype=np.dtype((np.void, rb)),
+                              buffer=buf, strides=(1,))
+            b.out.view(np.dtype((np.void, rb))).reshape(-1)[pos] = rows[at]
+            return
+        self._scatter(b, js, payloads, pos)
+
+    def _check(self, raw, b: _Batch, j: int):
+        """The payload of a stored chunk after its crc32c check (the codecs release the GIL)."""
+        if not self._layout.has_crc:
+            return raw
+        mv = memoryview(raw).cast("B")
+        if len(mv) < 4 or crc32c(mv[:-4]) != int.from_bytes(
+                mv[-4:], "little"):
+            check_chunk(mv, self._where(b, j))  # raises, with the reason and the place
+        return mv[:-4]
+
+    def _scatter(self, b: _Batch, js, payloads, pos) -> None:
+        """Decode the chunks ``js`` (stored ``payloads``) and copy rows to ``out[pos]``."""
+        L = self._layout
+        dec = np.empty((len(js), L.chunk_rows, L.dim), dtype=L.dtype)
+        flat = dec.reshape(len(js), -1).view(np.uint8)
+        for s, (j, p) in enumerate(zip(js, payloads)):  # a loop per chunk
+            try:
+                if self.codec is None:
+                    flat[s] = np.frombuffer(p, dtype=np.uint8)
+                else:
+                    self.codec.decode(p, out=flat[s])
+            except Exception as exc:  # noqa: BLE001 - a codec's own error type
+                raise CorruptStoreError(f"{self._where(b, int(j))}: cannot decode ({exc})",
+                                        path=self.client.url) from exc
+        slot = np.empty(b.chunks.size, dtype=np.int64)
+        slot[js] = np.arange(len(js))
+        b.out[pos] = dec.reshape(-1, L.dim)[slot[b.inv[pos]] * L.chunk_rows
+                                            + b.ids[pos] % L.chunk_rows]
+
+    def _from_cache(self, b: _Batch, todo: np.ndarray) -> np.ndarray:
+        """Serve chunks from the disk cache; returns the mask of chunks served."""
+        L = self._layout
+        served = np.zeros(b.chunks.size, dtype=bool)
+        js, payloads = [], []
+        for j in np.flatnonzero(todo).tolist():  # a loop per chunk
+            obj = self.shard_object(int(b.chunks[j]) // L.n_inner)
+            name = f"{int(b.off[j])}-{int(b.nb[j])}"
+            assert self.cache is not None  # only called with a disk cache
+            raw = self.cache.get(obj, name)
+            if raw is None or len(raw) != int(b.nb[j]):
+                continue
+            try:
+                payloads.append(self._check(raw, b, j))
+            except CorruptStoreError:
+                self.cache.drop(obj, name)  # damaged in the cache: fetched again
+                continue
+            js.append(j)
+            served[j] = True
+        if js:
+            self._scatter(b, np.array(js, dtype=np.int64), payloads,
+                          np.flatnonzero(served[b.inv]))
+        return served
+
+    # -- writes: refused ----------------------------------------------------------------------
+    def _refuse(self) -> None:
+        raise ReadOnlyError(f"{self.client.url}: tables on object storage are read-only (write "
+                            "a local table and upload it with embstore.copy)")
+
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Any = None) -> None:
+        self._refuse()
+
+    def append(self, values: np.ndarray, txn: Any = None) -> None:
+        self._refuse()
+
+    def publish_rows(self, rows: int, txn: Any = None) -> None:
+        self._refuse()
+
+    # -- keys -------------------------------------------------------------------------------
+    def vocab(self, rows: int):
+        """The table's key index, read by ranges (:mod:`embstore.store.remote.keys`); None
+        when the table has no keys."""
+        return open_remote_vocab(self.client, self.cache, rows, self._key_index_dir)
+
+    def _key_index_dir(self) -> Path:
+        """A local folder holding the key arrays of a table uploaded without block sidecars
+        (downloaded once; a temporary folder is removed on close)."""
+        with self._keys_lock:
+            if self._keys_dir is None:
+                self._keys_dir = download_key_arrays(self.client, self.cache)
+                if self.cache is None:
+                    self._keys_tmp = self._keys_dir
+            return self._keys_dir
+
+    def refresh(self) -> None:
+        self._index.clear()
+
+    def close(self) -> None:
+        self._index.clear()
+        if self.name == "vectors":  # the client is the table's (row scales share it)
+            self.client.close()
+        if self._keys_tmp is not None:
+            shutil.rmtree(self._keys_tmp, ignore_errors=True)
+            self._keys_tmp = self._keys_dir = None

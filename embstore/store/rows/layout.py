@@ -1,0 +1,103 @@
+"""The geometry of a format-2 row array, read from (and written to) its ``zarr.json``.
+
+A row array is a plain Zarr v3 array (no sharding) whose only codec is ``bytes`` (little
+endian): chunk ``k`` is the file ``<array>/c/<k>/0`` holding rows ``k * chunk_rows`` ..
+``(k + 1) * chunk_rows - 1`` back to back, the last one padded with zeros to its full size.
+``chunk_rows`` is a power of two that makes a chunk a whole number of 4 KiB pages, so the
+chunk files mapped side by side are one ``(rows, dim)`` array.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...dtypes import DTYPES
+
+__all__ = ["RowLayout", "PAGE", "CHUNK_TARGET", "choose_chunk_rows", "min_chunk_rows",
+           "PAGE_CRC"]
+
+PAGE = 4096  # the unit of integrity: one crc32c per aligned 4 KiB page of a chunk file
+CHUNK_TARGET = 64 << 20  # bytes per chunk: what other Zarr readers read (and dask chunks)
+PAGE_CRC = "page_crc"  # the side array of vectors' page checksums
+
+
+def _pow2_below(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(1.0, x)))))
+
+
+def min_chunk_rows(row_bytes: int) -> int:
+    """The fewest rows (a power of two) whose chunk is a whole number of pages."""
+    return PAGE // math.gcd(row_bytes, PAGE)
+
+
+def choose_chunk_rows(row_bytes: int, rows: int | None = None) -> int:
+    """Rows per chunk: about 64 MiB (a power of two, at least a page's worth), or for a
+    table of ``rows`` rows known to be smaller, the power of two just above it (so a small
+    table is one chunk padded by less than its size or a page)."""
+    low = min_chunk_rows(row_bytes)
+    cr = max(low, _pow2_below(CHUNK_TARGET / row_bytes))
+    if rows is not None and rows < cr:
+        cr = max(low, 1 << max(0, int(rows - 1).bit_length()))
+    return cr
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    rows: int
+    dim: int
+    dtype: np.dtype      # the stored (code) dtype, little-endian
+    chunk_rows: int
+    separator: str = "/"
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * self.dtype.itemsize
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk_rows * self.row_bytes
+
+    @property
+    def pages_per_chunk(self) -> int:
+        return -(-self.chunk_bytes // PAGE)
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.rows // self.chunk_rows)
+
+    def chunk_key(self, k: int) -> str:
+        return f"c{self.separator}{k}{self.separator}0"
+
+    def chunk_end(self, k: int) -> int:
+        """Bytes of committed rows in chunk ``k`` (the rest of the file is padding)."""
+        return (min(self.rows, (k + 1) * self.chunk_rows) - k * self.chunk_rows) * self.row_bytes
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> RowLayout | None:
+        """The layout of a ``zarr.json`` written as a format-2 row array, else None."""
+        try:
+            shape = meta["shape"]
+            record = DTYPES.get(meta["data_type"])
+            grid = meta["chunk_grid"]
+            cke = meta["chunk_key_encoding"]
+            codecs = meta["codecs"]
+            if (len(shape) != 2 or record is None or meta.get("storage_transformers")
+                    or grid["name"] != "regular" or cke["name"] != "default"
+                    or len(codecs) != 1 or codecs[0]["name"] != "bytes"
+                    or codecs[0].get("configuration", {}).get("endian", "little") != "little"):
+                return None
+            chunk = grid["configuration"]["chunk_shape"]
+            rows, dim = int(shape[0]), int(shape[1])
+            if len(chunk) != 2 or chunk[1] != dim or dim < 1 or chunk[0] < 1 or \
+                    (chunk[0] * dim * record.code.itemsize) % PAGE and rows > chunk[0]:
+                return None  # several chunks must sit on whole pages to be mapped as one
+            sep = cke.get("configuration", {}).get("separator", "/")
+            if float(meta.get("fill_value") or 0.0) != 0.0:
+                return None
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError):
+            return None
+        return cls(rows=rows, dim=dim, dtype=record.code, chunk_rows=int(chunk[0]),
+                   separator=sep)

@@ -1,0 +1,155 @@
+"""Page checksums of a format-2 row array: a crc32c per aligned 4 KiB page of every chunk
+file, kept in the side array ``page_crc`` (one Zarr chunk of ``pages_per_chunk`` uint32 per
+chunk of rows, itself followed by its own crc32c as Zarr's ``crc32c`` codec writes it).
+
+Entry ``p`` of chunk ``k`` covers bytes ``[4096 p, min(4096 (p + 1), end))`` of the chunk
+file, ``end`` the end of its committed rows; pages past ``end`` (padding) have entry 0 and
+are never read.  A reader checks each page the first time it reads from it (a bit per page);
+the checks of a batch run in two threads (crc32c releases the GIL).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from ...errors import CorruptStoreError
+from ...fs.checksum import as_bytes_array, crc32c
+from ...fs.files import open_regular, read_small
+from ..codecs import pool
+from .layout import PAGE, RowLayout
+
+__all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks"]
+
+_PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling thread
+
+
+def page_crcs(data, end: int, pages: int) -> np.ndarray:
+    """``pages`` crc32c values of the pages of ``data`` (a chunk's bytes) below ``end``."""
+    out = np.zeros(pages, dtype="<u4")
+    mv = as_bytes_array(data)  # uint8 slices go to the library as they are
+    for p in range(-(-end // PAGE)):  # a call per page (the library has no batch call)
+        out[p] = crc32c(mv[p * PAGE: min((p + 1) * PAGE, end)])
+    return out
+
+
+def encode_crc_file(crcs: np.ndarray) -> bytes:
+    """The bytes of one ``page_crc`` chunk: the values, then their own crc32c (Zarr's codec)."""
+    body = np.ascontiguousarray(crcs, dtype="<u4").tobytes()
+    return body + crc32c(body).to_bytes(4, "little")
+
+
+def decode_crc_file(data: bytes, pages: int, where: str) -> np.ndarray:
+    """The page checksums in ``data`` (one ``page_crc`` chunk), checked."""
+    if len(data) != 4 * pages + 4:
+        raise CorruptStoreError(f"{where}: expected {4 * pages + 4} bytes ({pages} page "
+                                f"checksums and their crc32c), got {len(data)}", path=where)
+    body, tail = data[:-4], data[-4:]
+    if crc32c(body) != int.from_bytes(tail, "little"):
+        raise CorruptStoreError(f"{where}: crc32c mismatch (the page checksums are damaged)",
+                                path=where)
+    return np.frombuffer(body, dtype="<u4")
+
+
+def read_crc_file(path: str, pages: int) -> np.ndarray:
+    fd = open_regular(path)
+    try:
+        data = read_small(fd, path, limit=4 * pages + 4 + 1)
+    finally:
+        os.close(fd)
+    return decode_crc_file(data, pages, path)
+
+
+class PageChecks:
+    """Which pages of a row array this process has checked, and the check itself."""
+
+    def __init__(self, layout: RowLayout, crc_root: str, chunk_path: Callable[[int], str]):
+        self.layout = layout
+        self.crc_root = crc_root
+        self.chunk_path = chunk_path
+        self.ppc = layout.pages_per_chunk
+        self.checked = np.zeros(layout.n_chunks * self.ppc, dtype=bool)
+        self._crcs: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def crcs(self, k: int) -> np.ndarray:
+        got = self._crcs.get(k)
+        if got is None:
+            path = os.path.join(self.crc_root, *self.layout.chunk_key(k).split(
+                self.layout.separator))
+            try:
+                got = read_crc_file(path, self.ppc)
+            except FileNotFoundError:
+                raise CorruptStoreError(f"{path}: missing (the page checksums of "
+                                        f"{self.chunk_path(k)})", path=path) from None
+            with self._lock:
+                self._crcs[k] = got
+        return got
+
+    def forget(self, chunks=None) -> None:
+        with self._lock:
+            if chunks is None:
+                self._crcs.clear()
+                self.checked[:] = False
+                return
+            for k in chunks:
+                self._crcs.pop(int(k), None)
+                self.checked[int(k) * self.ppc: (int(k) + 1) * self.ppc] = False
+
+    def pages_of(self, ids: np.ndarray) -> np.ndarray:
+        """The global pages rows ``ids`` occupy that are not checked yet (sorted, unique)."""
+        L = self.layout
+        rb = L.row_bytes
+        start = ids * rb
+        first = start // PAGE
+        last = (start + rb - 1) // PAGE
+        if rb <= PAGE:  # a row lies on one page or two
+            cand = np.concatenate((first, last)) if (first != last).any() else first
+        else:  # wide rows: every page between (a loop-free expansion)
+            n = last - first + 1
+            step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            cand = np.repeat(first, n) + step
+        cand = cand[~self.checked[cand]]
+        if cand.size > 1:
+            cand = np.sort(cand)
+            cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
+        return cand
+
+    def check(self, pages: np.ndarray, raw: np.ndarray) -> None:
+        """Check ``pages`` (global, unchecked) of the mapped bytes ``raw`` (all chunk files
+        side by side); mark them checked, or raise :class:`CorruptStoreError`."""
+        if not pages.size:
+            return
+        if pages.size >= _PARALLEL_PAGES:
+            half = pages.size // 2
+            fut = pool().submit(self._check, pages[half:], raw)
+            try:
+                self._check(pages[:half], raw)
+            finally:
+                fut.result()
+        else:
+            self._check(pages, raw)
+        self.checked[pages] = True
+
+    def _check(self, pages: np.ndarray, raw: np.ndarray) -> None:
+        L, ppc = self.layout, self.ppc
+        mv = raw  # the mapped range as uint8: its slices go to the library as they are
+        ks = pages // ppc
+        cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, pages.size].tolist()):
+            k = int(ks[a])  # a loop per chunk, then per page
+            stored = self.crcs(k)
+            end = L.chunk_end(k)
+            base = k * L.chunk_bytes
+            for q in (pages[a:b] - k * ppc).tolist():
+                lo = q * PAGE
+                if lo >= end:
+                    continue
+                if crc32c(mv[base + lo: base + min(lo + PAGE, end)]) != int(stored[q]):
+                    path = self.chunk_path(k)
+                    raise CorruptStoreError(f"{path}: crc32c mismatch in page {q} (bytes "
+                                            f"{lo}..{min(lo + PAGE, end) - 1}): the stored "
+                                            f"rows are damaged", path=path)

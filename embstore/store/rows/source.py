@@ -1,0 +1,266 @@
+"""Reading (and changing) a format-2 row array: :class:`PagedSource`.
+
+The chunk files are mapped side by side in one reserved address range, each the first time
+a read reaches it, so rows are one ``(rows, dim)`` view and a gather is one ``np.take``:
+no index, no per-chunk grouping.  Before rows are returned, the pages they lie on that this
+process has not checked yet are checked against ``page_crc`` (:mod:`.pages`); cold pages are
+asked for all at once first (:mod:`embstore.store.shard.prefetch`).  A write stages new chunk files
+(copies of the touched chunks with the rows patched in, their page checksums updated)
+through the table's transaction, as format 1 stages shards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import CorruptStoreError
+from ...fs.files import open_regular
+from ..shard import prefetch
+from ..commit import Transaction
+from ..shard import arena
+from ..shard.write import write_json
+from ..base import RowSource
+from ..writer import set_rows
+from .layout import PAGE, PAGE_CRC, RowLayout
+from .pages import PageChecks, encode_crc_file, page_crcs
+
+__all__ = ["PagedSource"]
+
+
+class _Range:
+    """The chunk files of one layout mapped side by side (a reserved address range)."""
+
+    def __init__(self, layout: RowLayout, chunk_path):
+        self.layout, self.chunk_path = layout, chunk_path
+        n = max(1, layout.n_chunks)
+        self.total = -(-n * layout.chunk_bytes // PAGE) * PAGE
+        self.base = arena.reserve(self.total)
+        raw = np.ctypeslib.as_array((ctypes.c_uint8 * self.total).from_address(self.base))
+        self.raw = raw
+        self.view = raw[: n * layout.chunk_bytes].view(layout.dtype).reshape(
+            n * layout.chunk_rows, layout.dim)
+        self.view.flags.writeable = False
+        self.mapped = np.zeros(n, dtype=bool)
+        self.all_mapped = False
+        self.lock = threading.Lock()
+
+    def ensure(self, ks: np.ndarray) -> None:
+        """Map the chunks ``ks`` (any order, repeats allowed) not mapped yet."""
+        if self.all_mapped:
+            return
+        todo = ks[~self.mapped[ks]]
+        if not todo.size:
+            return
+        with self.lock:
+            for k in np.unique(todo).tolist():  # a loop per chunk file, once
+                if self.mapped[k]:
+                    continue
+                path = self.chunk_path(k)
+                try:
+                    fd = open_regular(path)
+                except FileNotFoundError:
+                    raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows)",
+                                            path=path) from None
+                try:
+                    size = os.fstat(fd).st_size
+                    if size != self.layout.chunk_bytes:
+                        raise CorruptStoreError(
+                            f"{path}: {size} bytes, expected {self.layout.chunk_bytes} "
+                            f"({self.layout.chunk_rows} rows of {self.layout.row_bytes} bytes)",
+                            path=path)
+                    arena.map_fixed(self.base + k * self.layout.chunk_bytes, fd, size)
+                finally:
+                    os.close(fd)
+                self.mapped[k] = True
+            self.all_mapped = bool(self.mapped.all())
+
+    def close(self) -> None:
+        if self.base:
+            base, self.base = self.base, 0
+            arena.release(base, self.total)
+
+
+class PagedSource(RowSource):
+    """A format-2 row array (``name``, default ``vectors``) of the table at ``root``."""
+
+    cheap_reads = True
+
+    def __init__(self, root: Path, layout: RowLayout, name: str = "vectors",
+                 crc_name: str = PAGE_CRC):
+        if not arena.available():
+            raise CorruptStoreError(f"{root}: format-2 tables are read on 64-bit Linux only "
+                                    "for now", path=str(root))
+        self.root, self.name, self.crc_name = Path(root), name, crc_name
+        self._layout = layout
+        self._lock = threading.Lock()
+        self._range: _Range | None = None
+        self._retired: list[_Range] = []
+        self._checks: PageChecks | None = None
+        self.cold_hint = False
+
+    # -- geometry -----------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._layout.rows, self._layout.dim)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._layout.dtype.name)
+
+    @property
+    def layout(self) -> dict:
+        L = self._layout
+        return {"chunk_rows": L.chunk_rows, "shard_rows": L.chunk_rows, "compression": "none",
+                "fast_path": True, "format": 2}
+
+    @property
+    def row_layout(self) -> RowLayout:
+        return self._layout
+
+    def chunk_path(self, k: int) -> str:
+        L = self._layout
+        return str(self.root / self.name / Path(*L.chunk_key(k).split(L.separator)))
+
+    def _crc_path(self, k: int) -> str:
+        L = self._layout
+        return str(self.root / self.crc_name / Path(*L.chunk_key(k).split(L.separator)))
+
+    def _state(self) -> tuple[_Range, PageChecks]:
+        r, c = self._range, self._checks
+        if r is None or c is None:
+            with self._lock:
+                if self._range is None or self._checks is None:
+                    self._range = _Range(self._layout, self.chunk_path)
+                    self._checks = PageChecks(self._layout, str(self.root / self.crc_name),
+                                              self.chunk_path)
+                r, c = self._range, self._checks
+        return r, c
+
+    def reads_cold(self) -> bool:
+        return self.cold_hint
+
+    # -- reads ----------------------------------------------------------------------------------
+    def _ready(self, ids: np.ndarray) -> np.ndarray:
+        """The rows view, with the chunks of ``ids`` mapped and their pages checked."""
+        r, checks = self._state()
+        L = self._layout
+        r.ensure(ids // L.chunk_rows)
+        pages = checks.pages_of(ids)
+        cold = False
+        if pages.size >= prefetch.MIN_PAGES:  # pages read for the first time: ask for all
+            prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
+            cold = True
+        elif ids.size >= 512:
+            k = min(prefetch.SAMPLES, ids.size // 512)
+            at = r.base + ids * L.row_bytes
+            if prefetch.is_cold(at, k):
+                prefetch.willneed(at, at + L.row_bytes)
+                cold = True
+        self.cold_hint = cold
+        checks.check(pages, r.raw)
+        return r.view
+
+    def _ready_range(self, start: int, stop: int) -> np.ndarray:
+        r, checks = self._state()
+        L = self._layout
+        if stop <= start:
+            return r.view
+        r.ensure(np.arange(start // L.chunk_rows, (stop - 1) // L.chunk_rows + 1))
+        p0, p1 = start * L.row_bytes // PAGE, ((stop * L.row_bytes) - 1) // PAGE + 1
+        pages = np.arange(p0, p1)
+        pages = pages[~checks.checked[pages]]
+        if pages.size:
+            prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
+            checks.check(pages, r.raw)
+        return r.view
+
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        if ids.size:
+            view = self._ready(ids)
+            np.take(view, ids, axis=0, out=out.view(view.dtype), mode="clip")  # ids checked
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty((ids.size, self._layout.dim), dtype=self.dtype)
+        self.gather(ids, out)
+        return out
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return np.array(self._ready_range(start, stop)[start:stop], dtype=self.dtype)
+
+    def rows_view(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start..stop-1`` as a read-only view of the mapped files (checked); valid
+        while the table is open."""
+        return self._ready_range(start, stop)[start:stop].view(self.dtype)
+
+    # -- writes ---------------------------------------------------------------------------------
+    def _stage_chunk(self, txn: Transaction, k: int, local: np.ndarray, values: np.ndarray,
+                     rows_after: int) -> None:
+        """Stage chunk ``k`` with rows ``local`` (chunk-relative) set to ``values``, and its
+        page checksums, as new files of ``txn``; the live files are not touched."""
+        L = replace(self._layout, rows=rows_after)
+        data = bytearray(L.chunk_bytes)
+        if k < self._layout.n_chunks:  # an existing chunk: its stored rows are kept
+            r, checks = self._state()
+            lo = k * L.chunk_rows
+            hi = min(self._layout.rows, lo + L.chunk_rows)
+            old = self._ready_range(lo, hi)[lo:hi]
+            data[: old.nbytes] = old.tobytes()
+        buf = np.frombuffer(data, dtype=L.dtype).reshape(L.chunk_rows, L.dim)
+        buf[local] = values
+        end = L.chunk_end(k)
+        crcs = page_crcs(data, end, L.pages_per_chunk)
+        live = "/".join([self.name, *L.chunk_key(k).split(L.separator)])
+        for dest, body in ((txn.file(live), bytes(data)), (txn.file(
+                "/".join([self.crc_name, *L.chunk_key(k).split(L.separator)])),
+                encode_crc_file(crcs))):
+            with open(dest, "wb") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        L = self._layout
+        ks = ids // L.chunk_rows
+        cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.size].tolist()):  # per chunk
+            k = int(ks[a])
+            self._stage_chunk(txn, k, ids[a:b] - k * L.chunk_rows, values[a:b], L.rows)
+        txn.after(self.refresh)
+
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
+        L = self._layout
+        n0, n1 = L.rows, L.rows + values.shape[0]
+        for k in range(n0 // L.chunk_rows, -(-n1 // L.chunk_rows)):  # a loop per chunk
+            a, b = max(n0, k * L.chunk_rows), min(n1, (k + 1) * L.chunk_rows)
+            self._stage_chunk(txn, k, np.arange(a, b) - k * L.chunk_rows,
+                              values[a - n0: b - n0], n1)
+        txn.after(self.refresh)
+
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        n_chunks = -(-rows // self._layout.chunk_rows)
+        set_rows(str(self.root), n_chunks, self.crc_name, txn.file(f"{self.crc_name}/zarr.json"))
+        set_rows(str(self.root), rows, self.name, txn.file(f"{self.name}/zarr.json"))
+
+        def publish() -> None:
+            self._layout = replace(self._layout, rows=rows)
+            self.refresh()
+        txn.after(publish)
+
+    # -- housekeeping -----------------------------------------------------------------------
+    def refresh(self) -> None:
+        with self._lock:
+            if self._range is not None:
+                self._retired.append(self._range)  # views handed out stay valid until close
+            self._range, self._checks = None, None
+
+    def close(self) -> None:
+        with self._lock:
+            for r in self._retired + ([self._range] if self._range is not None else []):
+                r.close()
+            self._retired, self._range, self._checks = [], None, None

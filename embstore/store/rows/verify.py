@@ -1,0 +1,69 @@
+"""``verify`` of a format-2 row array: every chunk file's size, every page checksum chunk's
+own crc32c, and every page of committed rows against its checksum (the chunks split between
+two threads: crc32c releases the GIL)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import CorruptStoreError
+from ...fs.files import open_regular
+from ..codecs import pool
+from .layout import PAGE, PAGE_CRC, RowLayout
+from .pages import page_crcs, read_crc_file
+
+__all__ = ["verify_rows"]
+
+Problem = tuple[str, int | None, str]
+
+
+def _chunk(root: Path, name: str, L: RowLayout, k: int) -> list[Problem]:
+    key = Path(*L.chunk_key(k).split(L.separator))
+    path, crc_path = str(root / name / key), str(root / PAGE_CRC / key)
+    try:
+        stored = read_crc_file(crc_path, L.pages_per_chunk)
+    except FileNotFoundError:
+        return [(crc_path, k, f"{crc_path}: missing (the page checksums of chunk {k})")]
+    except CorruptStoreError as exc:
+        return [(crc_path, k, str(exc))]
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return [(path, k, f"{path}: missing (chunk {k} of the rows)")]
+    except CorruptStoreError as exc:
+        return [(path, k, str(exc))]
+    try:
+        size = os.fstat(fd).st_size
+        if size != L.chunk_bytes:
+            return [(path, k, f"{path}: {size} bytes, expected {L.chunk_bytes}")]
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
+            if hasattr(mm, "madvise"):
+                mm.madvise(mmap.MADV_SEQUENTIAL)
+            got = page_crcs(mm, L.chunk_end(k), L.pages_per_chunk)
+    finally:
+        os.close(fd)
+    bad = np.flatnonzero(got != stored)
+    if not bad.size:
+        return []
+    shown = ", ".join(str(int(p)) for p in bad[:5]) + (" ..." if bad.size > 5 else "")
+    return [(path, k, f"{path}: crc32c mismatch in {bad.size} of its {-(-L.chunk_end(k) // PAGE)}"
+                      f" pages ({shown}): the stored rows are damaged")]
+
+
+def verify_rows(root: Path, layout: RowLayout, name: str = "vectors") -> Iterator[Problem]:
+    """``(file, chunk, message)`` for every damage found in the row array ``name``."""
+    n = layout.n_chunks
+    half = n // 2
+    other = pool().submit(lambda: [p for k in range(half, n) for p in _chunk(root, name,
+                                                                              layout, k)])
+    try:
+        for k in range(half):  # a loop per chunk file
+            yield from _chunk(root, name, layout, k)
+    finally:
+        rest = other.result()
+    yield from rest

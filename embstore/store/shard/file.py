@@ -1,0 +1,146 @@
+"""One shard file as the fast path reads it: its index (one pread of the tail), a read-only
+memory map that keeps no descriptor, and which chunks passed their crc32c (see docs/FORMAT.md)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from ...fs.checksum import as_bytes_array, crc32c, value as crc_value
+
+from . import prefetch
+from ...errors import CorruptStoreError, ResourceLimitError
+from ...fs.files import map_file, open_regular
+from ..codecs import ABSENT, Layout, check_chunk
+
+__all__ = ["ShardFile", "crcs"]
+
+
+class ShardFile:
+    """One shard as read: its index, memory map, and which chunks passed their crc32c."""
+
+    def __init__(self, path: str, layout: Layout, root: str | None = None):
+        self.path = path  # root: the table's directory, which the file must not leave
+        n = layout.n_inner
+        self.mm = None
+        self.rowview = None
+        self.scan_rows: np.ndarray | None = None  # every row, one-row chunks back to back (embstore.store.scan)
+        self.offsets = np.broadcast_to(np.int64(-1), (n,))  # until the index is read
+        self.nbytes = np.broadcast_to(np.int64(0), (n,))
+        self.verified = np.zeros(n, dtype=bool)
+        self.all_verified = False
+        self.ident = None
+        self._whole: tuple[int, bool] | None = None  # back_to_back of the whole shard
+        # size, index and map all from one open file: a writer may rename a new shard into
+        # place at any moment, and the size of one file with the bytes of another is garbage.
+        # The mapping keeps no descriptor (a table of 10,000 shards under ulimit -n 1024).
+        try:
+            fd = open_regular(path, root=root)
+        except FileNotFoundError:
+            self.all_verified = True  # an absent shard: every chunk is the fill value
+            return
+        except (CorruptStoreError, ResourceLimitError):  # a FIFO, a symlink out, no fds
+            raise
+        except OSError as exc:  # unreadable, ...
+            raise CorruptStoreError(f"shard {path}: cannot open ({exc.strerror or exc})",
+                                    path=path) from None
+        try:
+            st = os.fstat(fd)
+            size, self.ident = st.st_size, (st.st_dev, st.st_ino)
+            index_len = 16 * n + (4 if layout.index_crc else 0)
+            if size < index_len:
+                raise CorruptStoreError(
+                    f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
+                    "(truncated?)", path=path)
+            # the index with one read (a fault on the map would read ahead megabytes around
+            # it, or with MADV_RANDOM fault its pages in one at a time)
+            tail = os.pread(fd, index_len, size - index_len)
+            if len(tail) != index_len:
+                raise CorruptStoreError(f"shard {path}: index truncated while reading",
+                                        path=path)
+            mm = map_file(fd, size, f"shard {path}")
+        finally:
+            os.close(fd)
+        body = tail[: 16 * n]
+        stored = int.from_bytes(tail[16 * n:], "little")
+        if layout.index_crc and crc32c(body) != stored:
+            raise CorruptStoreError(f"shard {path}: the shard index fails its crc32c "
+                                    "(damaged or truncated)", path=path)
+        index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
+        present = index[:, 0] != ABSENT
+        off = index[:, 0].astype(np.int64)
+        nb = index[:, 1].astype(np.int64)
+        data_len = size - index_len
+        bad = present & ((index[:, 0] > data_len) | (index[:, 1] > data_len - np.minimum(
+            index[:, 0], data_len)))
+        want = layout.chunk_bytes + (4 if layout.has_crc else 0)
+        if layout.compression == "none":
+            bad |= present & (nb != want)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise CorruptStoreError(
+                f"shard {path}, chunk {i}: index says offset {int(index[i, 0])}, {int(nb[i])} "
+                f"bytes, outside the {data_len} data bytes or not the {want} expected",
+                path=path)
+        self.offsets = np.where(present, off, -1)
+        if layout.compression == "none":  # all the same (checked above): 8 bytes a chunk less
+            self.nbytes = np.broadcast_to(np.int64(want), (n,))
+        else:
+            self.nbytes = np.where(present, nb, 0)
+        self.mm = mm
+        self.buf = memoryview(mm).cast("B")  # type: ignore[arg-type]  # slicing a memoryview is cheap, a memmap's is not
+        self.addr = mm.ctypes.data if size else 0
+        prefetch.advise_random(self.addr, size)  # see embstore/store/shard/prefetch.py
+        self.all_verified = not layout.has_crc
+        self.verified[~present] = True
+        rb = layout.row_bytes
+        if layout.compression == "none" and data_len >= rb:
+            self.rowview = np.ndarray(shape=(data_len - rb + 1,), dtype=np.dtype((np.void, rb)),
+                                      buffer=mm, offset=0, strides=(1,))
+
+    def back_to_back(self, c0: int, c1: int, step: int) -> bool:
+        """Whether inner chunks ``c0..c1-1`` are all present and stored back to back,
+        ``step`` bytes apart (the whole shard is checked once, then remembered)."""
+        whole = self._whole
+        if whole is None or whole[0] != step:
+            off = self.offsets
+            whole = (step, bool(self.mm is not None and (off >= 0).all()
+                                and (np.diff(off) == step).all()))
+            self._whole = whole
+        if whole[1]:
+            return True
+        off = self.offsets[c0:c1]
+        return self.mm is not None and bool((off >= 0).all()) and \
+            bool((np.diff(off) == step).all())
+
+    def willneed(self, lo: int, hi: int) -> None:
+        """Start reading bytes ``lo:hi`` of the file (before a sequential copy of them)."""
+        if self.mm is not None and hi > lo:
+            prefetch.willneed(np.array([self.addr + lo]), np.array([self.addr + hi]))
+
+    def chunk(self, i: int, layout: Layout):
+        """The stored bytes of inner chunk ``i`` after their crc32c check (None if absent)."""
+        off = int(self.offsets[i])
+        if off < 0:
+            return None
+        buf = self.buf[off: off + int(self.nbytes[i])]
+        if layout.has_crc:
+            payload = buf[:-4]
+            if len(buf) < 4 or crc32c(payload) != int.from_bytes(buf[-4:], "little"):
+                check_chunk(buf, f"shard {self.path}, chunk {i}")  # raises, with the reason
+            return payload
+        return buf
+
+    def verify(self, inner: np.ndarray, layout: Layout) -> None:
+        for i in inner.tolist():  # a loop per chunk, each checked once per process
+            self.chunk(i, layout)
+            self.verified[i] = True
+        if self.verified.all():
+            self.all_verified = True
+
+
+def crcs(mv: memoryview, offsets: list, n: int, mode: int) -> np.ndarray:
+    """crc32c of ``mv[o:o+n]`` for each ``o`` (a loop per chunk)."""
+    v = as_bytes_array(mv)  # (google-crc32c lets the GIL go in every call: ``mode`` is moot)
+    return np.fromiter((crc_value(v[o: o + n]) for o in offsets), dtype=np.int64,
+                       count=len(offsets))
