@@ -180,7 +180,32 @@ def batch_parquet(table, in_parquet, out_parquet, workers):
     return _timed_job(workers, job)
 
 
-KINDS = {"cli": cli, "gensim-w2v": gensim_w2v, "gensim-native": gensim_native,
+def fresh_lookup(what, path, ids_npy):
+    """A fresh process, page cache warm: open ``path`` (a table, or an ``.npy`` mapped with
+    ``np.load(mmap_mode="r")`` when ``what`` is ``memmap``) and gather the ids; the first
+    gather (open included) is the work, the same gather again is ``again_ms``."""
+    import numpy as np
+
+    ids = np.load(ids_npy)
+    if what == "memmap":
+        t0 = time.perf_counter()
+        table = np.load(path, mmap_mode="r")
+        first = table[ids]
+        t1 = time.perf_counter()
+        again = table[ids]
+    else:
+        import embstore
+        t0 = time.perf_counter()
+        table = embstore.open(path, cache_bytes=0)
+        first = table[ids]
+        t1 = time.perf_counter()
+        again = table[ids]
+    t2 = time.perf_counter()
+    return {"seconds": t1 - t0, "again_ms": round((t2 - t1) * 1e3, 2), "rows": int(ids.size),
+            "checksum": _checksum(first) + 0 * _checksum(again)}
+
+
+KINDS = {"fresh-lookup": fresh_lookup, "cli": cli, "gensim-w2v": gensim_w2v, "gensim-native": gensim_native,
          "embstore-open": embstore_open, "batch-ram": batch_ram, "batch-embstore": batch_embstore,
          "batch-parquet": batch_parquet}
 

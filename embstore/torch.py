@@ -151,7 +151,7 @@ class _TableModule(torch.nn.Module):
     """What both modules share: the table, its options, pickling by path, fork safety."""
 
     def __init__(self, table, *, padding_idx: int | None = None, max_norm: float | None = None,
-                 norm_type: float = 2.0, cache_bytes="256MiB"):
+                 norm_type: float = 2.0, cache_bytes="auto"):
         super().__init__()
         self._table, self._owns_table = _as_table(table, cache_bytes)
         self._dtype = _rows_dtype(self._table, table)
@@ -259,7 +259,7 @@ class Embedding(_TableModule):
     @classmethod
     def from_table(cls, path_or_table, *, padding_idx: int | None = None,
                    max_norm: float | None = None, norm_type: float = 2.0,
-                   cache_bytes="256MiB") -> Embedding:
+                   cache_bytes="auto") -> Embedding:
         """As ``torch.nn.Embedding.from_pretrained`` (always frozen), from a table or path."""
         return cls(path_or_table, padding_idx=padding_idx, max_norm=max_norm,
                    norm_type=norm_type, cache_bytes=cache_bytes)
@@ -283,7 +283,7 @@ class EmbeddingBag(_TableModule):
 
     def __init__(self, table, *, mode: str = "mean", include_last_offset: bool = False,
                  padding_idx: int | None = None, max_norm: float | None = None,
-                 norm_type: float = 2.0, cache_bytes="256MiB"):
+                 norm_type: float = 2.0, cache_bytes="auto"):
         if mode not in _BAG_MODES:
             raise InvalidOptionError(f"mode must be one of {', '.join(map(repr, _BAG_MODES))}, "
                                      f"got {mode!r}")
@@ -295,7 +295,7 @@ class EmbeddingBag(_TableModule):
     @classmethod
     def from_table(cls, path_or_table, *, mode: str = "mean", include_last_offset: bool = False,
                    padding_idx: int | None = None, max_norm: float | None = None,
-                   norm_type: float = 2.0, cache_bytes="256MiB") -> EmbeddingBag:
+                   norm_type: float = 2.0, cache_bytes="auto") -> EmbeddingBag:
         """As ``torch.nn.EmbeddingBag.from_pretrained`` (always frozen), from a table or path."""
         return cls(path_or_table, mode=mode, include_last_offset=include_last_offset,
                    padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,

@@ -254,3 +254,21 @@ def test_cold_read_batches_are_cached_whole_while_there_is_room(table, budget, w
     else:
         assert 0 < info.entries <= ADMIT_ALL_BELOW
     t.close()
+
+
+def test_the_default_row_cache_is_chosen_per_table(tmp_path):
+    """``cache_bytes="auto"`` (the default): rows mapped from local files get no cache (a
+    warm gather costs less than a hit: issue 33), compressed rows 256 MiB; a given budget
+    is kept."""
+    E = np.arange(4000 * 16, dtype=np.float32).reshape(4000, 16)
+    embstore.save(tmp_path / "plain", E).close()
+    embstore.save(tmp_path / "v2", E, format_version=2).close()
+    embstore.save(tmp_path / "zstd", E, compression="zstd").close()
+    for name, want in (("plain", 0), ("v2", 0), ("zstd", 256 << 20)):
+        with embstore.open(tmp_path / name) as t:
+            assert t.cache_info().capacity_bytes == want, name
+            np.testing.assert_array_equal(t[[5, 3999, 5]], E[[5, 3999, 5]])
+    with embstore.open(tmp_path / "plain", cache_bytes="1MiB") as t:
+        assert t.cache_info().capacity_bytes == 1 << 20
+    with embstore.open(tmp_path / "zstd", cache_bytes=0) as t:
+        assert t.cache_info().capacity_bytes == 0

@@ -86,7 +86,8 @@ class RowSource(abc.ABC):
 
 
 class LayoutSource(RowSource):
-    """A source of format-v1 shards: its geometry comes from its :class:`Layout`."""
+    """A source whose geometry (rows, dim, stored dtype) comes from its layout: format-1
+    shards (a :class:`Layout`), format-2 rows (a :class:`~embstore.store.rows.layout.RowLayout`)."""
 
     #: whether reads take the local memory-mapped path (``layout["fast_path"]``)
     fast_path = True

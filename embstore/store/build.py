@@ -34,7 +34,7 @@ _SAVE_BLOCK_BYTES = 64 << 20
 def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
            keys: KeysLike | None = None, chunk_rows: int | None = None,
            shard_rows: int | None = None, compression: Compression = "none",
-           overwrite: bool = False, cache_bytes: Bytes = "256MiB",
+           overwrite: bool = False, cache_bytes: Bytes = "auto",
            lock_timeout: float | None = None, format_version: int = 1) -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``).
     ``format_version=2``: an uncompressed table of the format-2 row layout (docs/FORMAT.md)."""
@@ -63,7 +63,7 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
 def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | None = None, *,
          chunk_rows: int | None = None, shard_rows: int | None = None,
          compression: Compression = "none", overwrite: bool = False,
-         dtype: DTypeLike | None = None, cache_bytes: Bytes = "256MiB",
+         dtype: DTypeLike | None = None, cache_bytes: Bytes = "auto",
          storage_options: dict | None = None, format_version: int = 1) -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
@@ -138,7 +138,7 @@ _LAYOUT_ATTRS = ("format", "dim", "dtype", "chunk_rows", "shard_rows", "compress
                  "has_keys", "created_by", "subwords")
 
 
-def upgrade(path: PathLike, *, cache_bytes: Bytes = "256MiB") -> ZarrTable:
+def upgrade(path: PathLike, *, cache_bytes: Bytes = "auto") -> ZarrTable:
     """Rewrite the format-1 table at ``path`` as format 2 (docs/FORMAT.md), in one step: the
     new table is written beside it and swapped in as ``save(..., overwrite=True)`` does, with
     its keys, n-grams, provenance attributes and approximate index; rows read back the same.

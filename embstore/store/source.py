@@ -151,7 +151,22 @@ class ZarrSource(RowSource):
     # Layouts of other tools are written in place by zarr-python: under the writer lock,
     # but not all-or-nothing (docs/FORMAT.md).
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        self.array.set_orthogonal_selection((ids, slice(None)), values)
+        """Rows ``ids`` (distinct, ascending) set.  zarr-python 3.1 refuses an orthogonal
+        selection of two rows in one inner chunk of a sharded array (``ValueError: shape
+        mismatch``, zarr-python #2834): there each touched inner chunk's rows are read,
+        patched and written back as one slice (a loop per chunk)."""
+        if getattr(self.array, "shards", None) is None:  # (zarr < 3.1 has no shards)
+            self.array.set_orthogonal_selection((ids, slice(None)), values)
+            return
+        cr, rows = int(self.array.chunks[0]), int(self.shape[0])
+        ks = ids // cr
+        cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.size].tolist()):  # per chunk
+            lo = int(ks[a]) * cr
+            hi = min(rows, lo + cr)
+            block = np.array(self.array[lo:hi])
+            block[ids[a:b] - lo] = values[a:b]
+            self.array[lo:hi] = block
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
         n0, dim = self.shape

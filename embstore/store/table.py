@@ -2,9 +2,8 @@
 :mod:`embstore.store.build`, :class:`~embstore.store.writer.TableWriter` in
 :mod:`embstore.store.writer`, ``verify`` in :mod:`embstore.store.verify`).
 
-Format v1 is described in docs/FORMAT.md.  Reads go through :mod:`embstore.store.shard.read` (shard
-index kept, memory-mapped gathers, crc32c checked once per chunk) unless the ``vectors``
-array has a layout that path does not know, in which case zarr-python reads it.
+Rows are read through a row source (:mod:`embstore.store.source`: format-1 shards, format-2
+rows, or zarr-python for layouts embstore does not know; docs/FORMAT.md).
 """
 
 from __future__ import annotations
@@ -42,6 +41,9 @@ from ..table import Table
 __all__ = ["ZarrTable", "open"]
 
 
+DEFAULT_CACHE = "256MiB"  # the row cache of tables whose reads are not cheap
+
+
 class ZarrTable(Table):
     """A table stored as a sharded Zarr v3 group (format v1).  Use :func:`open`.
 
@@ -50,7 +52,7 @@ class ZarrTable(Table):
     :class:`~embstore.cache.null.NullCache` when ``cache_bytes=0``).
     """
 
-    def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "256MiB",
+    def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "auto",
                  lock_timeout: float | None = None, **remote: Any):
         if mode not in ("r", "r+"):
             raise InvalidOptionError(f"mode must be 'r' or 'r+', got {mode!r}")
@@ -76,9 +78,18 @@ class ZarrTable(Table):
                 recover(root, deep=True)
             sweep_beside(root)  # and temporary tables of killed saves/imports
         self._load_meta()
-        self._cache = make_cache(parse_bytes(cache_bytes), self.dim, self.dtype, self.vocab_size)
+        self._cache = make_cache(self._cache_budget(cache_bytes), self.dim, self.dtype,
+                                 self.vocab_size)
         self._cache.cheap_reads = self._source.cheap_reads
         self._cache.reads_cold = lambda: self._source.reads_cold()
+
+    def _cache_budget(self, cache_bytes: Bytes) -> int:
+        """``"auto"``: no cache for rows mapped from local files (a warm gather beats a hit:
+        4.2 ms vs 11.7 ms, (32, 512) ids, 1M x 256), else ``DEFAULT_CACHE``."""
+        if cache_bytes == "auto":
+            cheap = self._source.cheap_reads and self._remote is None
+            return 0 if cheap else parse_bytes(DEFAULT_CACHE)
+        return parse_bytes(cache_bytes)
 
     def _load_meta(self) -> None:
         if self._remote is not None:
@@ -392,10 +403,11 @@ class ZarrTable(Table):
 
 # -- module functions ---------------------------------------------------------------------
 def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
-         cache_bytes: Bytes = "256MiB", lock_timeout: float | None = None,
+         cache_bytes: Bytes = "auto", lock_timeout: float | None = None,
          **remote: Any) -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
-    ``cache_bytes`` (an int or a string like ``"256MiB"``; 0 disables it).
+    ``cache_bytes``: an int or a string like ``"256MiB"``, 0 for none; ``"auto"`` (default):
+    none for uncompressed local tables (the page cache holds their rows), 256 MiB otherwise.
 
     Writes take the table's writer lock, one writer at a time across processes and
     handles; a write waits up to ``lock_timeout`` seconds (default 300) for another one,

@@ -25,7 +25,7 @@ from ..shard import prefetch
 from ..commit import Transaction
 from ..shard import arena
 from ..shard.write import write_json
-from ..base import RowSource
+from ..base import LayoutSource
 from ..writer import set_rows
 from .layout import PAGE, PAGE_CRC, RowLayout
 from .pages import PageChecks, encode_crc_file, page_crcs
@@ -86,7 +86,7 @@ class _Range:
             arena.release(base, self.total)
 
 
-class PagedSource(RowSource):
+class PagedSource(LayoutSource):
     """A format-2 row array (``name``, default ``vectors``) of the table at ``root``."""
 
     cheap_reads = True
@@ -97,38 +97,34 @@ class PagedSource(RowSource):
             raise CorruptStoreError(f"{root}: format-2 tables are read on 64-bit Linux only "
                                     "for now", path=str(root))
         self.root, self.name, self.crc_name = Path(root), name, crc_name
-        self._layout = layout
+        self._rl = layout
         self._lock = threading.Lock()
         self._range: _Range | None = None
         self._retired: list[_Range] = []
         self._checks: PageChecks | None = None
         self.cold_hint = False
 
-    # -- geometry -----------------------------------------------------------------------------
+    # -- geometry (shape and dtype: LayoutSource's, from the row layout) -------------------
     @property
-    def shape(self) -> tuple[int, int]:
-        return (self._layout.rows, self._layout.dim)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self._layout.dtype.name)
+    def _layout(self) -> RowLayout:  # type: ignore[override]
+        return self._rl
 
     @property
     def layout(self) -> dict:
-        L = self._layout
+        L = self._rl
         return {"chunk_rows": L.chunk_rows, "shard_rows": L.chunk_rows, "compression": "none",
                 "fast_path": True, "format": 2}
 
     @property
     def row_layout(self) -> RowLayout:
-        return self._layout
+        return self._rl
 
     def chunk_path(self, k: int) -> str:
-        L = self._layout
+        L = self._rl
         return str(self.root / self.name / Path(*L.chunk_key(k).split(L.separator)))
 
     def _crc_path(self, k: int) -> str:
-        L = self._layout
+        L = self._rl
         return str(self.root / self.crc_name / Path(*L.chunk_key(k).split(L.separator)))
 
     def _state(self) -> tuple[_Range, PageChecks]:
@@ -136,8 +132,8 @@ class PagedSource(RowSource):
         if r is None or c is None:
             with self._lock:
                 if self._range is None or self._checks is None:
-                    self._range = _Range(self._layout, self.chunk_path)
-                    self._checks = PageChecks(self._layout, str(self.root / self.crc_name),
+                    self._range = _Range(self._rl, self.chunk_path)
+                    self._checks = PageChecks(self._rl, str(self.root / self.crc_name),
                                               self.chunk_path)
                 r, c = self._range, self._checks
         return r, c
@@ -149,7 +145,7 @@ class PagedSource(RowSource):
     def _ready(self, ids: np.ndarray) -> np.ndarray:
         """The rows view, with the chunks of ``ids`` mapped and their pages checked."""
         r, checks = self._state()
-        L = self._layout
+        L = self._rl
         r.ensure(ids // L.chunk_rows)
         pages = checks.pages_of(ids)
         cold = False
@@ -168,7 +164,7 @@ class PagedSource(RowSource):
 
     def _ready_range(self, start: int, stop: int) -> np.ndarray:
         r, checks = self._state()
-        L = self._layout
+        L = self._rl
         if stop <= start:
             return r.view
         r.ensure(np.arange(start // L.chunk_rows, (stop - 1) // L.chunk_rows + 1))
@@ -186,7 +182,7 @@ class PagedSource(RowSource):
             np.take(view, ids, axis=0, out=out.view(view.dtype), mode="clip")  # ids checked
 
     def take(self, ids: np.ndarray) -> np.ndarray:
-        out = np.empty((ids.size, self._layout.dim), dtype=self.dtype)
+        out = np.empty((ids.size, self._rl.dim), dtype=self.dtype)
         self.gather(ids, out)
         return out
 
@@ -203,12 +199,12 @@ class PagedSource(RowSource):
                      rows_after: int) -> None:
         """Stage chunk ``k`` with rows ``local`` (chunk-relative) set to ``values``, and its
         page checksums, as new files of ``txn``; the live files are not touched."""
-        L = replace(self._layout, rows=rows_after)
+        L = replace(self._rl, rows=rows_after)
         data = bytearray(L.chunk_bytes)
-        if k < self._layout.n_chunks:  # an existing chunk: its stored rows are kept
+        if k < self._rl.n_chunks:  # an existing chunk: its stored rows are kept
             r, checks = self._state()
             lo = k * L.chunk_rows
-            hi = min(self._layout.rows, lo + L.chunk_rows)
+            hi = min(self._rl.rows, lo + L.chunk_rows)
             old = self._ready_range(lo, hi)[lo:hi]
             data[: old.nbytes] = old.tobytes()
         buf = np.frombuffer(data, dtype=L.dtype).reshape(L.chunk_rows, L.dim)
@@ -225,7 +221,7 @@ class PagedSource(RowSource):
                 os.fsync(f.fileno())
 
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        L = self._layout
+        L = self._rl
         ks = ids // L.chunk_rows
         cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
         for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.size].tolist()):  # per chunk
@@ -234,7 +230,7 @@ class PagedSource(RowSource):
         txn.after(self.refresh)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
-        L = self._layout
+        L = self._rl
         n0, n1 = L.rows, L.rows + values.shape[0]
         for k in range(n0 // L.chunk_rows, -(-n1 // L.chunk_rows)):  # a loop per chunk
             a, b = max(n0, k * L.chunk_rows), min(n1, (k + 1) * L.chunk_rows)
@@ -243,12 +239,12 @@ class PagedSource(RowSource):
         txn.after(self.refresh)
 
     def publish_rows(self, rows: int, txn: Transaction) -> None:
-        n_chunks = -(-rows // self._layout.chunk_rows)
+        n_chunks = -(-rows // self._rl.chunk_rows)
         set_rows(str(self.root), n_chunks, self.crc_name, txn.file(f"{self.crc_name}/zarr.json"))
         set_rows(str(self.root), rows, self.name, txn.file(f"{self.name}/zarr.json"))
 
         def publish() -> None:
-            self._layout = replace(self._layout, rows=rows)
+            self._rl = replace(self._rl, rows=rows)
             self.refresh()
         txn.after(publish)
 

@@ -1,0 +1,92 @@
+"""format2: what format 2 (rows at a fixed stride, page checksums) changes, against format 1
+and against the limits of the memory under it (docs/FORMAT.md, "Format version 2").
+
+- A fresh process, page cache warm, looks up (32, 512) uniform ids: embstore format 2 and
+  format 1 (no row cache) against ``np.load(mmap_mode="r")[ids]`` in a fresh process.
+- Whole-table reads of a freshly opened table, warm: ``verify``, ``to_numpy`` and
+  zarr-python's ``arr[:]`` of ``vectors``, format 2 against format 1 and against ``np.load``
+  of the same bytes (the copy limit).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import data
+from ..children import child_method_runs, run_child
+from ..common import Method, Warmer, compare, interleave
+
+NAME = "format2"
+TITLE = "Format 2 against format 1 and the memory's limits"
+
+V1, V2, MEMMAP = "embstore format 1", "embstore format 2", "np.load(mmap_mode='r')[ids]"
+
+
+def run(ctx, res) -> None:
+    cfg = ctx.cfg["format2"]
+    rows, dim, reps = cfg["rows"], cfg["dim"], cfg["reps"]
+    res.params = {"rows": rows, "dim": dim, "ids": 32 * 512, "reps": reps}
+    npy = data.table_npy(ctx.data_dir, rows, dim)
+    one = data.store(ctx.data_dir, npy)
+    two = data.store(ctx.data_dir, npy, layout={"format_version": 2})
+    ids_npy = data.ids_npy(ctx.data_dir, rows, 32 * 512, "uniform")
+    ids = np.load(ids_npy)
+    values = np.load(npy, mmap_mode="r")
+    expected = float(np.asarray(values[ids.reshape(-1)], dtype=np.float64).sum())
+    warmer = Warmer([npy, one, two])
+
+    def check(name, out):
+        if abs(out.get("checksum", np.nan) - expected) > 1e-3 * max(1.0, abs(expected)):
+            raise AssertionError(f"{name} returned other rows (checksum {out.get('checksum')}, "
+                                 f"expected {expected})")
+
+    case = "fresh process, (32, 512) uniform ids, page cache warm"
+    runs = {V2: ("embstore", lambda: run_child("fresh-lookup", "embstore", two, ids_npy)),
+            V1: ("embstore", lambda: run_child("fresh-lookup", "embstore", one, ids_npy)),
+            MEMMAP: ("peer", lambda: run_child("fresh-lookup", "memmap", npy, ids_npy))}
+    child_method_runs(res, case, runs, reps=reps, warmer=warmer, check=check)
+    f = res.find
+    compare(res, "fresh process lookup: format 2 vs the memmap", f(case, V2), f(case, MEMMAP),
+            target=("within", 1.5))
+    compare(res, "fresh process lookup: format 2 vs format 1", f(case, V2), f(case, V1),
+            target=("faster", None))
+
+    import embstore
+    import zarr
+
+    def whole(path):
+        with embstore.open(path, cache_bytes=0) as t:
+            return t.to_numpy()
+
+    def check_rows(out):
+        if out.shape != values.shape or not np.array_equal(out[:: max(1, rows // 97)],
+                                                           values[:: max(1, rows // 97)]):
+            raise AssertionError("other rows")
+
+    scan = "whole table, freshly opened, page cache warm"
+    methods = [
+        Method(f"{V2} verify", "embstore", lambda: embstore.verify(two), unit="s",
+               check=lambda r: None if r.ok else (_ for _ in ()).throw(AssertionError(str(r)))),
+        Method(f"{V1} verify", "embstore", lambda: embstore.verify(one), unit="s"),
+        Method(f"{V2} to_numpy", "embstore", lambda: whole(two), unit="s", check=check_rows),
+        Method(f"{V1} to_numpy", "embstore", lambda: whole(one), unit="s", check=check_rows),
+        Method("zarr-python arr[:] of format 2", "peer",
+               lambda: zarr.open_array(str(data.vectors_path(two)), mode="r")[:], unit="s",
+               check=check_rows),
+        Method("zarr-python arr[:] of format 1", "peer",
+               lambda: zarr.open_array(str(data.vectors_path(one)), mode="r")[:], unit="s",
+               reps=cfg.get("slow_reps", reps), check=check_rows),
+        Method("np.load (a copy of the same bytes)", "peer", lambda: np.load(npy), unit="s"),
+    ]
+    found = interleave(res, scan, methods, reps=reps, warmer=warmer)
+    limit = found.get("np.load (a copy of the same bytes)")
+    compare(res, "to_numpy: format 2 vs np.load", found.get(f"{V2} to_numpy"), limit,
+            target=("within", 1.5))
+    compare(res, "verify: format 2 vs np.load", found.get(f"{V2} verify"), limit,
+            target=("within", 1.5))
+    compare(res, "verify: format 2 vs format 1", found.get(f"{V2} verify"),
+            found.get(f"{V1} verify"), target=("faster", None))
+    compare(res, "zarr-python reading a whole format-2 table vs np.load",
+            found.get("zarr-python arr[:] of format 2"), limit, target=("within", 2.0))
+    compare(res, "zarr-python: format 2 vs format 1", found.get("zarr-python arr[:] of format 2"),
+            found.get("zarr-python arr[:] of format 1"), target=("faster", None))
