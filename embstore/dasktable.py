@@ -126,6 +126,7 @@ def _take(table, ids, dtype):
 def to_dask(table, block_rows: int | None = None):
     """The table as a dask array ``(vocab_size, dim)`` in blocks of ``block_rows`` rows
     (default: whole shards, about 64 MiB or more per block); see the module doc."""
+    table._check_open()  # (a closed table made a graph that failed only when computed)
     da = _dask_array()
     rows = block_rows_of(table) if block_rows is None else block_rows
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:

@@ -23,16 +23,25 @@ import numbers
 import operator
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
+
+try:
+    import resource
+except ImportError:  # (Windows)
+    resource = None  # type: ignore[assignment]
 
 from .errors import (InvalidIdError, InvalidOptionError, KeyNotFoundError, ResultTooLargeError,
                      ShapeMismatchError)
 
-__all__ = ["as_ids", "position_of", "check_result_size", "parse_bytes", "positive_int",
-           "non_negative_int", "one_of", "is_int", "check_like_ids", "as_key_array"]
+__all__ = ["as_ids", "position_of", "check_result_size", "alloc_result", "memory_refused",
+           "result_refused", "parse_bytes", "positive_int", "non_negative_int", "one_of",
+           "is_int", "check_like_ids", "as_key_array"]
 
 _INT64_MAX = np.iinfo(np.int64).max
+MAX_ID_DIMS = 64  # NumPy's limit on dimensions (numpy 2; 32 before)
 
 
 def is_int(value: object) -> bool:
@@ -130,13 +139,57 @@ def _memory_bytes() -> int:
 _MEMORY: int | None = None
 
 
+def _limit() -> tuple[int, str]:
+    """The bytes a result may take and what sets it: the machine's memory, or the process's
+    address space limit (``RLIMIT_AS``, ``ulimit -v``) when it is lower."""
+    have, what = _memory_bytes(), "this machine's"
+    if resource is not None:
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        except (OSError, ValueError):
+            soft = resource.RLIM_INFINITY
+        if soft != resource.RLIM_INFINITY and 0 < soft < have:
+            have, what = soft, "the process's address space limit (RLIMIT_AS) of"
+    return have, what
+
+
 def check_result_size(n_ids: int, row_bytes: int) -> None:
     """Refuse a lookup result of ``n_ids`` rows of ``row_bytes`` larger than the machine."""
     need = int(n_ids) * int(row_bytes)
-    if need > _memory_bytes():
+    have, what = _limit()
+    if need > have:
         raise ResultTooLargeError(
-            f"{n_ids} ids of {row_bytes}-byte rows make a {need}-byte result, more than this "
-            f"machine's {_memory_bytes()} bytes of memory (look them up in blocks, or pass out=)")
+            f"{n_ids} ids of {row_bytes}-byte rows make a {need}-byte result, more than "
+            f"{what} {have} bytes of memory (look them up in blocks, or pass out=)")
+
+
+def alloc_result(shape, dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)``; an allocation the system refuses is a
+    :class:`ResultTooLargeError` naming its size, not NumPy's ``MemoryError``."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except MemoryError:
+        raise result_refused(shape, dtype) from None
+
+
+@contextmanager
+def memory_refused(shape, dtype) -> Iterator[None]:
+    """NumPy's ``MemoryError`` inside as :func:`result_refused` for a result of ``shape``."""
+    try:
+        yield
+    except ResultTooLargeError:
+        raise
+    except MemoryError:
+        raise result_refused(shape, dtype) from None
+
+
+def result_refused(shape, dtype) -> ResultTooLargeError:
+    """The error for a result of ``shape`` whose memory the system refused."""
+    need = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+    have, what = _limit()
+    return ResultTooLargeError(
+        f"a result of shape {tuple(shape)} ({need} bytes) cannot be allocated: the system "
+        f"refused the memory ({what} {have} bytes; look the ids up in blocks, or pass out=)")
 
 
 def _to_array(ids) -> np.ndarray:
@@ -234,6 +287,10 @@ def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
     memory, with :class:`~embstore.errors.ResultTooLargeError`.
     """
     arr = _to_array(ids)
+    if arr.ndim >= MAX_ID_DIMS:  # the rows add a dimension: NumPy's error came from there
+        raise InvalidIdError(f"ids of {arr.ndim} dimensions: at most {MAX_ID_DIMS - 1} (the "
+                             f"result adds one for the vectors, and NumPy arrays have at "
+                             f"most {MAX_ID_DIMS}); reshape the ids", id=None)
     if row_bytes:
         check_result_size(arr.size, row_bytes)
     kind = arr.dtype.kind

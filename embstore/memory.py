@@ -74,6 +74,12 @@ class MemoryTable(Table):
             if len(vocab) != arr.shape[0]:
                 raise ShapeMismatchError(
                     f"got {len(vocab)} keys for a table of {arr.shape[0]} rows")
+            if vocab.duplicates:  # a key lookup could never reach the later rows
+                row, first = next((i, vocab._index[k]) for i, k in enumerate(vocab._keys)
+                                  if vocab._index[k] != i)
+                raise ShapeMismatchError(f"keys: key {vocab._keys[row]!r} at row {row} repeats "
+                                         f"row {first} ({vocab.duplicates} duplicate(s); keys "
+                                         "must be unique)")
             self._keys = vocab
 
     @property

@@ -71,6 +71,8 @@ def bag_bounds(offsets, n: int, include_last_offset: bool) -> tuple[np.ndarray, 
     return off, np.append(off[1:], np.int64(n))
 
 
+#: rows gathered at once by a bag (1e7 ids in one bag: blocks of 64 MiB, not 12 GB at dim 300)
+BAG_BLOCK_BYTES = 64 << 20
 _SEGMENT_STEPS = 64  # longest segment _steps handles; longer ones are cut into pieces
 
 
@@ -149,6 +151,14 @@ def pool_bags(idx: np.ndarray, zero: np.ndarray | None, offsets, weights, rows: 
         if w.dtype.kind not in "iuf":
             raise ShapeMismatchError(f"weights must be numbers, got dtype {w.dtype}")
     acc = np.result_type(dtype, np.float32)  # float16 tables accumulate in float32
+    if idx.ndim == 2 and idx.size * emb.dim * acc.itemsize > BAG_BLOCK_BYTES:
+        # too many rows to gather at once: as variable-length bags, in blocks of entries
+        nbags, length = idx.shape
+        starts = np.arange(nbags, dtype=np.int64) * length
+        ends = starts + length
+        idx = idx.reshape(-1)
+        zero = None if zero is None else zero.reshape(-1)
+        w = None if w is None else w.reshape(-1)
     if idx.ndim == 2:
         out = _fixed_bags(emb, idx, zero, w, mode, acc)
     else:
@@ -224,13 +234,25 @@ def _variable_bags(emb: _Bags, idx, zero, w, starts, ends, mode, acc) -> np.ndar
     full = counts > 0
     if not full.any():
         return out
-    rows, wk = _weighted_rows(emb, idx, zero, w, acc)
-    out[full] = segment_reduce(rows, counts[full], np.maximum if mode == "max" else np.add)
+    op = np.maximum if mode == "max" else np.add
+    step = max(1, BAG_BLOCK_BYTES // (emb.dim * acc.itemsize))
+    touched = np.zeros(starts.size, dtype=bool)
+    for a in range(0, idx.size, step):  # a loop per block of entries (1e7 ids: ~10 blocks)
+        b = min(idx.size, a + step)
+        s, e = np.clip(starts, a, b), np.clip(ends, a, b)
+        sel = np.flatnonzero(e > s)  # the bags (parts of bags) in this block: they tile it
+        rows, _ = _weighted_rows(emb, idx[a:b], None if zero is None else zero[a:b],
+                                 None if w is None else w[a:b], acc)
+        part = segment_reduce(rows, (e - s)[sel], op)
+        again = touched[sel]  # a bag begun in an earlier block: combine
+        out[sel[~again]] = part[~again]
+        out[sel[again]] = op(out[sel[again]], part[again])
+        touched[sel] = True
     if mode == "mean":
-        if wk is None:
+        if w is None:
             denom = counts.astype(acc)
         else:
             denom = np.zeros(starts.size, dtype=acc)
-            denom[full] = np.add.reduceat(wk, starts[full])
+            denom[full] = np.add.reduceat(w.astype(acc), starts[full])
         out = _divide(out, denom)
     return out

@@ -1,10 +1,9 @@
 """The contract every backend shares.
 
-A :class:`Table` is a ``(vocab_size, dim)`` matrix of floats, optionally with
-one string key per row.  Subclasses implement a handful of primitives
-(``_gather``, ``_read_rows``, ``_write_rows``, ``_append_rows``, and a
-vocabulary object); everything the user calls - id validation, shapes,
-``out=`` buffers, slices, keys - is written once here.
+A :class:`Table` is a ``(vocab_size, dim)`` matrix of floats, optionally with one string
+key per row.  Subclasses implement a handful of primitives (``_gather``, ``_read_rows``,
+``_write_rows``, ``_append_rows``, and a vocabulary object); everything the user calls -
+id validation, shapes, ``out=`` buffers, slices, keys - is written once here.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ from .dasktable import to_dask, to_xarray
 from .dtypes.bfloat16 import widen
 from .errors import (ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError,
                      ShapeMismatchError, table_label)
-from .ids import as_ids, as_key_array, at_position, check_result_size, position_of, positive_int
+from .ids import (alloc_result, as_ids, as_key_array, at_position, check_result_size,
+                  memory_refused, position_of, positive_int)
 from .oov import KEY_OOV_MODES, OOV, NgramMatrix, check_oov, map_oov, subword_rows
 
 __all__ = ["Table", "Vocab"]
@@ -124,7 +124,7 @@ class Table(abc.ABC):
 
     def _read_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` as a new array (backends override with a contiguous read)."""
-        out = np.empty((stop - start, self.dim), dtype=self.dtype)
+        out = alloc_result((stop - start, self.dim), self.dtype)
         self._gather(np.arange(start, stop, dtype=np.int64), out)
         return out
 
@@ -199,7 +199,8 @@ class Table(abc.ABC):
         self._check_open()
         ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
         out = self._check_out(out, ids.shape)
-        self._gather(ids.reshape(-1), out.reshape(-1, self.dim))
+        with memory_refused(out.shape, self.dtype):  # (a gather's own buffers, too)
+            self._gather(ids.reshape(-1), out.reshape(-1, self.dim))
         return out
 
     @property
@@ -209,7 +210,7 @@ class Table(abc.ABC):
     def _check_out(self, out, shape) -> np.ndarray:
         want = tuple(shape) + (self.dim,)
         if out is None:
-            return np.empty(want, dtype=self.dtype)
+            return alloc_result(want, self.dtype)
         if not isinstance(out, np.ndarray):
             raise ShapeMismatchError(f"out must be a NumPy array, got {type(out).__name__}")
         if out.shape != want or out.dtype != self.dtype:
@@ -269,7 +270,7 @@ class Table(abc.ABC):
         want = self.dtype if dtype is None else np.dtype(dtype)
         if want == self.dtype:
             return self.to_numpy()
-        out = np.empty(self.shape, dtype=want)
+        out = alloc_result(self.shape, want)
         block = max(1, self._ARRAY_BLOCK_BYTES // max(1, self.dim * self.dtype.itemsize))
         for start, rows in self.iter_blocks(block):
             out[start:start + len(rows)] = rows
@@ -402,8 +403,8 @@ class Table(abc.ABC):
     def cache_info(self) -> CacheInfo:  # statistics stay readable after close()
         return CacheInfo()
 
-    def cache_clear(self) -> None:
-        pass
+    def cache_clear(self) -> None:  # (backends with a cache override it)
+        return None
 
     def close(self) -> None:
         """Release the table; later calls raise ClosedTableError (but ``close``,

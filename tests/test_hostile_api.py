@@ -79,7 +79,7 @@ def test_a_result_larger_than_memory_fails_before_scanning(table, alarm):
 # -- the row cache --------------------------------------------------------------------------
 def test_cache_of_a_small_table_is_sized_by_the_table(tmp_path):
     embstore.save(tmp_path / "t", E).close()
-    with embstore.open(tmp_path / "t") as t:  # default budget 256 MiB
+    with embstore.open(tmp_path / "t", cache_bytes="256MiB") as t:  # 256 MiB asked for
         t.lookup(np.arange(200))
         t.lookup(np.arange(200))
         c = t._cache
@@ -108,7 +108,7 @@ def test_cache_grows_on_use_and_stays_exact():
 
 def test_cache_after_append_covers_the_new_rows(tmp_path):
     embstore.save(tmp_path / "t", E[:10]).close()
-    with embstore.open(tmp_path / "t", mode="r+") as t:
+    with embstore.open(tmp_path / "t", mode="r+", cache_bytes="256MiB") as t:
         t.append(E[10:])
         for _ in range(2):
             np.testing.assert_array_equal(t.lookup(np.arange(200)), E)

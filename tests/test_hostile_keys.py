@@ -139,7 +139,7 @@ def test_legacy_emb64_tables_stay_readable_and_appendable(tmp_path, monkeypatch)
         assert t.ids_of(["new2", "w3"]).tolist() == [21, 3]
     assert embstore.verify(tmp_path / "old").ok
     attrs = zarr.open_array(tmp_path / "old" / "key_hash").attrs["embstore_key_index"]
-    assert attrs["hash"] == "emb64-v1"
+    assert attrs["hash"] == "siphash-1-3"  # an append re-keys the legacy hash (issue 31)
 
 
 def test_key_length_is_bounded(tmp_path, monkeypatch):

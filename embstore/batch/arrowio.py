@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InvalidIdError, KeyNotFoundError
+from ..errors import FormatError, InvalidIdError, KeyNotFoundError, ResultTooLargeError
 from ..table import Table
 from ..progress import Tally
 from .io import lookup_into
@@ -34,6 +34,9 @@ from .io import lookup_into
 __all__ = ["PartJob", "Column", "output_schema", "writer_options", "vectors", "write_part"]
 
 WRITE_BATCH_SIZE = 1 << 16  # levels and values handed to the column writer at a time
+#: the vectors of one batch of rows at most: larger batches are split; one row larger than
+#: this (a list of 40M ids) is refused, since a Parquet row is written whole
+MAX_BATCH_BYTES = 1 << 30
 
 
 class Column:
@@ -214,6 +217,29 @@ def _read(pa, pf, job: PartJob, columns: list[str], groups: range) -> Iterator[A
         yield batch
 
 
+def _bounded(batches, job: PartJob, first_row: int) -> Iterator[tuple[Any, int]]:
+    """``(batch, ids in it)``: batches whose vectors pass ``MAX_BATCH_BYTES`` halved until
+    they fit; a single row that does not fit is refused (it cannot be split)."""
+    row_bytes = job.dim * np.dtype(job.dtype).itemsize
+    done = first_row
+    for batch in batches:
+        stack = [batch]
+        while stack:  # a loop per split batch (log of its rows), not per row
+            b = stack.pop()
+            n = len(b.column(job.column).flatten()) if job.is_list else b.num_rows
+            if n * row_bytes <= MAX_BATCH_BYTES:
+                yield b, n
+                done += b.num_rows
+            elif b.num_rows > 1:
+                half = b.num_rows // 2
+                stack += [b.slice(half), b.slice(0, half)]
+            else:
+                raise ResultTooLargeError(
+                    f"{job.input}, row {done}: a list of {n} ids in column {job.column!r}, "
+                    f"{n * row_bytes} bytes of vectors: more than the {MAX_BATCH_BYTES} one "
+                    "batch of rows may hold (a Parquet row is written whole: split the list)")
+
+
 def write_part(pa, pq, pf, table: Table, job: PartJob, dest: str, groups: range,
                first_row: int, bar: Tally | None = None) -> dict:
     """Row groups ``groups`` of the open input ``pf`` to the Parquet file ``dest``
@@ -228,9 +254,8 @@ def write_part(pa, pq, pf, table: Table, job: PartJob, dest: str, groups: range,
             ThreadPoolExecutor(1, "embstore-parquet-write") as pool:
         try:
             batches_in = _read(pa, pf, job, read, groups) if len(groups) else iter(())
-            for k, batch in enumerate(batches_in):
+            for k, (batch, n) in enumerate(_bounded(batches_in, job, first_row)):
                 column = batch.column(job.column)
-                n = len(column.flatten()) if job.is_list else len(column)
                 if bufs[k % 2].size < n * job.dim:
                     bufs[k % 2] = np.empty(n * job.dim, job.dtype)  # grown, never shrunk
                 vec = vectors(pa, table, column, job, first_row + done, bufs[k % 2],

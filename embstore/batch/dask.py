@@ -15,6 +15,7 @@ holds at most two batches of vectors, whatever the size of its part.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import uuid
@@ -57,6 +58,10 @@ def run_block(job: Job, i: int) -> int:
     sink = open_sink(job)
     try:
         sink.write(i, out)
+    except OSError as exc:  # (zarr's writes name no file: a full disk said only ENOSPC)
+        if exc.filename is not None or isinstance(exc, EmbstoreError):
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), job.tmp) from None
     finally:
         sink.close()
     a, b = job.block(i)
@@ -128,8 +133,11 @@ def run_tasks(fn, calls: list[tuple], scheduler: str, *, n_workers: int = 2, on_
     if scheduler == "local":
         # no dashboard (bokeh is not a dependency); its HTTP server on a free loopback port,
         # as dashboard_address=None would still bind :8787 and clash with other clusters
+        # and its workers' logs silenced: a failed task logged its traceback ("Compute
+        # Failed") on this terminal before the one error raised here (a full disk: pages)
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                               dashboard_address="127.0.0.1:0", host="127.0.0.1")
+                               dashboard_address="127.0.0.1:0", host="127.0.0.1",
+                               silence_logs=logging.CRITICAL)
         client = Client(cluster)
     else:
         try:

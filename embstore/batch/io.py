@@ -338,7 +338,7 @@ class ZarrSink:
         try:
             with open(os.path.join(job.tmp, _MARKERS, "job.json")) as f:
                 saved = json.load(f)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return False
         return saved == json.loads(json.dumps(job.identity()))
 

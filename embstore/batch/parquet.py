@@ -31,7 +31,7 @@ import os
 import time
 
 from ..fs.atomic import check_dest, remove, replace, temp_dir, temp_path
-from ..errors import FormatError
+from ..errors import FormatError, InvalidOptionError
 from ..ids import as_ids, one_of, positive_int
 from ..optional import require
 from ..progress import Progress, Tally
@@ -155,7 +155,9 @@ def lookup_parquet(table, input, output, *, column: str | None = None, keep=(), 
     check_dest(output, overwrite)
     keep = list(dict.fromkeys([keep] if isinstance(keep, str) else keep))  # once each
     if vector_column in keep:
-        raise ValueError(f"vector_column {vector_column!r} is also a kept column")
+        raise InvalidOptionError(f"keep={keep!r}: the output's vector column is named "
+                                 f"{vector_column!r}, so a kept input column cannot be; "
+                                 "name the vectors otherwise (vector_column=)")
     pf = open_input(pa, pq, input)
     schema = pf.schema_arrow
     if column is None:

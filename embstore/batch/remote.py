@@ -163,7 +163,7 @@ class RemoteZarrSink:
             client.close()
         try:
             return raw is not None and json.loads(raw) == json.loads(json.dumps(job.identity()))
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
 
     def done(self) -> set[int]:

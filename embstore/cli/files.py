@@ -237,6 +237,9 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     if unk_id is not None and oov != "unk":
         raise click.UsageError("--unk-id is used only with --oov unk")
     if is_parquet(input):
+        if "vector" in keep:
+            raise click.UsageError("--keep vector: the output's vector column is named "
+                                   "'vector'; an input column of that name cannot be kept")
         for flag, value in (("--keys", keys), ("--lengths", lengths), ("--resume", resume)):
             if value:
                 raise click.UsageError(f"{flag} does not apply to a .parquet INPUT")

@@ -324,6 +324,8 @@ def _detect_head(head: bytes, ext: str, size: int | None, path: str) -> str:
     for s in binary:
         if ext in s.extensions:
             return s.name
+    if head.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark: not part of the header
+        head = head[3:]
     if is_pickle(head):
         raise FormatError(PICKLE_MESSAGE, path=path)
     m = _HEADER_RE.match(head)

@@ -157,7 +157,8 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
     vocab_file = os.fspath(vocab) if vocab is not None else next(
         (p for p in (os.path.join(folder, t) for t in TOKEN_FILES) if os.path.isfile(p)), None)
     try:
-        keys = None if vocab_file is None else TokenKeys(load_tokens(vocab_file), path=vocab_file)
+        keys = None if vocab_file is None else TokenKeys(
+            load_tokens(vocab_file, rows=inner.count), path=vocab_file)
     except BaseException:
         inner.close()
         raise

@@ -23,6 +23,7 @@ import numpy as np
 from . import DEFAULT_BLOCK_ROWS, open_output
 from ._array import ArrayReader, write_rows
 from ..errors import FormatError
+from ._json import parse_json
 
 __all__ = ["read", "write", "read_header", "choose_tensor", "TENSOR_NAME"]
 
@@ -45,10 +46,7 @@ def read_header(path) -> tuple[dict, int]:
             raise FormatError(f"header length {n} exceeds the file ({size} bytes) or "
                               f"{MAX_HEADER_BYTES} bytes; not a safetensors file", path=path)
         raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"expected a JSON header, got unreadable bytes ({exc})", path=path) from None
+    header = parse_json(raw, os.fspath(path), "a JSON header")
     if not isinstance(header, dict):
         raise FormatError(f"expected a JSON object header, got {type(header).__name__}", path=path)
     header.pop("__metadata__", None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bz2
 import io
+import _compression
 import lzma
 import os
 import zipfile
@@ -37,6 +38,7 @@ _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"),
           (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
 READ_BYTES = 1 << 20   # compressed bytes per read
 HEAD_BYTES = 1 << 16   # decompressed bytes kept for detection
+MAX_LZMA_MEMORY = 1 << 30  # an xz stream's decoder memory (xz -9: 65 MiB; 3.5 GiB: hostile)
 _ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError, zipfile.BadZipFile)
 
 
@@ -168,6 +170,10 @@ class Source:
 
     def damaged(self, exc: BaseException) -> FormatError:
         what = f"{self.compression}-compressed data" if self.compression else "the input"
+        if isinstance(exc, lzma.LZMAError) and "limit" in str(exc):
+            return FormatError(f"cannot read {what}: its header asks for more than the "
+                               f"{MAX_LZMA_MEMORY} bytes of memory (its dictionary) embstore "
+                               "decompresses with (recompress it, e.g. xz -6)", path=self.path)
         return FormatError(f"cannot read {what}: {exc or type(exc).__name__}", path=self.path)
 
     def describe(self) -> str:
@@ -231,8 +237,10 @@ def _decoder(kind: str, raw: IO[bytes]) -> Callable[[memoryview], int]:
         return _Gunzip(raw).read_into
     if kind == "bz2":
         return bz2.BZ2File(raw).readinto
-    if kind == "xz":
-        return lzma.LZMAFile(raw).readinto
+    if kind == "xz":  # with a memory limit: the stream's header sets the dictionary size
+        return _compression.DecompressReader(raw, lzma.LZMADecompressor,
+                                             trailing_error=lzma.LZMAError,
+                                             memlimit=MAX_LZMA_MEMORY).readinto
     import zstandard  # a core dependency, heavy to import
     reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
                                                          closefd=False)
@@ -274,7 +282,14 @@ def _open_file(path: str, f: IO[bytes], member: str | None = None) -> Source:
             kind = None
         else:
             z, info = found
-            inner: Any = z.open(info)
+            try:
+                if info.flag_bits & 0x1:
+                    raise RuntimeError("it is encrypted (password-protected)")
+                inner: Any = z.open(info)  # (an unknown compression method: refused too)
+            except (RuntimeError, NotImplementedError, lzma.LZMAError, *_ERRORS) as exc:
+                z.close()
+                raise FormatError(f"zip member {info.filename!r}: cannot read it: {exc}; "
+                                  "unzip it and import the file itself", path=path) from None
             return _decoded(path, os.path.basename(info.filename), inner.readinto, "zip",
                             size, f.tell, (inner, z, f))
     if kind is None:

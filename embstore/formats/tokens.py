@@ -23,16 +23,18 @@ Each case is counted and described in :attr:`TokenKeys.notes`.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..errors import FormatError
+from ._json import parse_json
 
 __all__ = ["load_tokens", "TokenKeys", "synthetic_key", "TOKEN_FILES"]
 
 TOKEN_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")  # a model folder's, best first
 MAX_JSON_BYTES = 1 << 30
 MAX_ID = 1 << 31
+MAX_TOKEN_BYTES = 1 << 16  # the longest line of a vocab.txt
+_CHUNK = 4 << 20
 
 
 def synthetic_key(row: int) -> str:
@@ -47,10 +49,7 @@ def _read_json(path: str):
                           path=path)
     with open(path, "rb") as f:
         raw = f.read()
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"expected JSON, got unreadable text ({exc})", path=path) from None
+    return parse_json(raw, path)
 
 
 def _check_id(token, i, path: str, where: str) -> int:
@@ -95,27 +94,57 @@ def _from_tokenizer(doc, path: str) -> dict[int, str]:
     return out
 
 
-def load_tokens(path) -> dict[int, str]:
+def load_tokens(path, *, rows: int | None = None) -> dict[int, str]:
     """``{id: token}`` of a ``tokenizer.json``, a ``{token: id}`` ``.json`` or a one-token-a-line
-    text file (told apart by the name, then by the JSON's shape)."""
+    text file (told apart by the name, then by the JSON's shape).  A text file is streamed:
+    with ``rows``, only the tokens of ids below it are kept (the others are counted, in
+    the returned dict's :class:`Tokens` ``.past``)."""
     path = os.fspath(path)
     if not path.lower().endswith(".json"):
-        with open(path, "rb") as f:
-            data = f.read()
-        if data.startswith(b"\xef\xbb\xbf"):
-            data = data[3:]
-        try:
-            lines = data.decode("utf-8").split("\n")
-        except UnicodeDecodeError as exc:
-            raise FormatError(f"expected UTF-8 text, got an invalid byte at offset {exc.start}",
-                              path=path) from None
-        if lines and lines[-1] == "":
-            lines.pop()
-        return {i: t[:-1] if t.endswith("\r") else t for i, t in enumerate(lines)}
+        return _text_tokens(path, rows)
     doc = _read_json(path)
     if isinstance(doc, dict) and isinstance(doc.get("model"), dict):
         return _from_tokenizer(doc, path)
     return _from_mapping(doc, path, "the vocabulary")
+
+
+class Tokens(dict):
+    """``{id: token}``; ``past``: lines of a text vocabulary past the rows asked for."""
+
+    past = 0
+
+
+def _text_tokens(path: str, rows: int | None) -> Tokens:
+    """One token a line, read in blocks of ``_CHUNK`` bytes (never the whole file)."""
+    out, carry, line = Tokens(), b"", 0
+    with open(path, "rb") as f:
+        head = f.read(3)
+        start = 3 if head == b"\xef\xbb\xbf" else 0  # file offset of carry[0]
+        carry = head[start:]
+        while True:
+            data = f.read(_CHUNK)
+            block = carry + data
+            cut = len(block) if not data else block.rfind(b"\n") + 1
+            if cut == 0 and len(block) > MAX_TOKEN_BYTES:
+                raise FormatError(f"expected a token a line, got a line of more than "
+                                  f"{MAX_TOKEN_BYTES} bytes", path=path, line=line + 1)
+            carry = block[cut:]
+            lines = block[:cut].split(b"\n")
+            if lines and lines[-1] == b"":
+                lines.pop()
+            keep = len(lines) if rows is None else max(0, min(len(lines), rows - line))
+            try:
+                text = b"\n".join(lines[:keep]).decode("utf-8").split("\n") if keep else []
+            except UnicodeDecodeError as exc:
+                raise FormatError(f"expected UTF-8 text, got an invalid byte at offset "
+                                  f"{start + exc.start}", path=path) from None
+            start += cut
+            out.update((line + i, t[:-1] if t.endswith("\r") else t)
+                       for i, t in enumerate(text))  # a loop per token: vocabularies are small
+            out.past += len(lines) - keep
+            line += len(lines)
+            if not data:
+                return out
 
 
 class TokenKeys:
@@ -158,7 +187,8 @@ class TokenKeys:
         name = os.path.basename(self.path)
         out = []
         n_tokens = len(self._tokens)
-        past = sum(1 for i in self._tokens if i >= self.taken)
+        past = sum(1 for i in self._tokens if i >= self.taken) + getattr(self._tokens,
+                                                                           "past", 0)
         if self.synthetic:
             out.append(f"{self.synthetic} of {self.taken} rows have no token in {name} "
                        f"({n_tokens} tokens; padding rows): keyed <row:N>")

@@ -11,6 +11,7 @@ import os
 
 from ..errors import FormatError
 from ._textparse import decode_keys
+from .tokens import MAX_TOKEN_BYTES
 from .source import inner_name
 
 __all__ = ["VocabReader", "write_vocab", "vocab_path_for"]
@@ -54,6 +55,10 @@ class VocabReader:
                 return
             cut = data.rfind(b"\n")
             if cut < 0:
+                if len(data) > MAX_TOKEN_BYTES:  # (a 10 GB file of one line: never read whole)
+                    raise FormatError(f"expected a key a line, got a line of more than "
+                                      f"{MAX_TOKEN_BYTES} bytes", path=self.path,
+                                      line=self.taken + len(self._lines) - self._i + 1)
                 self._carry = data
                 continue
             self._carry = data[cut + 1:]

@@ -22,7 +22,8 @@ rounds, as Python's and Rust's hash tables use it) over the key's UTF-8 bytes, w
 random 128-bit key per table stored in the key index attributes: without the table's
 key nobody can make colliding keys, so runs of equal hashes stay of length 1 and an
 import or a lookup costs O(n log n) whatever the keys.  Any language with a SipHash
-reads the index.  Tables written with ``emb64-v1`` stay readable (and appendable).
+reads the index.  Tables written with ``emb64-v1`` stay readable; appending keys to
+one re-keys its whole index with ``siphash-1-3`` (one pass over the old keys).
 
 Keys are at most ``MAX_KEY_BYTES`` bytes of UTF-8: longer ones are refused when written
 and simply miss when looked up (hashing and comparing a 2 MiB key took seconds).

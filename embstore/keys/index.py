@@ -49,8 +49,7 @@ from .foreign import MemoryKeyIndex, build_key_index, has_key_index
 from .mapped import Head, MappedArray, concat_reader, read_array_meta, write_mapped
 from .hashing import (KEY_PAD, MAX_KEY_BYTES, EncodedKeys, decode_keys, encode_keys,
                       hash_encoded, hash_key_from_attrs, merge_runs, probe, segment_index,
-                      word_view,
-                      words_from_bytes)
+                      new_hash_key, word_view, words_from_bytes)
 from .writer import INDEX_ARRAYS, INDEX_ATTR, KEYS_CHUNK, KeyIndexWriter, index_attrs
 from ..table import Vocab
 
@@ -243,7 +242,10 @@ class DiskVocab(Vocab):
             return []
         n, stage = self._n, Path(stage)
         g = zarr.open_group(str(stage), mode="a", use_consolidated=False)
-        h = hash_encoded(enc, self._hash_key)
+        key = self._hash_key
+        if key is None:  # a legacy emb64-v1 index (floodable): re-keyed with a salted hash
+            key = new_hash_key()
+        h = hash_encoded(enc, key)
         flat = enc.buf[: enc.nbytes]
         new_offsets = self._nbytes + np.cumsum(enc.lengths)
         # data past this snapshot (left by an older embstore's interrupted append) is dropped
@@ -252,14 +254,20 @@ class DiskVocab(Vocab):
                                    np.zeros(KEY_PAD, np.uint8)))
         write_mapped(g, "key_offsets", n + m + 1, np.int64,
                      concat_reader(Head(self._offsets, n + 1), new_offsets))
-        old_h, old_rows = self._hash.read(0, len(self._hash)), self._order.read(0, len(self._order))
+        if key != self._hash_key:
+            old_h = self._row_hashes(key)
+            old_rows = np.argsort(old_h, kind="stable")
+            old_h = old_h[old_rows]
+        else:
+            old_h, old_rows = (self._hash.read(0, len(self._hash)),
+                               self._order.read(0, len(self._order)))
         if len(old_h) != n:
             old_h, old_rows = old_h[old_rows < n], old_rows[old_rows < n]
         order = np.argsort(h, kind="stable")
         merged_h, merged_rows = merge_runs((old_h, old_rows),
                                            (h[order], np.arange(n, n + m, dtype=np.int64)[order]))
         write_mapped(g, "key_hash", n + m, np.uint64, lambda a, b: merged_h[a:b],
-                     attrs=index_attrs(self._hash_key))
+                     attrs=index_attrs(key))
         write_mapped(g, "key_order", n + m, np.int64, lambda a, b: merged_rows[a:b])
         # ``keys``: its metadata with the new length, and its chunks from the one holding
         # row n on (that chunk's old keys come from key_utf8)
@@ -280,6 +288,17 @@ class DiskVocab(Vocab):
             moves += [(f"{name}/c/{c}", f"{name}/c/{c}") for c in chunks]
             moves.append((f"{name}/zarr.json", f"{name}/zarr.json"))
         return moves
+
+    def _row_hashes(self, key: tuple[int, int], block: int = KEYS_CHUNK) -> np.ndarray:
+        """The hashes under ``key`` of the keys of rows ``0..n-1``, in row order (by blocks)."""
+        out = np.empty(self._n, dtype=np.uint64)
+        for a in range(0, self._n, block):  # a loop per block of keys
+            b = min(self._n, a + block)
+            offs = self._offsets.read(a, b + 1)
+            flat = self._utf8.read(int(offs[0]), int(offs[-1]))
+            out[a:b] = hash_encoded(EncodedKeys(np.concatenate(
+                [flat, np.zeros(KEY_PAD, np.uint8)]), offs[:-1] - offs[0], np.diff(offs)), key)
+        return out
 
     def append(self, keys: list[str]) -> None:
         """Add keys for new rows, outside any table transaction (a bare key group): the

@@ -202,7 +202,8 @@ def index_info(table: PathLike | ZarrTable) -> dict | None:
                                  path=str(path)) from None
     if not (isinstance(meta, dict) and meta.get("embstore_ann") == 1 and
             meta.get("metric") in METRICS and isinstance(meta.get("dim"), int) and
-            meta.get("library", "usearch") in ("faiss", "usearch")):
+            meta.get("library", "usearch") in ("faiss", "usearch") and
+            type(meta.get("expansion_search")) is int and meta["expansion_search"] >= 1):
         raise IndexNotFoundError(f"{path}: expected embstore index metadata, got "
                                  f"{str(meta)[:200]}", path=str(path))
     root = path.parent.parent.parent.parent
@@ -235,6 +236,7 @@ class AnnIndex:
             usearch = require("usearch.index", extra="ann", feature=(
                 "an index built by embstore <= 0.4 (usearch HNSW; or rebuild it: "
                 "embstore index --overwrite)"))
+            os.close(open_regular(path / USEARCH_FILE))  # (a FIFO would block usearch)
             self.hnsw = usearch.Index.restore(str(path / USEARCH_FILE), view=True)
             if self.hnsw is None or self.hnsw.ndim != meta["dim"]:
                 raise IndexNotFoundError(f"{path / USEARCH_FILE}: not a usearch index of dim "
@@ -332,18 +334,27 @@ def open_index(table: ZarrTable) -> AnnIndex:
     if hit is not None and hit[0] == seen and seen[0] is not None:
         hit[2].meta = hit[3]
         return hit[2]
-    meta = index_info(table)
-    if meta is None:
-        raise IndexNotFoundError(f"{table.path} has no approximate index (build it first: "
-                                 "embstore.build_index, or the index command)", path=home)
-    name = INDEX_FILE if meta.get("library", "usearch") == "faiss" else USEARCH_FILE
-    sig = _sig(os.path.join(home, name))
-    if sig is None:
-        raise IndexNotFoundError(f"{os.path.join(home, name)}: unreadable index", path=home)
-    with _opened_lock:
-        hit = _opened.get(home)
-        found = hit[2] if hit is not None and hit[1] == sig else AnnIndex(Path(home), meta)
-        _opened[home] = (seen, sig, found, meta)
+    for attempt in range(3):  # a rebuild swapped in between meta.json and the index: again
+        meta = index_info(table)
+        if meta is None:
+            raise IndexNotFoundError(f"{table.path} has no approximate index (build it first: "
+                                     "embstore.build_index, or the index command)", path=home)
+        name = INDEX_FILE if meta.get("library", "usearch") == "faiss" else USEARCH_FILE
+        sig = _sig(os.path.join(home, name))
+        if sig is None:
+            raise IndexNotFoundError(f"{os.path.join(home, name)}: unreadable index", path=home)
+        try:
+            with _opened_lock:
+                hit = _opened.get(home)
+                found = hit[2] if hit is not None and hit[1] == sig else AnnIndex(Path(home),
+                                                                                  meta)
+                _opened[home] = (seen, sig, found, meta)
+            break
+        except CorruptStoreError:
+            now = _sig(os.path.join(home, META_FILE))
+            if attempt == 2 or now == seen[0]:
+                raise  # the same index as read: damage, not a rebuild
+            seen = (now, _sig(os.path.join(area, LAST)), table.vocab_size)
     found.meta = meta  # stale or not: as of now
     return found
 
@@ -351,6 +362,7 @@ def open_index(table: ZarrTable) -> AnnIndex:
 def approx_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
                  own: np.ndarray | None, ef: int | None):
     """``(scores, ids)`` from the index, or None when it is stale (a warning said so)."""
+    table._check_open()  # (the cached index answered after close())
     if not isinstance(table, ZarrTable):
         raise IndexNotFoundError("approximate search needs an on-disk table with an index "
                                  f"(got {type(table).__name__})", path=None)

@@ -26,7 +26,7 @@ from ..fs.beside import sweep_beside
 from .commit import Transaction, last_commit, recover, settle
 from .lock import writer_lock
 from ..fs.forksafe import renew_after_fork
-from ..ids import as_ids
+from ..ids import as_ids, memory_refused
 from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
@@ -172,9 +172,9 @@ class ZarrTable(Table):
         self._check_open()
         ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
         out = None if out is None else self._check_out(out, ids.shape)
-        flat = ids.reshape(-1)
-        rows = self._cache.gather(flat, None if out is None else out.reshape(-1, self.dim),
-                                  self._source.gather, self._source.take)
+        with memory_refused(ids.shape + (self.dim,), self.dtype):  # not NumPy's MemoryError
+            rows = self._cache.gather(ids.reshape(-1), None if out is None else out.reshape(
+                -1, self.dim), self._source.gather, self._source.take)
         return rows.reshape(ids.shape + (self.dim,)) if out is None else out
 
     def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:

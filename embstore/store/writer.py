@@ -28,7 +28,7 @@ from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_
 from .norms.calc import NORMS_ARRAY, create_norms_stream, decoded_norms
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
-from .meta import FORMATS
+from .meta import FORMATS, MAX_DIM
 from .rows.layout import PAGE, PAGE_CRC, choose_chunk_rows, min_chunk_rows
 from .rows.stream import create_row_arrays
 from .shard.write import BackgroundSync, RowStream, write_json
@@ -106,7 +106,9 @@ class TableWriter:
         if dim == 0 and not isinstance(dim, bool):  # as torch's nn.Embedding(n, 0)
             raise ShapeMismatchError("a stored table needs dim >= 1 (Zarr chunks of 0-value "
                                      "rows hold nothing); a MemoryTable takes dim 0")
-        positive_int(dim, "dim", error=ShapeMismatchError)
+        if positive_int(dim, "dim", error=ShapeMismatchError) > MAX_DIM:  # the reader's bound
+            raise ShapeMismatchError(f"dim {dim}: more than the {MAX_DIM} values a table's row "
+                                     "may hold (no reader would open the table)")
         one_of(compression, "compression", COMPRESSIONS)
         self.path = Path(os.fspath(path)).absolute()
         self.dim, self.storage = int(dim), check_storage(dtype)

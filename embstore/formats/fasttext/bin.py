@@ -41,6 +41,8 @@ _ARGS = ("dim", "ws", "epoch", "min_count", "neg", "word_ngrams", "loss", "model
          "minn", "maxn", "lr_update_rate")
 _ARGS_FMT = "<12id"
 MAX_WORD_BYTES = 1 << 16
+#: the longest character n-gram accepted (maxn): n-gram work grows with it
+MAX_NGRAM_CHARS = 64
 #: n-gram rows gathered from the map between two drops of its pages: a fault maps a whole
 #: page-cache folio (up to 2 MiB here, even with MADV_RANDOM: 100 random rows mapped 117 MiB),
 #: so at most MAP_ROWS folios stay resident.  65,536 random rows of a 240 MiB matrix: peak
@@ -123,6 +125,13 @@ class FastTextBinReader(Reader):
         if self.bucket < 0 or self.minn < 0 or self.maxn < 0:
             raise self._bad(self._pos - 20, f"expected bucket, minn, maxn >= 0, got "
                             f"{self.bucket}, {self.minn}, {self.maxn}")
+        if self.maxn > MAX_NGRAM_CHARS:  # (fastText's default is 6)
+            raise self._bad(self._pos - 16, f"expected maxn (the longest n-gram) of at most "
+                            f"{MAX_NGRAM_CHARS} characters, got {self.maxn}")
+        if 4 * self.bucket * self.dim > self.progress_total:
+            raise self._bad(self._pos - 20, f"bucket {self.bucket} x dim {self.dim}: "
+                            f"{4 * self.bucket * self.dim} bytes of n-gram rows, more than "
+                            f"the file's {self.progress_total} bytes")
         if a["model"] == 3:
             raise self.error("a supervised fastText model (a classifier): embstore imports "
                              "word-vector models (skipgram, cbow)")
@@ -143,6 +152,11 @@ class FastTextBinReader(Reader):
         if prune > 0:
             raise self._bad(at, f"a pruned fastText model ({prune} n-gram buckets kept by "
                             "quantize -cutoff): not supported")
+        # each entry takes >= 10 bytes, each word row 4 * dim: checked before allocating
+        need = self._pos + nwords * (10 + 4 * self.dim) + 4 * self.bucket * self.dim
+        if need > self.progress_total:
+            raise self._bad(at, f"nwords {nwords}: the dictionary and input matrix need at "
+                            f"least {need} bytes, more than the file's {self.progress_total}")
         self.nwords = nwords
         raw: list[bytes] = []
         counts = np.empty(nwords, dtype=np.int64)

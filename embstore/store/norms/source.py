@@ -103,6 +103,10 @@ def _norms_meta(root: Path) -> dict | None:
     return read_json(where, f"{NORMS_ARRAY}/zarr.json", root=root)
 
 
+#: norms past the table's rows that are tolerated (left by a write that dropped rows)
+EXTRA_NORMS = 1 << 20
+
+
 def has_norms(root: PathLike) -> bool:
     return (Path(os.fspath(root)) / NORMS_ARRAY / "zarr.json").is_file()
 
@@ -117,10 +121,12 @@ def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | None]:
         return "", None
     layout = Layout.from_metadata(meta)
     want = norms_dtype(rows.storage_dtype)
+    n = rows.shape[0]
     if layout is None or layout.dim != 1 or layout.dtype != want or \
-            layout.rows < rows.shape[0]:
+            not n <= layout.rows <= n + EXTRA_NORMS:  # (2**40 norms: a hostile size)
         return (f"{root / NORMS_ARRAY}/zarr.json: expected {want.name} of shape [>= "
-                f"{rows.shape[0]}, 1] in embstore's sharded layout (one norm per row), got "
+                f"{n}, 1] (at most {n + EXTRA_NORMS} rows) in embstore's sharded layout (one "
+                f"norm per row), got "
                 f"{meta.get('data_type')} {meta.get('shape')}; store them again "
                 "(store_norms)"), None
     return "", layout

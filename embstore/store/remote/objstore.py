@@ -11,6 +11,15 @@ Every call goes through :meth:`ObjectClient._call`, which turns the client's exc
 into one-line :class:`RemoteError` s (a missing bucket, refused credentials, an endpoint
 that does not answer) and counts requests (``client.requests``).  Timeouts and retries are
 bounded, so nothing hangs.
+
+obstore runs every request on one tokio runtime per process, started by the first request
+and never replaced; its threads do not exist in a child forked afterwards, so a request
+made there waited forever (no timeout fires either: the timers are driven by those
+threads), with this process's clients and with new ones alike.  In a forked child of a
+process that made requests, each client therefore makes its requests through a helper
+process (:mod:`embstore.store.remote.proxy`): the child reconnects, one request at a time.
+zarr-python's store over the table (``prefixed_store``, used by ``verify`` for the keys)
+cannot go that way: it is refused there with a :class:`RemoteError` saying so.
 """
 
 from __future__ import annotations
@@ -24,8 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from ...errors import EmbstoreError
+from ...errors import CorruptStoreError, EmbstoreError
+from ...fs.files import MAX_JSON_BYTES
+from ...fs.forksafe import renew_after_fork
 from ...optional import require
+from .proxy import Proxy
 
 __all__ = ["is_url", "ObjectClient", "RemoteError", "connect", "CONCURRENCY"]
 
@@ -48,6 +60,30 @@ _CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout", "read_timeout",
 _CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
                     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
                     "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_SKIP_SIGNATURE")
+
+
+_started_in: int | None = None  # the process whose requests started obstore's runtime
+
+
+def _forked() -> bool:
+    """Whether this is a forked child of the process that started obstore's runtime (its
+    requests then go through a helper process)."""
+    global _started_in
+    pid = os.getpid()
+    if _started_in is None:
+        _started_in = pid
+    return _started_in != pid
+
+
+def _check_fork(url: str) -> None:
+    """Refuse obstore itself in a forked child of the process that started its runtime."""
+    if _forked():
+        raise RemoteError(
+            f"{url}: object storage cannot be used in a process forked from one that used "
+            "it (obstore's runtime does not survive fork(): its requests would wait "
+            "forever); start workers with the 'spawn' or 'forkserver' start method (e.g. "
+            "DataLoader(..., multiprocessing_context='spawn')), or open tables only in the "
+            "children (no object-storage request in the parent before it forks)", url=url)
 
 
 class RemoteError(EmbstoreError, OSError):
@@ -129,11 +165,14 @@ class ObjectClient:
         self.requests = 0
         self.received = 0  # bytes of object data received (ranged reads, whole objects)
         self._count_lock = threading.Lock()
+        renew_after_fork(self, "_count_lock")  # (a thread of the parent may hold it)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = os.getpid()
+        self._proxy: Proxy | None = None  # requests in a forked child (proxy.py)
 
     def prefixed_store(self):
         """An obstore store rooted at the table (for zarr-python's ``ObjectStore``)."""
+        _check_fork(self.url)
         from_url, kwargs = self._config
         return from_url(self.url, **kwargs)
 
@@ -148,22 +187,50 @@ class ObjectClient:
         return f"{self.url}/{rel}" if rel else self.url
 
     # -- calls --------------------------------------------------------------------------------
-    def _write_store(self):
-        """The store uploads go through: as :attr:`store`, with ``WRITE_TIMEOUT`` per
+    def _write_kwargs(self) -> dict:
+        """The store options of uploads: as :attr:`store`'s, with ``WRITE_TIMEOUT`` per
         request unless the options set a timeout."""
+        kwargs = self._config[1]
+        client = dict(kwargs["client_options"])
+        if not self._timeout_given:
+            client["timeout"] = WRITE_TIMEOUT
+        return {**kwargs, "client_options": client}
+
+    def _write_store(self):
+        """The store uploads go through (see :meth:`_write_kwargs`)."""
         if self._writer is None:
-            from_url, kwargs = self._config
-            client = dict(kwargs["client_options"])
-            if not self._timeout_given:
-                client["timeout"] = WRITE_TIMEOUT
-            self._writer = from_url(self._base, **{**kwargs, "client_options": client})
+            self._writer = self._config[0](self._base, **self._write_kwargs())
         return self._writer
+
+    def _helper(self) -> Proxy:
+        """This process's helper (a forked child's: see the module docstring)."""
+        if self._proxy is None or self._proxy.pid != os.getpid():
+            self._proxy = Proxy(self._base, self._config[1], self._write_kwargs())
+        return self._proxy
+
+    def _proxied(self, op: str, rel: str, args: tuple, kwargs: dict):
+        """``_call``'s request made by the helper (a forked child)."""
+        helper, key = self._helper(), self.key(rel)
+        if op == "get":
+            return helper.get(key, kwargs.get("options"))
+        if op == "get_range":
+            return helper.call(op, key, start=kwargs["start"], end=kwargs["end"])[1]
+        if op == "head":
+            return helper.call(op, key)[0]["meta"]
+        if op == "put":
+            data = args[0]
+            if isinstance(data, (str, os.PathLike)):
+                return helper.call(op, key, path=os.fspath(data)) and None
+            return helper.call(op, key, bytes(data)) and None
+        raise ValueError(f"no helper request for {op!r}")
 
     def _call(self, rel: str, fn, *args, missing_ok: bool = False, write: bool = False,
               **kwargs):
         with self._count_lock:
             self.requests += 1
         try:
+            if _forked():
+                return self._proxied(fn.__name__, rel, args, kwargs)
             store = self._write_store() if write else self.store
             return fn(store, self.key(rel), *args, **kwargs)
         except FileNotFoundError as exc:
@@ -198,10 +265,17 @@ class ObjectClient:
                            url=self.url)
 
     def get(self, rel: str) -> bytes | None:
-        """The whole object (None if there is none)."""
+        """The whole object (None if there is none).  Metadata (``zarr.json``, the commit
+        area's JSON) larger than ``MAX_JSON_BYTES`` is refused from the response's size,
+        before its body is read (as local metadata files are)."""
         res = self._call(rel, self._ob.get, missing_ok=True)
         if res is None:
             return None
+        size = int(res.meta["size"])
+        if rel.endswith(("zarr.json", ".json", "/last")) and size > MAX_JSON_BYTES:
+            raise CorruptStoreError(f"{self.where(rel)}: {size} bytes, more than the "
+                                    f"{MAX_JSON_BYTES} a metadata file may have",
+                                    path=self.where(rel))
         data = bytes(res.bytes())
         self._got(len(data))
         return data
@@ -239,7 +313,10 @@ class ObjectClient:
             with self._count_lock:
                 self.requests += 1
             try:
-                self._ob.delete(self.store, keys)
+                if _forked():
+                    self._helper().call("delete", keys)
+                else:
+                    self._ob.delete(self.store, keys)
             except FileNotFoundError:
                 pass
             except Exception as exc:  # noqa: BLE001
@@ -251,8 +328,10 @@ class ObjectClient:
         out = []
         cut = len(self.prefix) + 1 if self.prefix else 0
         try:
-            for batch in self._ob.list(self.store, prefix + "/" if prefix else None,
-                                       chunk_size=1000):
+            batches: Any = ([[{"path": p, "size": n} for p, n in self._helper().call(
+                "list", prefix + "/" if prefix else None)[0]["found"]]] if _forked() else
+                self._ob.list(self.store, prefix + "/" if prefix else None, chunk_size=1000))
+            for batch in batches:
                 with self._count_lock:
                     self.requests += 1
                 out += [(m["path"][cut:], int(m["size"])) for m in batch]
@@ -301,6 +380,9 @@ class ObjectClient:
         return results
 
     def close(self) -> None:
+        if self._proxy is not None:
+            self._proxy.close()
+            self._proxy = None
         if self._pool is not None and self._pool_pid == os.getpid():
             self._pool.shutdown(wait=True)
         self._pool = None

@@ -36,6 +36,8 @@ FNV_PRIME = np.uint32(16777619)
 HASH_NAME = "fasttext-fnv1a32-signed-bytes"
 #: n-gram rows gathered at once while composing vectors (64K rows: 75 MiB at dim 300)
 BUDGET_ROWS = 1 << 16
+#: (characters x n-gram lengths) of the work arrays of one group of words (~80 MiB of them)
+_BLOCK_ELEMENTS = 1 << 22
 
 
 def _wrapped(words: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -55,6 +57,15 @@ def ngram_hashes(words: Sequence[str], minn: int, maxn: int) -> tuple[np.ndarray
     if n == 0 or hi < lo:
         return np.zeros(0, dtype=np.uint32), counts
     buf, lens = _wrapped(words)
+    if n > 1 and buf.size * min(hi - lo + 1, int(lens.max())) > _BLOCK_ELEMENTS:
+        # the work arrays hold (characters x lengths): words in groups of bounded size
+        cut = np.cumsum(lens) // max(1, _BLOCK_ELEMENTS // min(hi - lo + 1, int(lens.max())))
+        edges = np.flatnonzero(np.diff(cut)) + 1
+        if edges.size:
+            parts = [ngram_hashes(words[a:b], minn, maxn)  # a loop per group of words
+                     for a, b in zip([0, *edges.tolist()], [*edges.tolist(), n])]
+            return (np.concatenate([p[0] for p in parts]),
+                    np.concatenate([p[1] for p in parts]))
     sbuf = buf.view(np.int8).astype(np.uint32)  # sign-extended, as fastText's char
     starts = np.flatnonzero((buf & 0xC0) != 0x80)  # byte offset of each character
     nch = starts.size
@@ -62,6 +73,9 @@ def ngram_hashes(words: Sequence[str], minn: int, maxn: int) -> tuple[np.ndarray
     word_of_byte = np.repeat(np.arange(n, dtype=np.int64), lens)
     word_of_char = word_of_byte[starts]
     wlen = np.bincount(word_of_char, minlength=n)  # characters of each wrapped word
+    hi = min(hi, int(wlen.max()))  # no n-gram is longer than the longest word (not maxn)
+    if hi < lo:
+        return np.zeros(0, dtype=np.uint32), counts
     first = np.concatenate([[0], np.cumsum(wlen)[:-1]])
     ci = np.arange(nch, dtype=np.int64) - first[word_of_char]  # character index in the word
     left = wlen[word_of_char] - ci  # characters from this one to the word's end

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CorruptStoreError, FormatError
+from ...formats.fasttext.bin import MAX_NGRAM_CHARS
 from .hashing import HASH_NAME, compose, ngram_buckets
 from ..codecs import Layout, make_codec
 from ..meta import check_vectors_meta, read_json
@@ -35,6 +36,7 @@ from ..writer import set_rows
 __all__ = ["NGRAMS", "NgramWriter", "Subwords", "subword_attrs", "check_subwords"]
 
 NGRAMS = "ngrams"
+MAX_BUCKET = (1 << 31) - 1  # fastText's bucket is an int32 (a 2**40 claim overflowed uint32)
 _DTYPES = ("float16", "float32", "float64")
 
 
@@ -137,6 +139,10 @@ class Subwords:
                       attrs.get("hash"))
         if attrs.get("array") != NGRAMS:
             raise bad(".array", repr(NGRAMS), attrs.get("array"))
+        if self.bucket > MAX_BUCKET or self.maxn > MAX_NGRAM_CHARS:  # (hashes are 32-bit)
+            raise CorruptStoreError(f"{root}/zarr.json: expected embstore.subwords bucket <= "
+                                    f"{MAX_BUCKET} and maxn <= {MAX_NGRAM_CHARS}, got bucket "
+                                    f"{self.bucket}, maxn {self.maxn}", path=root)
 
     def _check_meta(self, meta: dict, where: str, dim: int, root: str) -> Layout | None:
         check_vectors_meta(meta, where)
