@@ -137,7 +137,8 @@ class PageChecks:
         side by side); mark them checked, or raise :class:`CorruptStoreError`."""
         if not pages.size:
             return
-        if pages.size >= _PARALLEL_PAGES:
+        if pages.size >= _PARALLEL_PAGES and not threading.current_thread().name.startswith(
+                "embstore-codec"):  # (a task of the pool itself would wait on the pool)
             half = pages.size // 2
             fut = pool().submit(self._check, pages[half:], raw)
             try:

@@ -22,13 +22,14 @@ import numpy as np
 from ...errors import CorruptStoreError
 from ...fs.files import open_regular
 from ..shard import prefetch
+from ..codecs import pool
 from ..commit import Transaction
 from ..shard import arena
 from ..shard.write import write_json
 from ..base import LayoutSource
 from ..writer import set_rows
 from .layout import PAGE, PAGE_CRC, RowLayout
-from .pages import PageChecks, encode_crc_file, page_crcs
+from .pages import PageChecks, crcs_at, encode_crc_file, page_crcs
 
 __all__ = ["PagedSource"]
 
@@ -187,7 +188,79 @@ class PagedSource(LayoutSource):
         return out
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        return np.array(self._ready_range(start, stop)[start:stop], dtype=self.dtype)
+        """Rows ``start..stop-1`` read from the chunk files into a new array (``preadv``: the
+        kernel fills the fresh pages as ``np.load`` does, 4-5x faster here than copying from
+        the mapping into them), each page checked in that array the first time."""
+        L = self._rl
+        out = np.empty((max(0, stop - start), L.dim), dtype=self.dtype)
+        if stop <= start:
+            return out
+        dst = out.reshape(-1).view(np.uint8)
+        rb, cr = L.row_bytes, L.chunk_rows
+
+        def one(k: int) -> None:  # a chunk file: read, then its pages checked
+            a, b = max(start, k * cr), min(stop, (k + 1) * cr)
+            lo, hi = (a - k * cr) * rb, (b - k * cr) * rb
+            part = dst[(a - start) * rb: (b - start) * rb]
+            self._read_chunk(k, lo, part)
+            self._check_read(k, lo, hi, part)
+        ks = list(range(start // cr, (stop - 1) // cr + 1))
+        if len(ks) == 1 or threading.current_thread().name.startswith("embstore-codec"):
+            for k in ks:  # (inside a task of the pool itself: waiting on it could deadlock)
+                one(k)
+        else:  # chunks read and checked side by side (reads and crc32c release the GIL)
+            for fut in [pool().submit(one, k) for k in ks]:
+                fut.result()
+        return out
+
+    def _read_chunk(self, k: int, lo: int, part: np.ndarray) -> None:
+        path = self.chunk_path(k)
+        try:
+            fd = open_regular(path)
+        except FileNotFoundError:
+            raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows)",
+                                    path=path) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size != self._rl.chunk_bytes:
+                raise CorruptStoreError(f"{path}: {size} bytes, expected {self._rl.chunk_bytes}",
+                                        path=path)
+            done = 0
+            while done < part.size:  # a loop per system call (one, but for signals)
+                n = os.preadv(fd, [part[done:].data], lo + done)
+                if n <= 0:
+                    raise CorruptStoreError(f"{path}: ends at byte {lo + done}", path=path)
+                done += n
+        finally:
+            os.close(fd)
+
+    def _check_read(self, k: int, lo: int, hi: int, part: np.ndarray) -> None:
+        """Check the pages of chunk ``k`` that bytes ``lo..hi-1`` (read into ``part``) cover and
+        that are not checked yet: those lying wholly in ``part`` there, the (at most two)
+        others through the mapping."""
+        r, checks = self._state()
+        L = self._rl
+        end = L.chunk_end(k)
+        qs = np.arange(lo // PAGE, (min(hi, end) - 1) // PAGE + 1)
+        g = k * L.pages_per_chunk + qs
+        qs, g = qs[~checks.checked[g]], g[~checks.checked[g]]
+        if not qs.size:
+            return
+        inside = (qs * PAGE >= lo) & (np.minimum((qs + 1) * PAGE, end) <= hi)
+        edge = g[~inside]
+        if edge.size:
+            r.ensure(np.array([k]))
+            checks.check(edge, r.raw)
+        qi = qs[inside]
+        got = crcs_at(part, qi * PAGE - lo, min(hi, end) - lo)
+        bad = np.flatnonzero(got != checks.crcs(k)[qi])
+        if bad.size:
+            q = int(qi[bad[0]])
+            path = self.chunk_path(k)
+            raise CorruptStoreError(f"{path}: crc32c mismatch in page {q} (bytes {q * PAGE}.."
+                                    f"{min((q + 1) * PAGE, end) - 1}): the stored rows are "
+                                    "damaged", path=path)
+        checks.checked[g[inside]] = True
 
     def rows_view(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` as a read-only view of the mapped files (checked); valid
