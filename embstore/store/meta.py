@@ -27,6 +27,27 @@ __all__ = ["FORMATS", "check_group_meta", "check_vectors_meta", "read_json", "re
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
 MAX_BYTES = 1 << 60  # logical bytes of a table
 MAX_DIM = 1 << 28  # values per row (a 2 GiB float64 row)
+MAX_CODEC_MEMORY = 1 << 30  # a codec's own buffers (lzma's dict_size): what xz input may use
+_MEMORY_FIELDS = ("dict_size", "dictsize", "window_size", "blocksize", "block_size")
+
+
+def _codec_memory(node) -> tuple[str, int] | None:
+    """The first memory-sizing field (lzma's ``dict_size``, a window or block size) of any
+    codec configuration in ``node`` (nested filters and sharding codecs too) that passes
+    ``MAX_CODEC_MEMORY``: decoders allocate them before reading a byte."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in _MEMORY_FIELDS and _is_int(v) and v > MAX_CODEC_MEMORY:
+                return k, int(v)
+            found = _codec_memory(v)
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for v in node:
+            found = _codec_memory(v)
+            if found is not None:
+                return found
+    return None
 
 
 def _is_int(x) -> bool:
@@ -101,6 +122,10 @@ def check_vectors_meta(meta: dict, where, attrs: dict | None = None) -> None:
         raise bad(f"expected a list of codecs, got {codecs!r}")
     if meta.get("storage_transformers"):
         raise bad(f"storage transformers are not supported, got {meta['storage_transformers']!r}")
+    big = _codec_memory(codecs)
+    if big is not None:
+        raise bad(f"a codec asks for {big[1]} bytes of {big[0]} (at most {MAX_CODEC_MEMORY} "
+                  "bytes: more than decoding any chunk of a table needs)")
     if codecs[0]["name"] == "sharding_indexed":
         sconf = codecs[0].get("configuration")
         inner = sconf.get("chunk_shape") if isinstance(sconf, dict) else None

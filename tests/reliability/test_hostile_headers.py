@@ -221,3 +221,28 @@ def test_subwords_claiming_2_40_buckets_are_one_error_line(tmp_path):
     line = assert_clean_error(invoke(["similar", path, "helo"]), context="bucket")
     assert line == (f"Error: {path / 'zarr.json'}: expected embstore.subwords bucket <= "
                     "2147483647 and maxn <= 64, got bucket 1099511627776, maxn 6")
+
+
+def test_a_codec_asking_for_a_huge_dictionary_is_refused_before_decoding(tmp_path):
+    """An lzma codec (numcodecs) in ``vectors/zarr.json`` whose filter asks for a 3.5 GiB
+    dictionary: refused when the table opens, naming the field and the limit (the decoder
+    would allocate it before reading a byte)."""
+    import json
+
+    import numpy as np
+
+    import embstore
+
+    embstore.save(tmp_path / "t", np.ones((10, 4), np.float32)).close()
+    meta_path = tmp_path / "t" / "vectors" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["codecs"][0]["configuration"]["codecs"].insert(1, {
+        "name": "numcodecs.lzma",
+        "configuration": {"format": 1, "check": -1, "preset": None,
+                          "filters": [{"id": 33, "dict_size": 3758096384}]}})
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(embstore.CorruptStoreError,
+                       match=r"a codec asks for 3758096384 bytes of dict_size \(at most "
+                             r"1073741824 bytes"):
+        embstore.open(tmp_path / "t")
+    assert not embstore.verify(tmp_path / "t").ok
