@@ -198,3 +198,46 @@ def test_upgrade_leaves_compressed_tables_as_they_are(tmp_path, E):
     with embstore.open(tmp_path / "z") as t:
         assert t.info()["format"] == 1
         np.testing.assert_array_equal(t.to_numpy(), E)
+
+
+def test_refresh_under_readers_and_a_writer_never_breaks_a_lookup(tmp_path, E):
+    """Three threads look rows up on one handle while a fourth refreshes it and another
+    process appends: every lookup returns the right rows (refresh used to unmap the range a
+    gather was reading: a segmentation fault)."""
+    import subprocess
+    import sys
+    import threading
+
+    embstore.save(tmp_path / "t", E, format_version=2, chunk_rows=1024).close()
+    code = ("import numpy as np, embstore\n"
+            f"t = embstore.open({str(tmp_path / 't')!r}, mode='r+')\n"
+            "for i in range(25):\n"
+            "    t.append(np.full((40, 48), i, np.float32))\n")
+    writer = subprocess.Popen([sys.executable, "-c", code])
+    errors: list[str] = []
+    done = threading.Event()
+    with embstore.open(tmp_path / "t") as t:
+        def read(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            while not done.is_set():
+                ids = rng.integers(0, V, 300)
+                try:
+                    if not np.array_equal(t[ids], E[ids]):
+                        errors.append("other rows")
+                except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+        def refresh() -> None:
+            while not done.is_set():
+                t.refresh()
+        threads = [threading.Thread(target=read, args=(s,)) for s in range(3)]
+        threads.append(threading.Thread(target=refresh))
+        for th in threads:
+            th.start()
+        assert writer.wait(timeout=120) == 0
+        done.set()
+        for th in threads:
+            th.join()
+        t.refresh()
+        assert t.shape == (V + 1000, D)
+    assert errors == []

@@ -34,6 +34,18 @@ from .pages import PageChecks, crcs_at, encode_crc_file, page_crcs
 __all__ = ["PagedSource"]
 
 
+class _Unmap:
+    """Releases a reserved range when the last array over it is gone (it hangs on the ctypes
+    array every view of the range leads back to): a view a scan holds, or a gather another
+    thread runs, stays valid after ``refresh()`` or ``close()`` replaced the range."""
+
+    def __init__(self, base: int, total: int):
+        self.base, self.total = base, total
+
+    def __del__(self) -> None:
+        arena.release(self.base, self.total)
+
+
 class _Range:
     """The chunk files of one layout mapped side by side (a reserved address range)."""
 
@@ -42,7 +54,9 @@ class _Range:
         n = max(1, layout.n_chunks)
         self.total = -(-n * layout.chunk_bytes // PAGE) * PAGE
         self.base = arena.reserve(self.total)
-        raw = np.ctypeslib.as_array((ctypes.c_uint8 * self.total).from_address(self.base))
+        cells = (ctypes.c_uint8 * self.total).from_address(self.base)
+        cells._unmap = _Unmap(self.base, self.total)  # type: ignore[attr-defined]
+        raw = np.ctypeslib.as_array(cells)
         self.raw = raw
         self.view = raw[: n * layout.chunk_bytes].view(layout.dtype).reshape(
             n * layout.chunk_rows, layout.dim)
@@ -81,11 +95,6 @@ class _Range:
                 self.mapped[k] = True
             self.all_mapped = bool(self.mapped.all())
 
-    def close(self) -> None:
-        if self.base:
-            base, self.base = self.base, 0
-            arena.release(base, self.total)
-
 
 class PagedSource(LayoutSource):
     """A format-2 row array (``name``, default ``vectors``) of the table at ``root``."""
@@ -101,7 +110,6 @@ class PagedSource(LayoutSource):
         self._rl = layout
         self._lock = threading.Lock()
         self._range: _Range | None = None
-        self._retired: list[_Range] = []
         self._checks: PageChecks | None = None
         self.cold_hint = False
 
@@ -323,13 +331,8 @@ class PagedSource(LayoutSource):
 
     # -- housekeeping -----------------------------------------------------------------------
     def refresh(self) -> None:
-        with self._lock:
-            if self._range is not None:
-                self._retired.append(self._range)  # views handed out stay valid until close
+        with self._lock:  # the range goes once no view of it and no gather on it is left
             self._range, self._checks = None, None
 
     def close(self) -> None:
-        with self._lock:
-            for r in self._retired + ([self._range] if self._range is not None else []):
-                r.close()
-            self._retired, self._range, self._checks = [], None, None
+        self.refresh()
