@@ -10,7 +10,8 @@ keys ``KEYS``; every fixture holds exactly these rows.
 ``tests/data/golden-v1-none`` and ``golden-v1-zstd`` (``golden_data()``: 100 x 8 float32
 with keys, chunk_rows 16, shard_rows 64, written by ``embstore.save``), and one store per
 storage dtype (``golden-v1-float16``, ``-float64``, ``-bfloat16``, ``-int8``: the record's
-``golden`` in :mod:`embstore.dtypes`).  They freeze the
+``golden`` in :mod:`embstore.dtypes`), and the format-2 stores ``golden-v2-<dtype>`` (every
+storage dtype, default format-2 layout).  They freeze the
 on-disk format: tests/test_golden.py reads them back exactly and checks that ``save``
 still writes the same bytes.  Regenerate them only for a deliberate format change.
 """
@@ -67,6 +68,10 @@ def golden_stores() -> None:
             path = os.path.join(DATA, record.golden)
             shutil.rmtree(path, ignore_errors=True)
             embstore.save(path, values, keys=keys, dtype=record.name, **GOLDEN_LAYOUT).close()
+    for record in DTYPES.values():  # format 2: every storage dtype (uncompressed only)
+        path = os.path.join(DATA, f"golden-v2-{record.name}")
+        shutil.rmtree(path, ignore_errors=True)
+        embstore.save(path, values, keys=keys, dtype=record.name, format_version=2).close()
 
 
 def _fmt_c(x: float) -> str:
