@@ -47,14 +47,18 @@ def _contents(path: Path) -> tuple[np.ndarray, list[str]]:
         return t.to_numpy(), list(t.keys)
 
 
-@pytest.fixture(scope="module", params=["float32", "int8"])
+@pytest.fixture(scope="module", params=["float32", "int8", "float32-format2", "int8-format2"])
 def base(tmp_path_factory, request) -> Path:
-    """A keyed table (int8: two arrays, codes and row scales, committed together)."""
+    """A keyed table (int8: two arrays, codes and row scales, committed together; format 2:
+    rows in chunk files of 512 rows with their page checksums, 2 chunks, an append adds one)."""
     path = tmp_path_factory.mktemp("crash") / "base"
     old = _old()
     old[:, 1] = -old[:, 0] / 3  # int8 rows need a spread to quantise
-    embstore.save(path, old, keys=[f"k{i}" for i in range(ROWS)], chunk_rows=16,
-                  shard_rows=SHARD, dtype=request.param).close()
+    dtype, _, fmt = request.param.partition("-")
+    layout = {"chunk_rows": 512, "format_version": 2} if fmt else {"chunk_rows": 16,
+                                                                   "shard_rows": SHARD}
+    embstore.save(path, old, keys=[f"k{i}" for i in range(ROWS)], dtype=dtype,
+                  **layout).close()
     return path
 
 

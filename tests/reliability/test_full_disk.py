@@ -72,15 +72,18 @@ def _leaves(n: int = 10) -> list[int]:
     return [int(x) for x in np.linspace(0, 900_000, n)]
 
 
+@pytest.mark.parametrize("fmt", [1, 2], ids=["format1", "format2"])
 @pytest.mark.parametrize("op", ["append", "write"])
-def test_append_and_write_on_a_full_disk(small_fs, op):
+def test_append_and_write_on_a_full_disk(small_fs, op, fmt):
     table = small_fs / "t"
     failures = 0
+    layout = {"chunk_rows": 16, "shard_rows": 1024} if fmt == 1 else {
+        "chunk_rows": 1024, "format_version": 2}
     for leave in _leaves():
         if table.exists():
             shutil.rmtree(table)
-        embstore.save(table, _vals(ROWS), keys=[f"k{i}" for i in range(ROWS)], chunk_rows=16,
-                      shard_rows=1024).close()
+        embstore.save(table, _vals(ROWS), keys=[f"k{i}" for i in range(ROWS)],
+                      **layout).close()
         before = _tree(table)
         filler = _fill(small_fs, leave)
         try:
@@ -122,6 +125,12 @@ def test_save_and_import_on_a_full_disk(small_fs, tmp_path):
         try:
             embstore.save(small_fs / "saved", np.load(src)).close()
             shutil.rmtree(small_fs / "saved")
+        except OSError as exc:
+            assert getattr(exc, "errno", None) == 28, exc
+        assert sorted(os.listdir(small_fs)) == ["filler"]
+        try:
+            embstore.save(small_fs / "saved2", np.load(src), format_version=2).close()
+            shutil.rmtree(small_fs / "saved2")
         except OSError as exc:
             assert getattr(exc, "errno", None) == 28, exc
         assert sorted(os.listdir(small_fs)) == ["filler"]
