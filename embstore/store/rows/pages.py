@@ -22,7 +22,8 @@ from ...fs.files import open_regular, read_small
 from ..codecs import pool
 from .layout import PAGE, RowLayout
 
-__all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks"]
+__all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks", "PageMismatch",
+           "crcs_at", "read_crc_file"]
 
 _PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling thread
 
@@ -77,6 +78,15 @@ def read_crc_file(path: str, pages: int) -> np.ndarray:
     return decode_crc_file(data, pages, path)
 
 
+class PageMismatch(CorruptStoreError):
+    """A page that fails its checksum (chunk ``k``, page ``q``): damage, unless a commit
+    replaced the chunk's files while this process read them (see ``PagedSource``)."""
+
+    def __init__(self, k: int, q: int, message: str, path: str):
+        super().__init__(message, path=path)
+        self.chunk, self.page = k, q
+
+
 class PageChecks:
     """Which pages of a row array this process has checked, and the check itself."""
 
@@ -87,6 +97,7 @@ class PageChecks:
         self.ppc = layout.pages_per_chunk
         self.checked = np.zeros(layout.n_chunks * self.ppc, dtype=bool)
         self._crcs: dict[int, np.ndarray] = {}
+        self.ends: dict[int, int] = {}  # chunks checked against a later commit's checksums
         self._lock = threading.Lock()
 
     def crcs(self, k: int) -> np.ndarray:
@@ -156,7 +167,7 @@ class PageChecks:
         for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, pages.size].tolist()):
             k = int(ks[a])  # a loop per chunk (each page: one library call in crcs_at)
             stored = self.crcs(k)
-            end = L.chunk_end(k)
+            end = self.ends.get(k, L.chunk_end(k))
             base = k * L.chunk_bytes
             qs = pages[a:b] - k * ppc
             qs = qs[qs * PAGE < end]  # pages of padding only: never read, never checksummed
@@ -166,6 +177,6 @@ class PageChecks:
                 q = int(qs[bad[0]])
                 lo = q * PAGE
                 path = self.chunk_path(k)
-                raise CorruptStoreError(f"{path}: crc32c mismatch in page {q} (bytes "
+                raise PageMismatch(k, q, f"{path}: crc32c mismatch in page {q} (bytes "
                                         f"{lo}..{min(lo + PAGE, end) - 1}): the stored "
-                                        f"rows are damaged", path=path)
+                                        f"rows are damaged", path)

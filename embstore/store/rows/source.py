@@ -23,13 +23,14 @@ from ...errors import CorruptStoreError
 from ...fs.files import open_regular
 from ..shard import prefetch
 from ..codecs import pool
-from ..commit import Transaction
+from ..commit import Transaction, settle
 from ..shard import arena
 from ..shard.write import write_json
 from ..base import LayoutSource
 from ..writer import set_rows
 from .layout import PAGE, PAGE_CRC, RowLayout
-from .pages import PageChecks, crcs_at, encode_crc_file, page_crcs
+from ..meta import read_json
+from .pages import PageChecks, PageMismatch, crcs_at, encode_crc_file, page_crcs, read_crc_file
 
 __all__ = ["PagedSource"]
 
@@ -168,8 +169,42 @@ class PagedSource(LayoutSource):
                 prefetch.willneed(at, at + L.row_bytes)
                 cold = True
         self.cold_hint = cold
-        checks.check(pages, r.raw)
+        self._check_pages(pages, r, checks)
         return r.view
+
+    def _check_pages(self, pages: np.ndarray, r: _Range, checks: PageChecks) -> None:
+        """``checks.check``, with a mismatch confirmed before it is called damage: a commit
+        (an append) may have replaced a chunk's files after this handle read its layout; rows
+        it holds are unchanged then, but the checksum of the page holding their end covers
+        more bytes (:meth:`_confirm`)."""
+        for _ in range(3):
+            try:
+                checks.check(pages, r.raw)
+                return
+            except PageMismatch as exc:
+                self._confirm(exc, r, checks)
+                pages = pages[~checks.checked[pages]]
+        checks.check(pages, r.raw)
+
+    def _confirm(self, exc: PageMismatch, r: _Range, checks: PageChecks) -> None:
+        """Re-read chunk ``exc.chunk`` as the table now stands (once its commit is rolled
+        forward) and check the page against the checksums written with it, over the rows
+        committed now; raise ``exc`` if it fails that too (damage)."""
+        k, q = exc.chunk, exc.page
+        settle(self.root)
+        meta = read_json(self.root / self.name / "zarr.json", f"{self.name}/zarr.json")
+        now = replace(self._rl, rows=max(int(meta["shape"][0]), self._rl.rows))
+        fresh = read_crc_file(self._crc_path(k), now.pages_per_chunk)
+        with r.lock:
+            r.mapped[k], r.all_mapped = False, False
+        r.ensure(np.array([k]))  # the current file in the same slot: the rows held are the same
+        end = now.chunk_end(k)
+        lo, hi = q * PAGE, min(q * PAGE + PAGE, end)
+        base = k * now.chunk_bytes
+        if crcs_at(r.raw, np.array([base + lo]), base + hi)[0] != fresh[q]:
+            raise exc
+        with checks._lock:
+            checks._crcs[k], checks.ends[k] = fresh, end
 
     def _ready_range(self, start: int, stop: int) -> np.ndarray:
         r, checks = self._state()
@@ -182,7 +217,7 @@ class PagedSource(LayoutSource):
         pages = pages[~checks.checked[pages]]
         if pages.size:
             prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
-            checks.check(pages, r.raw)
+            self._check_pages(pages, r, checks)
         return r.view
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
@@ -258,7 +293,7 @@ class PagedSource(LayoutSource):
         edge = g[~inside]
         if edge.size:
             r.ensure(np.array([k]))
-            checks.check(edge, r.raw)
+            self._check_pages(edge, r, checks)
         qi = qs[inside]
         got = crcs_at(part, qi * PAGE - lo, min(hi, end) - lo)
         bad = np.flatnonzero(got != checks.crcs(k)[qi])
