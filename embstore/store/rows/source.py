@@ -35,6 +35,23 @@ from .pages import PageChecks, PageMismatch, crcs_at, encode_crc_file, page_crcs
 __all__ = ["PagedSource"]
 
 
+def open_chunk(path: str, k: int, layout: RowLayout) -> tuple[int, int]:
+    """``(descriptor, size)`` of chunk file ``k`` at ``path``: a regular file of exactly its
+    layout's size, else :class:`CorruptStoreError` (missing, or short)."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows)",
+                                path=path) from None
+    size = os.fstat(fd).st_size
+    if size != layout.chunk_bytes:
+        os.close(fd)
+        raise CorruptStoreError(f"{path}: {size} bytes, expected {layout.chunk_bytes} "
+                                f"({layout.chunk_rows} rows of {layout.row_bytes} bytes)",
+                                path=path)
+    return fd, size
+
+
 class _Unmap:
     """Releases a reserved range when the last array over it is gone (it hangs on the ctypes
     array every view of the range leads back to): a view a scan holds, or a gather another
@@ -77,19 +94,8 @@ class _Range:
             for k in np.unique(todo).tolist():  # a loop per chunk file, once
                 if self.mapped[k]:
                     continue
-                path = self.chunk_path(k)
+                fd, size = open_chunk(self.chunk_path(k), k, self.layout)
                 try:
-                    fd = open_regular(path)
-                except FileNotFoundError:
-                    raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows)",
-                                            path=path) from None
-                try:
-                    size = os.fstat(fd).st_size
-                    if size != self.layout.chunk_bytes:
-                        raise CorruptStoreError(
-                            f"{path}: {size} bytes, expected {self.layout.chunk_bytes} "
-                            f"({self.layout.chunk_rows} rows of {self.layout.row_bytes} bytes)",
-                            path=path)
                     arena.map_fixed(self.base + k * self.layout.chunk_bytes, fd, size)
                 finally:
                     os.close(fd)
@@ -258,16 +264,8 @@ class PagedSource(LayoutSource):
 
     def _read_chunk(self, k: int, lo: int, part: np.ndarray) -> None:
         path = self.chunk_path(k)
+        fd, _ = open_chunk(path, k, self._rl)
         try:
-            fd = open_regular(path)
-        except FileNotFoundError:
-            raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows)",
-                                    path=path) from None
-        try:
-            size = os.fstat(fd).st_size
-            if size != self._rl.chunk_bytes:
-                raise CorruptStoreError(f"{path}: {size} bytes, expected {self._rl.chunk_bytes}",
-                                        path=path)
             done = 0
             while done < part.size:  # a loop per system call (one, but for signals)
                 n = os.preadv(fd, [part[done:].data], lo + done)
