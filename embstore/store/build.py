@@ -13,7 +13,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from .._types import Bytes, KeysLike, PathLike
 from ..dtypes import check_storage
-from ..errors import FormatError, ReadOnlyError, ShapeMismatchError
+from ..errors import ReadOnlyError, ShapeMismatchError
 from ..memory import check_table_array
 from ..ids import as_key_array
 from ..table import Table

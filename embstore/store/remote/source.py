@@ -138,7 +138,7 @@ class RemoteShardSource(LayoutSource):
         return 16 * self._layout.n_inner + (4 if self._layout.index_crc else 0)
 
     def _load_index(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        L, obj = self._layout, self.shard_object(k)
+        obj = self.shard_object(k)
         where = self.client.where(obj)
         if self.cache is not None:
             hit = self.cache.get(obj, "index")

@@ -25,7 +25,6 @@ from ..shard import prefetch
 from ..codecs import pool
 from ..commit import Transaction, settle
 from ..shard import arena
-from ..shard.write import write_json
 from ..base import LayoutSource
 from ..writer import set_rows
 from .layout import PAGE, PAGE_CRC, RowLayout
