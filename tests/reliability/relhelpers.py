@@ -49,6 +49,27 @@ def time_limit(seconds: float, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
+@contextmanager
+def tmpfs(mnt: Path, size: int):
+    """A tmpfs of ``size`` bytes mounted at the new directory ``mnt`` for the block (needs
+    root: the test is skipped otherwise), unmounted after it."""
+    import pytest
+
+    mnt.mkdir()
+    try:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                             capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs: {exc}")
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def invoke(args: list[str], *, seconds: float = 30):
     """Run the ``embstore`` CLI in-process (click's CliRunner) under a time limit."""
     with time_limit(seconds, "embstore " + " ".join(args[:1])):

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
-from relhelpers import TRIED, assert_clean_error, invoke
+from relhelpers import TRIED, assert_clean_error, invoke, tmpfs
 
 import embstore
 
@@ -27,20 +26,8 @@ SIZE = 16 << 20
 
 @pytest.fixture
 def small_fs(tmp_path):
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    try:
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mnt)],
-                             capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs: {exc}")
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "fs", SIZE) as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _vals(n, start=0) -> np.ndarray:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
 
 import numpy as np
 import pytest
-from relhelpers import assert_clean_error, invoke, run_cli_subprocess
+from relhelpers import assert_clean_error, invoke, run_cli_subprocess, tmpfs
 
 import embstore
 
@@ -83,20 +82,8 @@ def test_a_folder_without_hostile_json_imports(tmp_path):
 @pytest.fixture
 def full_fs(tmp_path):
     """A 1 MiB tmpfs (needs root; skipped otherwise)."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    try:
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)],
-                             capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs: {exc}")
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "fs", 1 << 20) as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_dask_job_on_a_full_disk_prints_one_error_line(tmp_path, full_fs):
