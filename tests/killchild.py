@@ -1,6 +1,6 @@
 """Child processes that make one change to a table and SIGKILL themselves at the N-th file
 system call that makes a change durable or visible (``os.replace``, ``os.rename``,
-``os.fsync``, ``os.mkdir``); N = 0 runs to the end and prints how many calls it made.
+``os.fsync``, ``os.mkdir``, ``os.link``); N = 0 runs to the end and prints how many calls it made.
 
 An ``os.fsync`` is counted as a step but not sent to the device: what these tests kill is
 the process, and a killed process's writes stay in the page cache whether or not they
@@ -36,7 +36,7 @@ def flushed(fd):  # counted as a step, not sent to the device (see the module's 
 import embstore
 with embstore.open(path, mode="r+") as t:
     os.fsync = flushed
-    for name in ("replace", "rename", "fsync", "mkdir"):
+    for name in ("replace", "rename", "fsync", "mkdir", "link"):
         setattr(os, name, wrap(getattr(os, name)))
 """
 

@@ -162,6 +162,16 @@ def test_golden_format_2_store_reads_back_and_is_rewritten_byte_for_byte(tmp_pat
     fresh = tmp_path / "t"
     embstore.save(fresh, values, keys=keys, dtype=name, format_version=2).close()
     want, got = _files(golden), _files(fresh)
+    # the private area: version 1 (docs/FORMAT.md V5), hard links to the live files
+    private = {rel: p for rel, p in got.items() if rel.startswith("vectors/.embstore/")}
+    snap = "vectors/.embstore/versions/1/"
+    assert {rel[len(snap):] for rel in private} == set(want) | {"manifest.json"}
+    for rel, p in private.items():
+        if not rel.endswith("manifest.json"):
+            assert p.stat().st_ino == got[rel[len(snap):]].stat().st_ino, rel
+    got = {rel: p for rel, p in got.items() if rel not in private}
+    with embstore.open(golden) as t, embstore.open(fresh) as f:
+        assert (t.version, f.version) == (0, 1)  # (the golden stores predate versions)
     assert sorted(got) == sorted(want)
     assert "page_crc/c/0/0" in want and "vectors/c/0/0" in want
     for rel, path in want.items():

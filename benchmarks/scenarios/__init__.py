@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from . import (batch, compact, format2, import_compressed, import_w2v, keys, limits, lookup, ooc,
+from . import (batch, changes, compact, format2, import_compressed, import_w2v, keys, limits, lookup, ooc,
                open_time, parquet, remote, scale, search)
 
 SCENARIOS = {m.NAME: m for m in (lookup, scale, ooc, open_time, keys, import_w2v,
                                  import_compressed, batch, limits, compact, remote, search,
-                                 parquet, format2)}
+                                 parquet, format2, changes)}
 
 __all__ = ["SCENARIOS"]

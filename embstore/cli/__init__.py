@@ -19,6 +19,7 @@ import click
 from ..errors import EmbstoreError, NotATableError
 from .common import flag_terms
 from .files import export_cmd, import_cmd, lookup
+from .versions import compact_cmd, log_cmd, vacuum_cmd
 from .tables import (copy_cmd, demo_cmd, index_cmd, info_cmd, reindex_cmd, repair_cmd,
                      similar_cmd, upgrade_cmd, verify_cmd)
 
@@ -98,5 +99,6 @@ def main() -> None:
 
 
 for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, repair_cmd,
-                 upgrade_cmd, similar_cmd, index_cmd, lookup, copy_cmd, demo_cmd):
+                 upgrade_cmd, similar_cmd, index_cmd, lookup, copy_cmd, demo_cmd, log_cmd,
+                 compact_cmd, vacuum_cmd):
     cli.add_command(_command)

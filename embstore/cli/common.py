@@ -90,3 +90,11 @@ def local_for(dest: str, overwrite: bool, quiet: bool) -> Iterator[str]:
     with progress(f"uploading to {dest}", quiet=quiet, unit="bytes") as on_progress, \
             staged(dest, overwrite=overwrite, on_progress=on_progress) as local:
         yield str(local)
+
+
+def version_option(func):
+    """``--version N``: the read commands' way to an earlier version of a table."""
+    return click.option("--version", "version", type=click.IntRange(min=1), default=None,
+                        metavar="N", help="Read version N of TABLE (an earlier one while it "
+                        "is retained: `embstore log TABLE` lists them); default the newest."
+                        )(func)

@@ -18,9 +18,11 @@ from ..dtypes import STORAGE_DTYPES
 from ..formats import READ_FORMATS, WRITE_FORMATS, export_extensions, export_format_for
 from ..formats.source import inner_name
 from ..progress import display as progress, plural
+from ..store import open as open_store
 from ..store.codecs import COMPRESSIONS
 from ..store.remote.objstore import is_url
 from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, SourceArg, flag_terms, local_for, options,
+                     version_option,
                      print_json, say)
 
 @click.command("import", short_help="Import a vectors file as a table.")
@@ -125,8 +127,10 @@ def import_cmd(src, dest, fmt, tensor, vocab, no_vocab, dtype, compression, chun
 @click.option("--tensor", default=None,
               help="safetensors, torch: the tensor's name (default: weight).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
+@version_option
 @options
-def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, as_json, quiet):
+def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite, version,
+               as_json, quiet):
     """Export the table SRC to the file DEST ('-': standard output, with --format).
     A DEST ending in .gz, .bz2, .xz or .zst is compressed.
 
@@ -145,8 +149,10 @@ def export_cmd(src, dest, fmt, limit, vocab_out, no_vocab_out, tensor, overwrite
         if as_json:
             raise click.UsageError("--json and DEST '-' both write to standard output")
     fmt = fmt or export_format_for(inner_name(dest))
-    with progress(f"exporting {os.path.basename(dest)}", quiet=quiet or as_json) as on_progress:
-        res = export_table(src, sys.stdout.buffer if dest == "-" else dest,
+    with progress(f"exporting {os.path.basename(dest)}", quiet=quiet or as_json) as on_progress, \
+            (open_store(src, version=version) if version is not None else
+             contextlib.nullcontext(src)) as source:
+        res = export_table(source, sys.stdout.buffer if dest == "-" else dest,
                            format=fmt, limit=limit, overwrite=overwrite,
                            vocab_out=False if no_vocab_out else vocab_out, tensor=tensor,
                            on_progress=on_progress)
@@ -208,9 +214,10 @@ def _stdin_file(output: str, keys: bool) -> Iterator[str]:
                    "input_ids (ids, tokens), else the only column of integer ids.")
 @click.option("--keep", multiple=True, metavar="NAME",
               help="Parquet INPUT: an input column to copy to OUTPUT (repeatable).")
+@version_option
 @options
 def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, scheduler, workers,
-           cache_bytes, overwrite, resume, column, keep, as_json, quiet):
+           cache_bytes, overwrite, resume, column, keep, version, as_json, quiet):
     """Write the vectors of every id in INPUT to OUTPUT.
 
     INPUT is a .npy of integer ids of any shape (or, with --keys, a text file
@@ -232,6 +239,14 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
       embstore lookup news.emb docs.parquet vecs.parquet --column tokens --keep doc_id
       embstore lookup s3://b/news.emb s3://b/ids.npy s3://b/out.zarr --scheduler tcp://h:8786
     """
+    if version is not None:
+        if scheduler is not None:
+            raise click.UsageError("--version with --scheduler: workers open the newest "
+                                   "version (export the version first, or run without it)")
+        with open_store(table, version=version, cache_bytes=cache_bytes) as t:
+            return lookup.callback(t, input, output, keys, oov, unk_id, lengths, batch_rows,
+                                   None, workers, cache_bytes, overwrite, resume, column,
+                                   keep, None, as_json, quiet)
     if oov == "unk" and unk_id is None:
         raise click.UsageError("--oov unk needs --unk-id")
     if unk_id is not None and oov != "unk":

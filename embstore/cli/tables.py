@@ -25,19 +25,20 @@ from ..store.remote.objstore import is_url
 from ..store.remote.transfer import copy_table
 from ..store.verify import checksum_status
 from ..progress import display as progress, plural
-from .common import DEST, TABLE, options, print_json, say
+from .common import DEST, TABLE, options, print_json, say, version_option
 
 @click.command("info", short_help="Describe a table: size, dtype, layout, keys.")
 @click.argument("path", type=TABLE)
+@version_option
 @options
-def info_cmd(path, as_json, quiet):
+def info_cmd(path, version, as_json, quiet):
     """Describe the table at PATH: size, dtype, layout, keys, bytes.
 
     \b
     Example:
       embstore info news.emb --json
     """
-    with open_table(path) as t:
+    with open_table(path, version=version) as t:
         info = t.info()
     # arrays written without crc32c cannot be verified (a remote table: its rows' layout says)
     sums = {"vectors": info.pop("checksummed")} if is_url(path) else checksum_status(path)
@@ -53,7 +54,8 @@ def info_cmd(path, as_json, quiet):
     if as_json:
         print_json(info)
         return
-    for k in ("path", "format", "vocab_size", "dim", "dtype", "storage_dtype", "has_keys",
+    for k in ("path", "format", "version", "vocab_size", "dim", "dtype", "storage_dtype",
+              "has_keys", "pending_rows",
               "chunk_rows",
               "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
         click.echo(f"{k + ':':15}{info.get(k)}")
@@ -214,8 +216,9 @@ def upgrade_cmd(path, as_json, quiet):
 @click.option("--ef", type=click.IntRange(min=1), default=None,
               help="Search effort of --approx: lists scanned per query (default: the index's "
                    "nprobe, chosen when it was built).")
+@version_option
 @options
-def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
+def similar_cmd(table, query, k, by_id, approx, ef, version, as_json, quiet):
     """The K rows most cosine-similar to each QUERY: a key, or a row id with --ids (or when
     TABLE has no keys).  With --approx, from the approximate index (scores in its metric).
     On a table imported from a fastText .bin an unknown key is queried by its vector
@@ -227,7 +230,7 @@ def similar_cmd(table, query, k, by_id, approx, ef, as_json, quiet):
       embstore similar news.emb --ids 0 17 --json
       embstore similar news.emb king --approx --ef 128
     """
-    with open_table(table) as t:
+    with open_table(table, version=version) as t:
         keyed = t.keys is not None
         queries: list
         if keyed and not by_id:

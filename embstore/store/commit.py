@@ -43,8 +43,9 @@ from ..fs.beside import remove_quietly, sweep_beside
 from ..fs.files import create_new, open_regular, read_small, real_dir
 from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 from .meta import refresh_consolidated
+from .versions.snapshot import VERSIONS, build_snapshot, versions_dir
 
-__all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "AREA"]
+__all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "is_versioned", "AREA"]
 
 AREA = (".embstore",)  # under vectors/
 JOURNAL, LAST = "journal", "last"
@@ -70,7 +71,7 @@ def _read_private(path: Path, limit: int = 16 << 20) -> bytes:
 class Transaction:
     """One ``write`` or ``append``: stage files, then :meth:`commit` (see the module doc)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, versioned: bool | None = None):
         self.root = Path(root)
         self.id = uuid.uuid4().hex[:16]
         self.area = area_of(self.root, create=True)
@@ -78,6 +79,24 @@ class Transaction:
         self.moves: list[tuple[str, str]] = []  # (staged name in the area, live path)
         self.committed = False
         self._after: list[Callable[[], None]] = []
+        # format 2: the commit also makes a version (a snapshot, :mod:`.versions.snapshot`)
+        self.versioned = is_versioned(self.root) if versioned is None else bool(versioned)
+        self.deltas: dict[str, Path] = {}  # array -> staged delta file (format 2)
+        self.clear_deltas = False  # a compaction: the new version has no deltas
+        self.change: dict = {}  # what the version's manifest says changed
+        self._snapshot: str | None = None
+
+    def delta(self, array: str) -> Path:
+        """A path to write the delta file of ``array`` (:mod:`.versions.delta`) to; it
+        becomes part of the version this commit makes."""
+        if not self.versioned:
+            raise CorruptStoreError(f"{self.root}: deltas belong to format-2 tables",
+                                    path=str(self.root))
+        if array in self.deltas:
+            raise ValueError(f"{array}: one delta per array and commit")
+        path = self.area / f"txn-{self.id}.d-{array}"
+        self.deltas[array] = path
+        return path
 
     def file(self, live: str) -> Path:
         """A path to write the new version of the live file ``live`` (relative to the
@@ -115,6 +134,12 @@ class Transaction:
             # the commit point: a committed journal that cannot be applied would stop the table
         doc = {"embstore_journal": 1, "txn": self.id, "pid": os.getpid(),
                "moves": [list(m) for m in self.moves]}
+        if self.versioned:  # the version's snapshot, renamed into place first by _apply
+            self._snapshot, n = build_snapshot(
+                self.root, self.id, {live: self.area / staged for staged, live in self.moves},
+                self.deltas, self.change, clear_deltas=self.clear_deltas)
+            doc["snapshot"] = [self._snapshot, n]
+            doc["links"] = [p.name for p in self.deltas.values()]
         tmp = self.area / f"{JOURNAL}.tmp-{self.id}"
         try:
             with os.fdopen(create_new(tmp), "w", encoding="utf-8") as f:
@@ -152,6 +177,10 @@ class Transaction:
                 remove_quietly(self.stage)
             for staged, _ in self.moves:
                 remove_quietly(self.area / staged)
+            for path in self.deltas.values():
+                remove_quietly(path)
+            if self._snapshot is not None:
+                remove_quietly(versions_dir(self.root) / self._snapshot)
 
 
 def _check_rel(rel, where) -> str:
@@ -186,6 +215,14 @@ def _read_journal(root: Path) -> dict | None:
         if not staged.startswith(f"txn-{txn}.") or "/" in staged:
             raise CorruptStoreError(f"{path}: a staged file must be named txn-{txn}.<n>, "
                                     f"got {staged!r}", path=str(path))
+    snap, links = doc.get("snapshot"), doc.get("links", [])
+    if snap is not None and not (
+            isinstance(snap, list) and len(snap) == 2 and type(snap[1]) is int
+            and snap[0] == f"{snap[1]}.tmp-{txn}" and isinstance(links, list)
+            and all(isinstance(x, str) and x.startswith(f"txn-{txn}.d-") and _PART.match(x)
+                    for x in links)):
+        raise CorruptStoreError(f"{path}: a bad snapshot entry {str(snap)[:100]}",
+                                path=str(path))
     return doc
 
 
@@ -193,6 +230,12 @@ def _apply(root: Path, doc: dict) -> None:
     """Roll a committed journal forward (idempotent: see the module doc)."""
     area = area_of(root)
     stage = area / f"txn-{doc['txn']}"
+    if doc.get("snapshot"):  # the new version, complete: readers open it from here on
+        tmp, n = doc["snapshot"]
+        vdir = versions_dir(root)
+        if os.path.lexists(vdir / tmp):
+            os.rename(vdir / tmp, vdir / str(n))
+            _fsync(vdir, directory=True)
     dirs: dict[str, None] = {}
     checked: set[str] = set()
     for staged, live in doc["moves"]:  # a loop per changed file
@@ -211,6 +254,8 @@ def _apply(root: Path, doc: dict) -> None:
     os.replace(area / JOURNAL, area / LAST)
     if stage.exists():
         remove_quietly(stage)
+    for name in doc.get("links", ()):  # staged deltas: the snapshot holds them now
+        remove_quietly(area / name)
 
 
 def recover(root: Path, *, deep: bool = False) -> list[str]:
@@ -231,6 +276,14 @@ def recover(root: Path, *, deep: bool = False) -> list[str]:
         if e.name.startswith("txn-") or e.name.startswith(f"{JOURNAL}.tmp-"):
             remove_quietly(Path(e.path))
             removed.append(f"vectors/{AREA[0]}/{e.name}")
+    try:  # snapshots of commits that never reached their commit point
+        temps = [e for e in os.scandir(area / VERSIONS) if ".tmp-" in e.name or
+                 ".gone-" in e.name]
+    except (FileNotFoundError, NotADirectoryError):
+        temps = []
+    for e in temps:
+        remove_quietly(Path(e.path))
+        removed.append(f"vectors/{AREA[0]}/{VERSIONS}/{e.name}")
     if deep and (root / "zarr.json").is_file() and (root / "vectors" / "zarr.json").is_file():
         removed += _sweep_old_temps(root)  # only in what looks like a table
     return removed
@@ -269,6 +322,40 @@ def repair(path, *, lock_timeout: float | None = None) -> list[str]:
         with writer_lock(root, lock_timeout):
             removed += recover(root, deep=True)
     return removed
+
+
+def first_version(root: Path, change: dict) -> int:
+    """Make version 1 of the new format-2 table at ``root`` (not yet in place: ``save``
+    renames the whole table into place after this)."""
+    tmp, n = build_snapshot(Path(root), uuid.uuid4().hex[:16], {}, {}, change)
+    vdir = versions_dir(root)
+    os.rename(vdir / tmp, vdir / str(n))
+    _fsync(vdir, directory=True)
+    return n
+
+
+def retire_version(root: Path, n: int) -> None:
+    """Remove the snapshot of version ``n`` (``vacuum``): renamed aside first, in one step,
+    so a half-removed snapshot never looks complete."""
+    vdir = versions_dir(root)
+    gone = vdir / f"{n}.gone-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(vdir / str(int(n)), gone)
+    except OSError:
+        return
+    remove_quietly(gone)
+
+
+def is_versioned(root: Path) -> bool:
+    """Whether commits to the table at ``root`` make versions: a format-2 table (its group
+    says ``format: 2``) or one that has versions already."""
+    if versions_dir(root).is_dir():
+        return True
+    try:
+        doc = json.loads(_read_private(Path(root) / "zarr.json", 1 << 20))
+        return doc.get("attributes", {}).get("embstore", {}).get("format") == 2
+    except (OSError, ValueError, AttributeError, RecursionError, CorruptStoreError):
+        return False
 
 
 def last_commit(root: Path) -> str | None:

@@ -22,6 +22,7 @@ table's dtype.  A remote table is one more implementation
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -262,9 +263,16 @@ def _open_array(root: Path, meta: dict, mode: str, name: str) -> RowSource:
     return ShardSource(root, layout, name)
 
 
-def open_source(root: Path, meta: dict, mode: str) -> RowSource:
-    """The row source of the table at ``root`` whose ``vectors/zarr.json`` is ``meta``."""
-    codes = _open_array(root, meta, mode, "vectors")
+def _same(name: str, src: RowSource) -> RowSource:
+    return src
+
+
+def open_source(root: Path, meta: dict, mode: str,
+                wrap: Callable[[str, RowSource], RowSource] = _same) -> RowSource:
+    """The row source of the table at ``root`` whose ``vectors/zarr.json`` is ``meta``;
+    ``wrap(name, source)`` is given each row array as it is opened (a version's deltas go
+    on top there: :class:`~embstore.store.versions.delta.Overlays`)."""
+    codes = wrap("vectors", _open_array(root, meta, mode, "vectors"))
     record = DTYPES.get(meta.get("data_type"))  # type: ignore[arg-type]
     if record is None or not record.compact:
         return codes
@@ -275,4 +283,4 @@ def open_source(root: Path, meta: dict, mode: str) -> RowSource:
     smeta = read_json(where, f"{name}/zarr.json ({record.name} vectors need their "
                              f"{record.side.called})")
     check_side_meta(record, smeta, meta, where, str(root))
-    return CodedSource(codes, record, _open_array(root, smeta, mode, name))
+    return CodedSource(codes, record, wrap(name, _open_array(root, smeta, mode, name)))

@@ -21,22 +21,23 @@ from .._types import Bytes, OpenMode, PathLike
 from ..cache.rows import CacheInfo, parse_bytes
 from ..cache.null import make_cache
 from ..errors import (CorruptStoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
-                      ReadOnlyError, ShapeMismatchError)
+                      ReadOnlyError)
 from ..fs.beside import sweep_beside
-from .commit import Transaction, last_commit, recover, settle
+from .commit import last_commit, recover, settle
 from .lock import writer_lock
 from ..fs.forksafe import renew_after_fork
 from ..ids import as_ids, memory_refused
 from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
-from .meta import read_table_meta
 from .subword.ngrams import Subwords
 from .remote.objstore import is_url
 from .remote.open import open_remote_ngrams, open_remote_source
-from .source import open_source
-from .norms.source import NormsSource, attach_norms
+from .norms.source import NormsSource
 from ..table import Table
+from .versions import handle as history
+from .versions.delta import Overlays
+from .versions.retain import Lease, vacuum
 
 __all__ = ["ZarrTable", "open"]
 
@@ -53,9 +54,14 @@ class ZarrTable(Table):
     """
 
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "auto",
-                 lock_timeout: float | None = None, **remote: Any):
+                 lock_timeout: float | None = None, version: int | None = None, **remote: Any):
         if mode not in ("r", "r+"):
             raise InvalidOptionError(f"mode must be 'r' or 'r+', got {mode!r}")
+        self._want_version = history.check_version(version, mode, is_url(path))
+        self._version = 0  # tables without versions (format 1) read as version 0
+        self._root: Any = None  # the directory rows are read from (a version's snapshot)
+        self._overlays: Overlays | None = None
+        self._lease: Lease | None = None
         # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
         self._remote = remote if is_url(path) else None
         if remote and self._remote is None:
@@ -65,6 +71,7 @@ class ZarrTable(Table):
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
             os.fspath(path)).absolute()
         self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
+        self._seen_commit: str | None = None
         self._subwords: Subwords | None = None  # opened on first use
         self.mode = mode
         self.lock_timeout = lock_timeout  # seconds a write waits for another writer
@@ -98,22 +105,19 @@ class ZarrTable(Table):
                 self.path, self.mode, **self._remote)
             self._has_keys = bool(self._attrs.get("has_keys"))
             self._vocab_obj = None
+            self._versioned = False
             return
         if self.path.is_dir():
             settle(self.path, self.lock_timeout)  # no commit half applied
-        self._seen_commit = last_commit(self.path)  # before the metadata: never newer
-        self._attrs, meta = read_table_meta(self.path)
-        self._source = attach_norms(self.path, open_source(self.path, meta, self.mode))
-        self._has_keys = bool(self._attrs.get("has_keys", (self.path / "keys").is_dir()))
-        self._vocab_obj = None
+        history.open_version(self)
         if self._has_keys:
             self._check_key_count()
-            if self.mode == "r+" and not has_key_index(self.path):
+            if self.mode == "r+" and not has_key_index(self._root):
                 self._vocab()  # keys written by another tool: store their index now
 
     def _check_key_count(self) -> None:
         """Keys must cover every row (more keys: an append in flight, they are capped)."""
-        shape = read_array_meta(self.path, "keys").get("shape")
+        shape = read_array_meta(self._root, "keys").get("shape")
         if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int
                 and shape[0] >= self.vocab_size):
             raise CorruptStoreError(f"{self.path}/keys: expected {self.vocab_size} keys (one "
@@ -153,14 +157,15 @@ class ZarrTable(Table):
         self._check_open()
         if self._remote is not None:
             stored = sum(size for _, size in self._objects.client.list())
-        else:
-            stored = sum(os.path.getsize(os.path.join(d, f))
-                         for d, _, files in os.walk(self.path) for f in files)
+        else:  # every file once (versions share files: hard links)
+            stored = history.stored_bytes(self.path)
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
                 "storage_dtype": self.storage_dtype,
                 **{k: v for k, v in self.layout.items() if k != "fast_path"},
                 "has_keys": self._has_keys, "nbytes": self.nbytes, "stored_bytes": stored,
+                "version": self._version,
+                "pending_rows": 0 if self._overlays is None else self._overlays.pending_rows,
                 "saved_bytes": max(0, self.nbytes - stored),  # by compression; never < 0
                 **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
@@ -172,9 +177,10 @@ class ZarrTable(Table):
         self._check_open()
         ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
         out = None if out is None else self._check_out(out, ids.shape)
+        src = self._source  # once: a refresh() in another thread swaps it
         with memory_refused(ids.shape + (self.dim,), self.dtype):  # not NumPy's MemoryError
             rows = self._cache.gather(ids.reshape(-1), None if out is None else out.reshape(
-                -1, self.dim), self._source.gather, self._source.take)
+                -1, self.dim), src.gather, src.take)
         return rows.reshape(ids.shape + (self.dim,)) if out is None else out
 
     def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -198,14 +204,19 @@ class ZarrTable(Table):
         """The :class:`~embstore.store.source.RowSource` rows are read from (scans)."""
         self._check_open()
         src = self._source
-        return src.rows if isinstance(src, NormsSource) else src
+        return history.plain(src.rows if isinstance(src, NormsSource) else src)
 
     @property
     def norms_source(self):
         """The source of the rows' stored norms (``(V, 1)``), None if the table has none."""
         self._check_open()
         src = self._source
-        return src.norms if isinstance(src, NormsSource) else None
+        return history.plain(src.norms) if isinstance(src, NormsSource) else None
+
+    @property
+    def version(self) -> int:
+        """The version this handle reads (0: a table without versions, format 1)."""
+        return self._version
 
     def _read_rows(self, start: int, stop: int) -> np.ndarray:  # scans bypass the row cache
         self._check_open()
@@ -227,7 +238,7 @@ class ZarrTable(Table):
             return None
         with self._lock:
             if self._subwords is None:
-                self._subwords = (Subwords(self.path, info, self.dim, self.mode)
+                self._subwords = (Subwords(self._root, info, self.dim, self.mode)
                                   if self._remote is None else
                                   open_remote_ngrams(self._objects, info, self.dim))
             return self._subwords
@@ -256,7 +267,7 @@ class ZarrTable(Table):
                         with (writer_lock(self.path, self.lock_timeout)
                               if self.writable and not self._in_write else nullcontext()):
                             vocab = DiskVocab.open(
-                                None, self.path, rows=self.vocab_size, writable=self.writable,
+                                None, self._root, rows=self.vocab_size, writable=self.writable,
                                 settle=lambda: settle(self.path, self.lock_timeout))
                     if vocab is None or len(vocab) != self.vocab_size:
                         raise CorruptStoreError(
@@ -283,16 +294,6 @@ class ZarrTable(Table):
             finally:
                 self._in_write = False
 
-    def _commit(self, txn: Transaction) -> None:
-        try:
-            txn.commit()
-        except BaseException:
-            self._seen_commit = None  # this view may be half updated: reload on next write
-            raise
-        finally:
-            txn.abort()  # removes what an uncommitted transaction staged; never raises
-        self._seen_commit = txn.id
-
     def write(self, ids, vectors) -> None:
         """Overwrite rows ``ids`` (any shape) with ``vectors``; rows other writers appended
         since this handle loaded the table count as rows (it catches up first)."""
@@ -307,65 +308,49 @@ class ZarrTable(Table):
 
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         self._check_open()
-        uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
-        vals = vectors[::-1][last]
-        with self._writing():
-            txn = Transaction(self.path)
-            try:
-                self._source.write(uniq, vals, txn)
-            except BaseException:
-                txn.abort()
-                raise
-            self._commit(txn)
-            self._cache.invalidate(uniq)
+        history.write_rows(self, ids, vectors)
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int:
         """Returns the id of the first new row (rows other writers appended come first)."""
-        self._check_open()
+        return history.append_rows(self, vectors, keys)
+
+    def compact(self) -> int:
+        """Fold the rows written since the last compaction into the table's chunks: one
+        commit, a new version without deltas (earlier versions keep theirs; no row of any
+        version changes).  Then every Zarr reader sees the newest rows.  Returns the version
+        this handle reads afterwards."""
+        if not self.writable:
+            raise ReadOnlyError(f"{self.path}: compact needs the table opened with mode='r+'")
         with self._writing():
-            n0, n = self.vocab_size, vectors.shape[0]
-            if n == 0:
-                return n0
-            vocab = self._vocab() if keys is not None else None
-            if vocab is not None and not hasattr(vocab, "stage_append"):
-                raise ReadOnlyError(f"{self.path}: appending keys needs embstore's key index "
-                                    "(this table's keys were written by another tool)")
-            if vocab is not None:  # again, under the lock: another writer may have added them
-                assert keys is not None and isinstance(vocab, DiskVocab)
-                found = vocab.find(np.array(keys, dtype=object))
-                if (found >= 0).any():
-                    i = int(np.argmax(found >= 0))
-                    raise ShapeMismatchError(
-                        f"append: key {keys[i]!r} already exists at row {int(found[i])}")
-            txn = Transaction(self.path)
-            try:
-                self._source.append(vectors, txn)
-                if vocab is not None:
-                    assert keys is not None and isinstance(vocab, DiskVocab)
-                    disk = vocab
-                    tree = txn.tree("keys")
-                    for name, live in disk.stage_append(keys, tree):
-                        txn.adopt(tree / name, live)
-                    txn.after(lambda: disk.committed(n0 + n))
-                self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
-            except BaseException:
-                txn.abort()
-                raise
-            self._commit(txn)
-            self._cache.resize_for(n0 + n)
-            return n0
+            v = history.compact_locked(self)
+            vacuum(self.path)
+            return v
+
+    def vacuum(self, keep: int | None = None) -> list[int]:
+        """Remove the versions past the retention setting (``keep`` newest; versions open
+        readers hold are kept).  Returns the versions removed."""
+        if not self.writable:
+            raise ReadOnlyError(f"{self.path}: vacuum needs the table opened with mode='r+'")
+        with self._writing():
+            return vacuum(self.path, keep)
 
     def _reload(self) -> None:
-        self._source.close()
+        old_source, old_vocab = self._source, self._vocab_obj
         self._drop_subwords()
-        if self._vocab_obj is not None:
-            self._vocab_obj.close()
         self._load_meta()
+        if not self._versioned:  # (a version's files stay readable: threads still reading
+            old_source.close()   # the old one finish, and it goes with them)
+            if old_vocab is not None:
+                old_vocab.close()
         self._cache.resize_for(self.vocab_size)
         self._cache.clear(keep_stats=True)
 
     def refresh(self) -> None:
-        """See changes made by other processes since opening (row count, shards, keys)."""
+        """Move to the newest version (row count, rows, keys): until then a handle reads
+        the version it opened, whatever other processes commit.  Safe while other threads
+        look rows up on this handle (they see the old version or the new one)."""
+        if self._want_version is not None:
+            return  # pinned to the version asked for
         with self._lock:
             self._check_open()
             self._reload()
@@ -382,6 +367,8 @@ class ZarrTable(Table):
             return
         with self._lock:
             self._closed = True
+            if self._lease is not None:
+                self._lease.release()
             self._source.close()
             self._drop_subwords()
             self._cache.clear(keep_stats=True)
@@ -391,7 +378,8 @@ class ZarrTable(Table):
     def __reduce__(self):
         """Pickled as its path (rows never travel): the copy opens the table again,
         read-only, with the same cache budget (for worker processes, which read)."""
-        return (open, (str(self.path), "r", self.cache_info().capacity_bytes))
+        return (open, (str(self.path), "r", self.cache_info().capacity_bytes, None,
+                       self._want_version))
 
     def __repr__(self) -> str:
         stored = "" if self.storage_dtype == self.dtype.name else \
@@ -403,7 +391,7 @@ class ZarrTable(Table):
 # -- module functions ---------------------------------------------------------------------
 def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
          cache_bytes: Bytes = "auto", lock_timeout: float | None = None,
-         **remote: Any) -> ZarrTable:
+         version: int | None = None, **remote: Any) -> ZarrTable:
     """Open the table at ``path`` (``mode`` ``"r"`` or ``"r+"``) with a row cache of
     ``cache_bytes``: an int or a string like ``"256MiB"``, 0 for none; ``"auto"`` (default):
     none for uncompressed local tables (the page cache holds their rows), 256 MiB otherwise.
@@ -415,6 +403,10 @@ def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
     ``path`` may be a URL (``s3://bucket/t.emb``, ``gs://``, ``az://``, ``http(s)://``), read
     only, with ``storage_options`` (endpoint, region, credentials; default: the standard
     AWS environment variables), ``cache_dir`` (an on-disk chunk cache shared by processes)
-    and ``cache_dir_bytes`` (its budget, default ``"4GiB"``)."""
+    and ``cache_dir_bytes`` (its budget, default ``"4GiB"``).
+
+    ``version``: read that earlier version of a format-2 table (read only, while it is
+    retained; ``embstore log`` lists them); default the newest.  A handle reads the version
+    it opened until :meth:`~ZarrTable.refresh`."""
     return ZarrTable(path, mode=mode, cache_bytes=cache_bytes, lock_timeout=lock_timeout,
-                     **remote)
+                     version=version, **remote)

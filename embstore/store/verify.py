@@ -32,6 +32,8 @@ from .rows.verify import verify_rows
 from ..search.integrity import verify_index
 from ..fs.files import real_dir
 from .commit import AREA, last_commit, settle
+from .versions.delta import check_delta
+from .versions.snapshot import DELTAS, MANIFEST, list_versions, read_manifest, snapshot_root
 from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS, check_subwords
 from ..dtypes import SIDE_ARRAYS
@@ -273,10 +275,28 @@ def verify(path: PathLike) -> VerifyReport:
             check_norms(root, lambda file, msg: report.add(file, None, msg))
         except (CorruptStoreError, FormatError) as exc:
             report.add(str(root / NORMS_ARRAY), None, str(exc))
+    _check_versions(root, report)
     report.index = _index_note(root, report)
     if report.unchecked:
         report.ok = False
     return report
+
+
+def _check_versions(root: Path, report: VerifyReport) -> None:
+    """Every retained version's manifest and delta files (docs/FORMAT.md V5, V6); the
+    files they share with the live table were checked above."""
+    for v in list_versions(root):  # a loop per version
+        snap = snapshot_root(root, v)
+        try:
+            manifest = read_manifest(snap)
+        except CorruptStoreError as exc:
+            report.add(str(snap / MANIFEST), None, str(exc))
+            continue
+        for e in manifest["deltas"]:  # a loop per delta file
+            try:
+                check_delta(snap / DELTAS / e["name"])
+            except CorruptStoreError as exc:
+                report.add(str(snap / DELTAS / e["name"]), None, str(exc))
 
 
 def _too_long(root: Path, name: str, report: VerifyReport) -> bool:

@@ -27,6 +27,7 @@ from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_
 from .norms.calc import NORMS_ARRAY, create_norms_stream, decoded_norms
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
+from .commit import first_version
 from .meta import FORMATS, MAX_DIM
 from .rows.layout import PAGE, PAGE_CRC, choose_chunk_rows, min_chunk_rows
 from .rows.stream import create_row_arrays
@@ -335,6 +336,8 @@ class TableWriter:
             if self.format == 2:
                 set_rows(self._tmp, -(-self.rows // L.chunk_rows), PAGE_CRC)
             set_rows(self._tmp, self.rows)
+            if self.format == 2:  # its first version (docs/FORMAT.md V5)
+                first_version(Path(self._tmp), {"kind": "save", "rows": int(self.rows)})
             atomic.check_dest(self.path, self.overwrite)
             self._swap_in()
         except BaseException:

@@ -13,6 +13,7 @@ Tables without ``norms`` still search: their norms are computed on the fly per b
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ _BLOCK_BYTES = 32 << 20  # rows read at a time when norms are computed from the 
 class NormsSource(RowSource):
     """The rows of ``rows`` and their stored norms (``norms``: a ``(V, 1)`` source)."""
 
-    def __init__(self, rows: RowSource, norms: ShardSource):
+    def __init__(self, rows: RowSource, norms: RowSource):
         self.rows, self.norms = rows, norms
         self.cheap_reads = rows.cheap_reads
 
@@ -132,14 +133,19 @@ def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | None]:
     return "", layout
 
 
-def attach_norms(root: Path, rows: RowSource) -> RowSource:
+def _same(name: str, src: RowSource) -> RowSource:
+    return src
+
+
+def attach_norms(root: Path, rows: RowSource,
+                 wrap: Callable[[str, RowSource], RowSource] = _same) -> RowSource:
     """``rows`` with their stored norms when the table at ``root`` has a usable ``norms``
     array.  Norms that do not fit the rows (another tool appended rows) are left aside:
     they only save work, searches compute norms instead, and ``verify`` reports them."""
     why, layout = _mismatch(root, rows)
     if layout is None:
         return rows
-    return NormsSource(rows, ShardSource(root, layout, NORMS_ARRAY))
+    return NormsSource(rows, wrap(NORMS_ARRAY, ShardSource(root, layout, NORMS_ARRAY)))
 
 
 def _table_blocks(source: RowSource):

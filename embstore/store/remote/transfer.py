@@ -29,6 +29,7 @@ from ...fs.atomic import replace
 from .ranged import block_sidecar, is_sidecar, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from .objstore import ObjectClient, is_url
+from ..versions.snapshot import DELTAS, MANIFEST, newest, read_manifest, snapshot_root
 
 __all__ = ["upload_table", "download_table", "copy_table", "staged"]
 
@@ -37,11 +38,33 @@ Progress = Callable[[int, int | None], None] | None
 
 
 def _local_files(root: Path) -> list[tuple[str, Path, int]]:
+    """The files of the local table at ``root`` to upload: those of its newest version
+    (docs/FORMAT.md V5: a commit made meanwhile is not mixed in), and of its private area
+    the approximate index; never other versions or readers' leases.  A table with rows
+    in deltas (written since its last compaction) is refused: remote readers read chunks."""
+    n = newest(root)
+    snap = root if n is None else snapshot_root(root, n)
+    if n is not None:
+        pending = read_manifest(snap)["deltas"]
+        if pending:
+            raise FormatError(f"{root}: rows written since its last compaction are in "
+                              f"{len(pending)} delta file(s), which tables on object storage "
+                              "do not read: run `embstore compact` on it first", path=str(root))
     out = []
-    for d, _, files in os.walk(root):
-        for name in files:
-            p = Path(d) / name
-            out.append((p.relative_to(root).as_posix(), p, p.stat().st_size))
+    for base, skip in ((snap, n is not None), (root / "vectors" / ".embstore" / "ann", False)):
+        for d, dirs, files in os.walk(base):
+            rel_d = Path(d).relative_to(base).as_posix()
+            if rel_d == "vectors" and base == root:
+                dirs[:] = [x for x in dirs if x != ".embstore"]  # (the ann index: below)
+            if skip and rel_d == ".":
+                dirs[:] = [x for x in dirs if x != DELTAS]
+                files = [f for f in files if f != MANIFEST]
+            for name in files:
+                p = Path(d) / name
+                rel = p.relative_to(base).as_posix()
+                if base.name == "ann":
+                    rel = f"vectors/.embstore/ann/{rel}"
+                out.append((rel, p, p.stat().st_size))
     return sorted(out)
 
 

@@ -40,8 +40,9 @@ def open_chunk(path: str, k: int, layout: RowLayout) -> tuple[int, int]:
     try:
         fd = open_regular(path)
     except FileNotFoundError:
-        raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows)",
-                                path=path) from None
+        raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows; if the "
+                                "table or this version was removed under this reader, "
+                                "reopen it)", path=path) from None
     size = os.fstat(fd).st_size
     if size != layout.chunk_bytes:
         os.close(fd)

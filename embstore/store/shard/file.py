@@ -37,6 +37,11 @@ class ShardFile:
         try:
             fd = open_regular(path, root=root)
         except FileNotFoundError:
+            if root is not None and not os.path.lexists(os.path.join(root, "vectors",
+                                                                     "zarr.json")):
+                raise CorruptStoreError(  # never the fill value for a table that is gone
+                    f"shard {path}: the table was removed under this reader (reopen it)",
+                    path=path) from None
             self.all_verified = True  # an absent shard: every chunk is the fill value
             return
         except (CorruptStoreError, ResourceLimitError):  # a FIFO, a symlink out, no fds

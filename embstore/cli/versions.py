@@ -1,0 +1,87 @@
+"""The commands about a table's versions: log, compact, vacuum (docs/FORMAT.md V5-V7)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..store import open as open_table
+from ..store.versions.retain import version_log
+from .common import TABLE, options, print_json, say
+
+
+@click.command("log", short_help="List a table's versions.")
+@click.argument("path", type=TABLE)
+@options
+def log_cmd(path, as_json, quiet):
+    """List the retained versions of the table at PATH, oldest first: number, time, rows,
+    what changed, and deltas pending compaction.  `--version N` on the read commands reads
+    one of them.
+
+    \b
+    Example:
+      embstore log news.emb
+    """
+    with open_table(path) as t:  # (the newest complete version, settled)
+        newest = t.version
+    entries = version_log(path)
+    if as_json:
+        print_json({"path": str(path), "version": newest, "versions": entries})
+        return
+    if not entries:
+        say(f"{path}: no versions (a format-1 table: `embstore upgrade` gives it versions)",
+            quiet)
+        return
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"] or 0))
+        ch = e["change"] or {}
+        what = ch.get("kind", "?") + (f" {ch['rows']} rows" if "rows" in ch else "")
+        pending = f", {e['deltas']} delta file(s) pending" if e["deltas"] else ""
+        click.echo(f"{e['version']:>6}  {when}  {e['rows']} rows  {what}{pending}"
+                   + ("  (newest)" if e["version"] == newest else ""))
+
+
+@click.command("compact", short_help="Fold rows written since the last compaction in.")
+@click.argument("path", type=TABLE)
+@options
+def compact_cmd(path, as_json, quiet):
+    """Fold the rows written since the last compaction (deltas) into the chunks of the
+    table at PATH: one commit, a new version; earlier versions keep theirs.  Afterwards
+    other Zarr readers (zarr-python, tensorstore) see the newest rows.
+
+    \b
+    Example:
+      embstore compact news.emb
+    """
+    with open_table(path, "r+") as t:
+        before, pending = t.version, t.info()["pending_rows"]
+        after = t.compact()
+    if as_json:
+        print_json({"path": str(path), "version_before": before, "version": after,
+                    "rows_folded": pending if after != before else 0})
+        return
+    say(f"{path}: version {before} -> {after} ({pending} rows folded in)" if after != before
+        else f"{path}: version {after}, nothing to compact", quiet)
+
+
+@click.command("vacuum", short_help="Remove versions past the retention setting.")
+@click.argument("path", type=TABLE)
+@click.option("--keep", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Keep the newest N versions (default: the table's retain_versions, 8).")
+@options
+def vacuum_cmd(path, keep, as_json, quiet):
+    """Remove the versions of the table at PATH but the newest (--keep) and those that open
+    readers on this machine hold; their files go when no version uses them.
+
+    \b
+    Example:
+      embstore vacuum news.emb --keep 2
+    """
+    with open_table(path, "r+") as t:
+        removed = t.vacuum(keep)
+    if as_json:
+        print_json({"path": str(path), "removed": removed})
+        return
+    say(f"{path}: removed {len(removed)} version(s)"
+        + (f" ({', '.join(map(str, removed))})" if removed else ""), quiet)

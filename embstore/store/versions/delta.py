@@ -1,0 +1,249 @@
+"""Rows written since the last compaction: delta files and the overlay that reads them
+(docs/FORMAT.md V6).
+
+A ``write`` on a format-2 table does not rewrite the chunks its rows lie in: each row array
+it changes (``vectors``, and ``row_scale`` / ``norms`` where the table has them) gets one
+delta file, ``deltas/<N>.<array>`` of the version N it makes, holding the sorted unique ids
+and their rows as stored (codes).  A delta file is::
+
+    b"EMBDELTA" | uint32 header length | header (JSON: array, rows, cols, dtype) |
+    zero padding to 8 bytes | int64 ids[rows] | values[rows, cols] | uint32 crc32c
+
+all little-endian, the crc32c over every byte before it.  Bytes written: the rows, their
+ids, 8 per id, and a few dozen more.
+
+:class:`OverlaySource` reads a row array with its version's deltas on top: the deltas'
+ids are merged once at open (newest wins) into one sorted array, and a gather finds its
+ids in it with one ``np.searchsorted`` and copies those rows over the gathered ones.
+Compaction (:func:`embstore.store.versions.compact`) folds them into the chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import CorruptStoreError
+from ...fs.checksum import crc32c
+from ...fs.files import create_new, open_regular
+from ..base import RowSource
+from ..commit import Transaction
+from .snapshot import DELTAS
+
+__all__ = ["write_delta", "read_delta", "check_delta", "OverlaySource", "Overlays", "MAGIC"]
+
+MAGIC = b"EMBDELTA"
+MAX_HEADER = 1 << 16
+
+
+def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray) -> int:
+    """Write (and fsync) the delta file ``path`` of rows ``ids`` (sorted, unique) of
+    ``array``; returns its size."""
+    values = np.ascontiguousarray(values)
+    if values.ndim == 1:
+        values = values[:, None]
+    dt = values.dtype.newbyteorder("<")
+    header = json.dumps({"array": array, "rows": int(ids.size), "cols": int(values.shape[1]),
+                         "dtype": dt.str}).encode()
+    head = MAGIC + struct.pack("<I", len(header)) + header
+    head += b"\0" * (-len(head) % 8)
+    parts = [head, np.ascontiguousarray(ids, dtype="<i8").tobytes(),
+             values.astype(dt, copy=False).tobytes()]
+    crc = 0
+    for p in parts:
+        crc = crc32c(p, crc)
+    fd = create_new(path)
+    with os.fdopen(fd, "wb") as f:
+        for p in parts:
+            f.write(p)
+        f.write(struct.pack("<I", crc))
+        f.flush()
+        os.fsync(f.fileno())
+    return sum(len(p) for p in parts) + 4
+
+
+def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
+    """``(header, ids, values)`` of the delta file ``path``: its checksum, sizes and order
+    checked (:class:`CorruptStoreError` naming the file)."""
+    try:
+        fd = open_regular(path, nofollow=True)
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: missing (a delta of this version; the table was "
+                                "removed or vacuumed under this reader: reopen it)",
+                                path=str(path)) from None
+    try:
+        size = os.fstat(fd).st_size
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read()
+    finally:
+        os.close(fd)
+
+    def bad(why: str) -> CorruptStoreError:
+        return CorruptStoreError(f"{path}: {why}: the delta is damaged", path=str(path))
+    if len(data) != size or size < 16 or data[:8] != MAGIC:
+        raise bad("not a delta file (magic)")
+    (hlen,) = struct.unpack_from("<I", data, 8)
+    if hlen > MAX_HEADER or 12 + hlen > size:
+        raise bad(f"header length {hlen}")
+    (stored,) = struct.unpack_from("<I", data, size - 4)
+    if crc32c(memoryview(data)[: size - 4]) != stored:
+        raise bad("crc32c mismatch")
+    try:
+        h = json.loads(data[12: 12 + hlen].decode("utf-8"))
+        n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
+        if dt.hasobject or c < 1 or n < 0 or (limit_rows is not None and n > limit_rows):
+            raise ValueError(f"{n} rows of {c} x {dt}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise bad(f"header ({exc})") from None
+    start = 12 + hlen + (-(12 + hlen) % 8)
+    need = start + n * 8 + n * c * dt.itemsize + 4
+    if need != size:
+        raise bad(f"{size} bytes, expected {need}")
+    ids = np.frombuffer(data, dtype="<i8", count=n, offset=start).astype(np.int64)
+    values = np.frombuffer(data, dtype=dt, count=n * c, offset=start + n * 8).reshape(n, c)
+    if n and (ids[0] < 0 or (np.diff(ids) <= 0).any()):
+        raise bad("ids not sorted and unique")
+    return h, ids, values
+
+
+def check_delta(path: Path) -> None:
+    """``verify``'s check of one delta file (raises :class:`CorruptStoreError`)."""
+    _parse(path)
+
+
+def read_delta(path: Path, array: str, cols: int, dtype: np.dtype,
+               limit_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, values)`` of the delta file ``path`` of rows of ``array`` (``cols`` values
+    of ``dtype`` each, ids below ``limit_rows``), everything checked."""
+    h, ids, values = _parse(path, limit_rows)
+    want = np.dtype(dtype).newbyteorder("<")
+    if h.get("array") != array or values.shape[1] != cols or values.dtype != want:
+        raise CorruptStoreError(f"{path}: expected rows of {array} ({cols} x "
+                                f"{np.dtype(dtype).name}), got {h.get('array')!r} "
+                                f"({values.shape[1]} x {values.dtype}): the delta is damaged",
+                                path=str(path))
+    if ids.size and ids[-1] >= limit_rows:
+        raise CorruptStoreError(f"{path}: row {int(ids[-1])} past the {limit_rows} rows of "
+                                "the version: the delta is damaged", path=str(path))
+    return ids, values.astype(np.dtype(dtype), copy=False)
+
+
+def merge(parts: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype) -> tuple[
+        np.ndarray, np.ndarray]:
+    """One sorted ``(ids, values)`` of deltas given oldest first (the newest row of an id
+    wins)."""
+    if not parts:
+        return np.empty(0, np.int64), np.empty((0, cols), dtype)
+    if len(parts) == 1:
+        return parts[0]
+    ids = np.concatenate([p[0] for p in parts])
+    vals = np.concatenate([p[1] for p in parts])
+    uniq, last = np.unique(ids[::-1], return_index=True)  # the last (newest) occurrence wins
+    return uniq, vals[::-1][last]
+
+
+class OverlaySource(RowSource):
+    """The row array ``inner`` with the rows of its version's deltas on top; a ``write``
+    stages a new delta instead of rewriting chunks."""
+
+    def __init__(self, inner: RowSource, name: str, ids: np.ndarray, values: np.ndarray):
+        self.inner, self.name = inner, name
+        self.ids, self.values = ids, values
+        self.cheap_reads = inner.cheap_reads
+        if ids.size and ids[-1] >= inner.shape[0]:
+            raise CorruptStoreError(f"deltas of {name}: row {int(ids[-1])} past the "
+                                    f"{inner.shape[0]} rows of the version")
+
+    shape = property(lambda self: self.inner.shape)
+    dtype = property(lambda self: self.inner.dtype)
+    layout = property(lambda self: self.inner.layout)
+    storage_dtype = property(lambda self: self.inner.storage_dtype)
+
+    def reads_cold(self) -> bool:
+        return self.inner.reads_cold()
+
+    def _over(self, ids: np.ndarray, out: np.ndarray) -> None:
+        d = self.ids
+        if not d.size or not ids.size:
+            return
+        pos = np.searchsorted(d, ids)
+        np.minimum(pos, d.size - 1, out=pos)
+        hit = d[pos] == ids
+        if hit.any():
+            out[hit] = self.values[pos[hit]].reshape(-1, out.shape[1])
+
+    def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        self.inner.gather(ids, out)
+        self._over(ids, out)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        out = self.inner.take(ids)
+        if self.ids.size:
+            if not out.flags.writeable:
+                out = out.copy()
+            self._over(ids, out)
+        return out
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = self.inner.read(start, stop)
+        lo, hi = np.searchsorted(self.ids, [start, stop])
+        if hi > lo:
+            if not out.flags.writeable:
+                out = out.copy()
+            out[self.ids[lo:hi] - start] = self.values[lo:hi].reshape(-1, out.shape[1])
+        return out
+
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        write_delta(txn.delta(self.name), self.name, ids, values)
+
+    def fold(self, txn: Transaction) -> None:
+        """Compaction: the deltas' rows written into the array's chunks (``inner.write``)."""
+        if self.ids.size:
+            self.inner.write(self.ids, self.values.reshape(self.ids.size, -1), txn)
+
+    def append(self, values: np.ndarray, txn: Transaction) -> None:
+        self.inner.append(values, txn)
+
+    def publish_rows(self, rows: int, txn: Transaction) -> None:
+        self.inner.publish_rows(rows, txn)
+
+    def refresh(self) -> None:
+        self.inner.refresh()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Overlays:
+    """The overlay of each row array of one version (``wrap`` is the hook
+    :func:`~embstore.store.source.open_source` and
+    :func:`~embstore.store.norms.source.attach_norms` call on each array they open)."""
+
+    def __init__(self, snap: Path, manifest: dict, *, writable: bool):
+        self.snap, self.entries, self.writable = Path(snap), manifest["deltas"], writable
+        self.made: list[OverlaySource] = []
+
+    def wrap(self, name: str, src: RowSource) -> RowSource:
+        mine = [e for e in self.entries if e["array"] == name]
+        if not mine and not self.writable:
+            return src  # nothing to overlay, nothing to write: the plain fast path
+        cols, dt = src.shape[1], src.dtype
+        parts = [read_delta(self.snap / DELTAS / e["name"], name, cols, dt, src.shape[0])
+                 for e in mine]
+        ids, values = merge(parts, cols, dt)
+        ov = OverlaySource(src, name, ids, values)
+        self.made.append(ov)
+        return ov
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows of ``vectors`` in deltas (what a compaction would fold)."""
+        return sum(int(o.ids.size) for o in self.made if o.name == "vectors")
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(int(o.values.nbytes + o.ids.nbytes) for o in self.made)

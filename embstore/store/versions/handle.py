@@ -1,0 +1,214 @@
+"""What a table handle (:class:`~embstore.store.table.ZarrTable`) does with versions: open
+one (its snapshot read as a table), commit writes and appends as new versions, follow them,
+compact past a threshold, and clean up (docs/FORMAT.md V5-V7).  Format-1 tables take the
+same paths without versions (their commits replace live files, section 5)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError, ShapeMismatchError
+from ...keys.index import DiskVocab
+from ..commit import Transaction, is_versioned, last_commit
+from ..meta import read_table_meta
+from ..norms.source import attach_norms
+from ..source import open_source
+from .delta import Overlays, OverlaySource
+from .retain import Lease, vacuum
+from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
+
+#: the handle these functions work for (:class:`~embstore.store.table.ZarrTable`: typed
+#: loosely, that module imports this one)
+ZarrTable = Any
+
+__all__ = ["open_version", "write_rows", "append_rows", "after_version", "compact_locked",
+           "commit", "plain", "stored_bytes", "COMPACT_FRACTION", "COMPACT_BYTES"]
+
+_log = logging.getLogger("embstore")
+
+#: a write leaving more rows than this share of the table in deltas compacts them (or
+#: more bytes than COMPACT_BYTES): lookups overlay deltas; every reader holds them in memory
+COMPACT_FRACTION = 0.05
+COMPACT_BYTES = 128 << 20
+
+
+def check_version(version, mode: str, remote: bool) -> int | None:
+    """The ``version`` argument of ``open``, checked."""
+    if version is None:
+        return None
+    if type(version) is not int or version < 1:
+        raise InvalidOptionError(f"version must be a version number (an int >= 1, see "
+                                 f"`embstore log`), got {version!r}")
+    if mode != "r":
+        raise InvalidOptionError(f"version={version}: an earlier version is read only "
+                                 "(open it with mode='r')")
+    if remote:
+        raise InvalidOptionError(f"version={version}: versions of tables on object storage "
+                                 "are not read yet (open a local copy)")
+    return version
+
+
+def open_version(t: ZarrTable) -> None:
+    """Open the newest version (or the one asked for): its snapshot directory is read
+    like a table, so nothing a later commit writes is ever seen."""
+    for attempt in range(5):  # (the newest version vacuumed between listing and opening)
+        try:
+            return _open_version(t)
+        except CorruptStoreError:
+            if t._want_version is not None or attempt == 4 or \
+                    newest(t.path) in (None, t._version):
+                raise
+
+
+def _open_version(t: ZarrTable) -> None:
+    seen = last_commit(t.path)  # before the metadata: never newer
+    n = newest(t.path) if t._want_version is None else t._want_version
+    overlays = None
+    if n is None:
+        root, version = t.path, 0
+    else:
+        root, version = snapshot_root(t.path, n), n
+        if not root.is_dir():
+            raise VersionNotFoundError(
+                f"{t.path}: no version {n} (the table holds versions "
+                f"{list_versions(t.path) or 'none'}; `embstore log` lists them)")
+        manifest = read_manifest(root)
+        seen = manifest.get("txn")
+        overlays = Overlays(root, manifest, writable=t.mode == "r+")
+    attrs, meta = read_table_meta(root)
+    wrap = overlays.wrap if overlays is not None else (lambda name, src: src)
+    source = attach_norms(root, open_source(root, meta, t.mode, wrap), wrap)
+    has_keys = bool(attrs.get("has_keys", (root / "keys").is_dir()))
+    # one step: threads sharing the handle see the old state or the new one (the old
+    # one's files stay readable: a version's files never change)
+    (t._root, t._version, t._overlays, t._seen_commit, t._attrs, t._source, t._has_keys,
+     t._vocab_obj) = (root, version, overlays, seen, attrs, source, has_keys, None)
+    t._versioned = n is not None or is_versioned(t.path)
+    if n is not None:
+        if t._lease is None:
+            t._lease = Lease(t.path, n)
+        else:
+            t._lease.move(n)
+
+
+def commit(t: ZarrTable, txn: Transaction) -> None:
+    try:
+        txn.commit()
+    except BaseException:
+        t._seen_commit = None  # this view may be half updated: reload on next write
+        raise
+    finally:
+        txn.abort()  # removes what an uncommitted transaction staged; never raises
+    t._seen_commit = txn.id
+
+
+def write_rows(t: ZarrTable, ids: np.ndarray, vectors: np.ndarray) -> None:
+    uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
+    vals = vectors[::-1][last]
+    with t._writing():
+        txn = Transaction(t.path, versioned=t._versioned)
+        txn.change = {"kind": "write", "rows": int(uniq.size)}
+        try:
+            t._source.write(uniq, vals, txn)  # format 2: deltas (V6)
+        except BaseException:
+            txn.abort()
+            raise
+        commit(t, txn)
+        t._cache.invalidate(uniq)
+        after_version(t)
+
+
+def append_rows(t: ZarrTable, vectors: np.ndarray, keys: list[str] | None) -> int:
+    """Returns the id of the first new row (rows other writers appended come first)."""
+    with t._writing():
+        n0, n = t.vocab_size, vectors.shape[0]
+        if n == 0:
+            return n0
+        vocab = t._vocab() if keys is not None else None
+        if vocab is not None and not isinstance(vocab, DiskVocab):
+            raise ReadOnlyError(f"{t.path}: appending keys needs embstore's key index "
+                                "(this table's keys were written by another tool)")
+        if vocab is not None:  # again, under the lock: another writer may have added them
+            assert keys is not None
+            found = vocab.find(np.array(keys, dtype=object))
+            if (found >= 0).any():
+                i = int(np.argmax(found >= 0))
+                raise ShapeMismatchError(
+                    f"append: key {keys[i]!r} already exists at row {int(found[i])}")
+        txn = Transaction(t.path, versioned=t._versioned)
+        txn.change = {"kind": "append", "rows": int(n), "keys": keys is not None}
+        try:
+            t._source.append(vectors, txn)
+            if vocab is not None:
+                assert keys is not None
+                disk = vocab
+                tree = txn.tree("keys")
+                for name, live in disk.stage_append(keys, tree):
+                    txn.adopt(tree / name, live)
+                if not t._versioned:  # (a version: the handle reopens it)
+                    txn.after(lambda: disk.committed(n0 + n))
+            t._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
+        except BaseException:
+            txn.abort()
+            raise
+        commit(t, txn)
+        t._cache.resize_for(n0 + n)
+        after_version(t)
+        return n0
+
+
+def after_version(t: ZarrTable) -> None:
+    """After a commit that made a version: the handle moves to it, deltas past the
+    threshold are compacted, versions past the retention setting removed (the writer lock
+    is held).  The commit happened: a failure here (a full disk) is logged, not raised."""
+    if not t._versioned:
+        return
+    t._reload()
+    ov = t._overlays
+    try:
+        if ov is not None and (ov.pending_rows > COMPACT_FRACTION * max(1, t.vocab_size)
+                               or ov.pending_bytes > COMPACT_BYTES):
+            compact_locked(t)
+        vacuum(t.path)
+    except OSError as exc:
+        _log.warning("%s: committed; the compaction or clean-up after it failed (%s): the "
+                     "next write or `embstore compact` does it", t.path, exc)
+
+
+def compact_locked(t: ZarrTable) -> int:
+    """Fold every delta into the chunks: one commit (the writer lock is held)."""
+    ov = t._overlays
+    if ov is None or not any(o.ids.size for o in ov.made):
+        return t._version
+    txn = Transaction(t.path, versioned=True)
+    txn.clear_deltas = True
+    txn.change = {"kind": "compact", "rows": ov.pending_rows}
+    try:
+        for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
+            o.fold(txn)
+    except BaseException:
+        txn.abort()
+        raise
+    commit(t, txn)
+    t._reload()
+    return t._version
+
+
+def plain(src):
+    """A row array's source without its overlay when the overlay holds no rows (scans
+    then take the fast paths of the plain layouts)."""
+    return src.inner if isinstance(src, OverlaySource) and not src.ids.size else src
+
+
+def stored_bytes(path) -> int:
+    """Bytes of every file under ``path``, each file once (versions share files)."""
+    seen: dict = {}
+    for d, _, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())

@@ -1,0 +1,194 @@
+"""A version of a format-2 table is a snapshot: a directory of hard links (docs/FORMAT.md V5).
+
+``vectors/.embstore/versions/<N>/`` holds, under the table's own relative names, a hard link
+to every file of version N (every file of the table but its private area), plus
+``manifest.json`` (what the version is) and ``deltas/`` (rows written since the last
+compaction, :mod:`.delta`).  Files are never changed in place once a version names them:
+a commit writes new files and links them into a new snapshot, so a reader that opened
+version N reads exactly version N, whatever commits follow, through the same code that
+reads a table (the snapshot directory *is* a table directory).  Unchanged files are shared
+by every version (one inode, many names); removing a version removes its names, and a
+file's bytes go when no version (and no live name) links it any more.
+
+A snapshot is built as ``versions/<N>.tmp-<txn>`` and renamed to ``versions/<N>`` when
+its commit is rolled forward (:mod:`embstore.store.commit`): a directory named by a bare
+number is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from ...errors import CorruptStoreError, InvalidOptionError
+from ...fs.beside import fsync_path, remove_quietly
+from ...fs.checksum import crc32c
+from ...fs.files import create_new, open_regular, read_small
+
+__all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
+           "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError"]
+
+VERSIONS = "versions"
+MANIFEST = "manifest.json"
+DELTAS = "deltas"
+_NUMBER = re.compile(r"^[1-9][0-9]{0,17}$")
+_PRIVATE = ("vectors", ".embstore")
+
+
+class VersionNotFoundError(InvalidOptionError):
+    """``open(path, version=N)`` for a version the table does not hold (never committed, or
+    removed by ``vacuum``)."""
+
+
+def versions_dir(root: Path) -> Path:
+    return Path(root) / _PRIVATE[0] / _PRIVATE[1] / VERSIONS
+
+
+def list_versions(root: Path) -> list[int]:
+    """The complete versions of the table at ``root``, oldest first ([] if it has none)."""
+    try:
+        names = os.listdir(versions_dir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(int(n) for n in names if _NUMBER.match(n))
+
+
+def newest(root: Path) -> int | None:
+    found = list_versions(root)
+    return found[-1] if found else None
+
+
+def snapshot_root(root: Path, n: int) -> Path:
+    return versions_dir(root) / str(int(n))
+
+
+def manifest_crc(doc: dict) -> int:
+    body = {k: v for k, v in doc.items() if k != "crc32c"}
+    return crc32c(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def read_manifest(snap: Path) -> dict:
+    """The manifest of the snapshot directory ``snap``, its checksum checked."""
+    path = Path(snap) / MANIFEST
+    try:
+        fd = open_regular(path, nofollow=True)
+        try:
+            doc = json.loads(read_small(fd, path).decode("utf-8"))
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: missing (the manifest of a version)",
+                                path=str(path)) from None
+    except CorruptStoreError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CorruptStoreError(f"{path}: unreadable manifest ({exc})", path=str(path)) from None
+    if not (isinstance(doc, dict) and isinstance(doc.get("embstore_version"), int)
+            and isinstance(doc.get("deltas"), list) and doc.get("crc32c") == manifest_crc(doc)):
+        raise CorruptStoreError(f"{path}: not a valid manifest (fields or crc32c do not hold)",
+                                path=str(path))
+    for d in doc["deltas"]:
+        if not (isinstance(d, dict) and isinstance(d.get("name"), str)
+                and re.match(r"^[0-9]+\.[A-Za-z0-9_]+$", d["name"])
+                and isinstance(d.get("array"), str)):
+            raise CorruptStoreError(f"{path}: a delta entry must name a delta file, got "
+                                    f"{str(d)[:120]}", path=str(path))
+    return doc
+
+
+def _files(src: Path, *, live: bool) -> list[str]:
+    """Relative names of every file of the table tree ``src`` (the private area of a live
+    table, a snapshot's manifest and deltas left out); a link or a special file refused."""
+    out = []
+    for d, dirs, files in os.walk(src):
+        rel_d = os.path.relpath(d, src)
+        parts = [] if rel_d == "." else rel_d.split(os.sep)
+        if live and parts == ["vectors"]:
+            dirs[:] = [x for x in dirs if x != _PRIVATE[1]]
+        if not live and not parts:
+            dirs[:] = [x for x in dirs if x != DELTAS]
+            files = [f for f in files if f != MANIFEST]
+        for x in dirs:
+            if os.path.islink(os.path.join(d, x)):
+                raise CorruptStoreError(f"{os.path.join(d, x)}: a symbolic link inside a "
+                                        "table (refused)", path=os.path.join(d, x))
+        for f in files:
+            p = os.path.join(d, f)
+            if os.path.islink(p) or not os.path.isfile(p):
+                raise CorruptStoreError(f"{p}: not a regular file (refused)", path=p)
+            if ".tmp-" in f:
+                continue  # a write in flight of another tool (never part of a version)
+            out.append("/".join(parts + [f]))
+    return out
+
+
+def _link(src: str, dst: Path, made: set) -> None:
+    parent = str(dst.parent)
+    if parent not in made:
+        os.makedirs(parent, exist_ok=True)
+        made.add(parent)
+    os.link(src, dst)
+
+
+def build_snapshot(root: Path, txn: str, staged: dict[str, Path], deltas: dict[str, Path],
+                   change: dict, *, clear_deltas: bool = False) -> tuple[str, int]:
+    """Build the snapshot of the version a commit makes: the newest version's files (the
+    live tree if the table has no version yet) with ``staged`` (live name -> new file)
+    linked in their place, the newest version's deltas (unless ``clear_deltas``) and
+    ``deltas`` (array name -> its new delta file) after them, and the manifest.  Returns the
+    snapshot's temporary name (in ``versions/``) and its version number; nothing is
+    visible until the commit renames it."""
+    root = Path(root)
+    parent = newest(root)
+    n = (parent or 0) + 1
+    src = root if parent is None else snapshot_root(root, parent)
+    vdir = versions_dir(root)
+    vdir.mkdir(parents=True, exist_ok=True)
+    tmp_name = f"{n}.tmp-{txn}"
+    tmp = vdir / tmp_name
+    made: set = set()
+    tmp.mkdir()
+    try:
+        return _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change,
+                     clear_deltas, made)
+    except BaseException:
+        remove_quietly(tmp)  # (a full disk: nothing of the version is left)
+        raise
+
+
+def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_deltas,
+          made) -> tuple[str, int]:
+    vdir = versions_dir(root)
+    old = read_manifest(src) if parent is not None else {"deltas": []}
+    for rel in _files(src, live=parent is None):  # a loop per file of the table (links)
+        if rel not in staged:
+            _link(str(src / rel), tmp / rel, made)
+    for rel, path in staged.items():
+        _link(str(path), tmp / rel, made)
+    entries = [] if clear_deltas else list(old["deltas"])
+    for e in entries:
+        _link(str(src / DELTAS / e["name"]), tmp / DELTAS / e["name"], made)
+    for array, path in deltas.items():  # named <version>.<array>
+        _link(str(path), tmp / DELTAS / f"{n}.{array}", made)
+        entries.append({"name": f"{n}.{array}", "array": array})
+    try:
+        vmeta = json.loads((tmp / "vectors" / "zarr.json").read_text("utf-8"))
+        rows = int(vmeta["shape"][0])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        raise CorruptStoreError(f"{tmp}: the new version has no readable vectors/zarr.json",
+                                path=str(tmp)) from None
+    doc = {"embstore_version": n, "parent": parent, "time": round(time.time(), 3),
+           "txn": tmp_name.split(".tmp-", 1)[1], "rows": rows, "change": change, "deltas": entries}
+    doc["crc32c"] = manifest_crc(doc)
+    fd = create_new(tmp / MANIFEST)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    for d, _, _ in os.walk(tmp):  # the new names are durable before the commit point
+        fsync_path(d, directory=True)
+    fsync_path(vdir, directory=True)
+    return tmp_name, n

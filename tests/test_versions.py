@@ -1,0 +1,359 @@
+"""Tables that change (docs/FORMAT.md V5-V7): versions, snapshot reads, deltas, compaction,
+retention.  Every expectation is a NumPy model of the table replayed from the operations
+made, never a value embstore computed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import embstore
+from embstore import CorruptStoreError, InvalidOptionError, ReadOnlyError
+from embstore.cli import cli
+
+V, D = 3000, 16
+
+
+def _chunk_inodes(path: Path) -> dict:
+    root = path / "vectors" / "c"
+    return {str(p.relative_to(root)): p.stat().st_ino for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def E(rng):
+    return rng.standard_normal((V, D)).astype(np.float32)
+
+
+@pytest.fixture
+def t2(tmp_path, E):
+    embstore.save(tmp_path / "t", E, keys=[f"k{i}" for i in range(V)], format_version=2,
+                  chunk_rows=1024).close()
+    return tmp_path / "t"
+
+
+def test_every_retained_version_reads_back_what_it_held(t2, E, rng):
+    """Writes, appends and a compaction, each a version: each one read back exactly as the
+    NumPy model after that operation, keys included; the compaction changes no row of any
+    version, and afterwards zarr-python reads the newest rows."""
+    models = {1: (E.copy(), [f"k{i}" for i in range(V)])}
+    with embstore.open(t2, "r+") as t:
+        assert t.version == 1
+        cur, keys = E.copy(), list(models[1][1])
+        written: set = set()
+        for step in range(6):
+            if step % 3 == 2:
+                new = rng.standard_normal((40, D)).astype(np.float32)
+                names = [f"s{step}-{i}" for i in range(40)]
+                t.append(new, keys=names)
+                cur, keys = np.concatenate([cur, new]), keys + names
+            else:
+                ids = rng.choice(len(cur), 25, replace=False)
+                rows = rng.standard_normal((25, D)).astype(np.float32)
+                t.write(ids, rows)
+                written |= set(ids.tolist())
+                cur = cur.copy()
+                cur[ids] = rows
+            models[t.version] = (cur.copy(), list(keys))
+        assert sorted(models) == list(range(1, 8))
+        assert t.info()["pending_rows"] == len(written)  # (~3%: no compaction yet)
+        before = {v: embstore.open(t2, version=v).to_numpy() for v in models}
+        assert t.compact() == 8
+        models[8] = (cur, keys)
+        assert t.info()["pending_rows"] == 0
+    for v, (want, want_keys) in models.items():
+        with embstore.open(t2, version=v) as r:
+            assert r.version == v and r.shape == want.shape
+            np.testing.assert_array_equal(r.to_numpy(), want)
+            np.testing.assert_array_equal(r[np.arange(len(want))[::-1]], want[::-1])
+            assert list(r.keys) == want_keys
+            np.testing.assert_array_equal(r.lookup_keys(want_keys[-3:]), want[-3:])
+        if v in before:
+            np.testing.assert_array_equal(before[v], want)
+    np.testing.assert_array_equal(zarr.open_group(str(t2), mode="r")["vectors"][:], cur)
+    assert embstore.verify(t2).ok
+
+
+def test_a_handle_reads_its_version_until_refresh(t2, E):
+    """A reader opened before a commit keeps reading the rows, keys and row count it opened
+    with; refresh() moves it to the newest version."""
+    r = embstore.open(t2)
+    with embstore.open(t2, "r+") as w:
+        w.write([3, 2000], np.full((2, D), 7, np.float32))
+        w.append(np.full((5, D), 9, np.float32), keys=[f"n{i}" for i in range(5)])
+    assert r.version == 1 and r.shape == (V, D)
+    np.testing.assert_array_equal(r[[3, 2000, 4]], E[[3, 2000, 4]])
+    with pytest.raises(KeyError):
+        r.lookup_keys(["n0"])
+    r.refresh()
+    assert r.version == 3 and r.shape == (V + 5, D)
+    assert (r[[3, 2000]] == 7).all() and (r.lookup_keys(["n4"]) == 9).all()
+    r.close()
+
+
+def test_a_small_write_costs_its_rows(t2, E):
+    """Writing a few rows replaces no chunk file: it adds a delta of those rows (bytes about
+    the rows' own), and lookups, scans and the norms of searches see it."""
+    before = _chunk_inodes(t2)
+    with embstore.open(t2, "r+") as t:
+        t.write([1, 1500, 2999], np.full((3, D), 0.5, np.float32))
+        deltas = sorted((t2 / "vectors" / ".embstore" / "versions" / "2" / "deltas").iterdir())
+    assert _chunk_inodes(t2) == before
+    vec = [p for p in deltas if p.name.endswith(".vectors")]
+    assert len(vec) == 1 and vec[0].stat().st_size < 3 * D * 4 + 3 * 8 + 200
+    want = E.copy()
+    want[[1, 1500, 2999]] = 0.5
+    with embstore.open(t2) as t:
+        np.testing.assert_array_equal(t.to_numpy(), want)
+        ids, _ = t.most_similar(t[[1500]], k=4) if hasattr(t, "most_similar") else \
+            embstore.Embedding(t).most_similar(t[[1500]], k=4)
+        assert set(np.asarray(ids).ravel()[:3].tolist()) == {1, 1500, 2999}
+
+
+def test_writes_past_the_threshold_compact_by_themselves(t2, E):
+    ids = np.arange(0, V, 10)  # 10% of the rows
+    with embstore.open(t2, "r+") as t:
+        t.write(ids, np.zeros((ids.size, D), np.float32))
+        assert t.info()["pending_rows"] == 0
+        log = [e["change"]["kind"] for e in json.loads(CliRunner().invoke(
+            cli, ["log", str(t2), "--json"]).output)["versions"]]
+    assert log == ["save", "write", "compact"]
+    want = E.copy()
+    want[ids] = 0
+    np.testing.assert_array_equal(zarr.open_group(str(t2), mode="r")["vectors"][:], want)
+
+
+def test_int8_and_bfloat16_deltas_are_the_stored_codes(tmp_path, E):
+    """Deltas hold codes (and int8 scales), so compaction folds them in bit for bit."""
+    for dtype in ("int8", "bfloat16"):
+        p = tmp_path / dtype
+        embstore.save(p, E, dtype=dtype, format_version=2, chunk_rows=1024).close()
+        ref = tmp_path / f"{dtype}-ref"
+        embstore.save(ref, E, dtype=dtype, format_version=2, chunk_rows=1024).close()
+        rows = np.linspace(-3, 3, 2 * D, dtype=np.float32).reshape(2, D)
+        with embstore.open(p, "r+") as t, embstore.open(ref, "r+") as r:
+            t.write([10, 20], rows)
+            r.write([10, 20], rows)
+            r.compact()
+            np.testing.assert_array_equal(t.raw([10, 20])[0], r.raw([10, 20])[0])
+            np.testing.assert_array_equal(t.to_numpy(), r.to_numpy())
+            t.compact()
+            np.testing.assert_array_equal(t.to_numpy(), r.to_numpy())
+
+
+def test_vacuum_keeps_what_readers_hold(t2, E):
+    old = embstore.open(t2)  # holds version 1
+    with embstore.open(t2, "r+") as t:
+        for i in range(4):
+            t.write([i], np.full((1, D), i, np.float32))
+        assert t.vacuum(keep=1) == [2, 3, 4]  # 1: leased; 5: the newest
+    np.testing.assert_array_equal(old[np.arange(V)], E)
+    old.close()
+    out = CliRunner().invoke(cli, ["vacuum", str(t2), "--keep", "1", "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["removed"] == [1]
+    with pytest.raises(InvalidOptionError, match="no version 1"):
+        embstore.open(t2, version=1)
+    with embstore.open(t2) as t:
+        assert t.version == 5 and (t[[3]] == 3).all()
+
+
+def test_a_killed_readers_lease_does_not_hold_its_version(t2):
+    code = (f"import os, embstore; t = embstore.open({str(t2)!r}); os.kill(os.getpid(), 9)")
+    subprocess.run([sys.executable, "-c", code])
+    with embstore.open(t2, "r+") as t:
+        t.write([0], np.ones((1, D), np.float32))
+        assert t.vacuum(keep=1) == [1]
+
+
+def test_version_arguments_are_checked(t2):
+    with pytest.raises(InvalidOptionError, match="read only"):
+        embstore.open(t2, "r+", version=1)
+    with pytest.raises(InvalidOptionError, match="version number"):
+        embstore.open(t2, version=0)
+    with pytest.raises(InvalidOptionError, match="no version 9"):
+        embstore.open(t2, version=9)
+    with embstore.open(t2) as t, pytest.raises(ReadOnlyError):
+        t.compact()
+
+
+def test_read_commands_take_a_version(t2, E, tmp_path):
+    with embstore.open(t2, "r+") as t:
+        t.write([0, 1], np.zeros((2, D), np.float32))
+    np.save(tmp_path / "ids.npy", np.array([0, 1, 2]))
+    run = CliRunner().invoke
+    for v, want in ((1, E[:3]), (2, np.r_[np.zeros((2, D)), E[2:3]])):
+        out = tmp_path / f"o{v}.npy"
+        res = run(cli, ["lookup", str(t2), str(tmp_path / "ids.npy"), str(out), "--version",
+                        str(v), "-q"])
+        assert res.exit_code == 0, res.output
+        np.testing.assert_array_equal(np.load(out), want)
+        res = run(cli, ["export", str(t2), str(tmp_path / f"e{v}.npy"), "--version", str(v),
+                        "--no-vocab-out", "-q"])
+        assert res.exit_code == 0, res.output
+        np.testing.assert_array_equal(np.load(tmp_path / f"e{v}.npy")[:3], want)
+        info = json.loads(run(cli, ["info", str(t2), "--version", str(v), "--json"]).output)
+        assert info["version"] == v
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_a_table_removed_under_a_reader_never_reads_zeros(tmp_path, E, fmt):
+    p = tmp_path / "t"
+    embstore.save(p, E, format_version=fmt, chunk_rows=256).close()
+    t = embstore.open(p)
+    np.testing.assert_array_equal(t[[0, 1]], E[[0, 1]])  # the first chunk is open now
+    shutil.rmtree(p)
+    try:
+        got = t[np.arange(V)]
+    except CorruptStoreError as exc:
+        assert "removed" in str(exc)
+    else:
+        np.testing.assert_array_equal(got, E)
+    t.close()
+
+
+# -- many readers and a writer ------------------------------------------------------------
+ROWS, COLS, COMMITS = 2048, 8, 45
+
+
+def _model(c: int) -> tuple[np.ndarray, list[str]]:
+    """The table after commit ``c`` of :data:`WRITER` (replayed in NumPy)."""
+    E, keys = np.zeros((ROWS, COLS), np.float32), [f"r{i}" for i in range(ROWS)]
+    for k in range(1, c + 1):
+        kind = k % 3
+        if kind == 0:
+            E[:] = k
+        elif kind == 1:
+            E[np.random.default_rng(k).choice(len(E), 64, replace=False)] = k
+        else:
+            E = np.concatenate([E, np.full((32, COLS), k, np.float32)])
+            keys += [f"a{k}-{i}" for i in range(32)]
+    return E, keys
+
+
+WRITER = f"""
+import sys, numpy as np, embstore
+t = embstore.open(sys.argv[1], mode="r+")
+for k in range(1, {COMMITS} + 1):
+    kind = k % 3
+    if kind == 0:
+        t.write(np.arange(t.vocab_size), np.full((t.vocab_size, {COLS}), k, np.float32))
+    elif kind == 1:
+        ids = np.random.default_rng(k).choice(t.vocab_size, 64, replace=False)
+        t.write(ids, np.full((64, {COLS}), k, np.float32))
+    else:
+        t.append(np.full((32, {COLS}), k, np.float32), keys=[f"a{{k}}-{{i}}" for i in range(32)])
+t.close()
+"""
+
+READER = """
+import os, sys, numpy as np, embstore
+path, done, out = sys.argv[1], sys.argv[2], sys.argv[3]
+t = embstore.open(path)
+i = 0
+while i < 400 and (i < 8 or not os.path.exists(done)):  # until the writer is done
+    if i % 2:
+        t.close(); t = embstore.open(path)
+    else:
+        t.refresh()
+    rows = t.to_numpy() if i % 4 < 2 else t[np.arange(t.vocab_size)]
+    last = t.keys[t.vocab_size - 1]
+    np.save(out + f"/{i}.npy", rows)
+    open(out + f"/{i}.key", "w").write(last)
+    i += 1
+"""
+
+
+def test_readers_never_see_part_of_a_commit(tmp_path):
+    """4 reader processes (refreshing, and opening afresh) while a writer commits
+    whole-table rewrites, random updates and appends with keys: each read is exactly the
+    model after one commit (the largest value in it names the commit), keys included."""
+    p = tmp_path / "t"
+    embstore.save(p, np.zeros((ROWS, COLS), np.float32), keys=[f"r{i}" for i in range(ROWS)],
+                  format_version=2).close()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    outs = [tmp_path / f"r{i}" for i in range(4)]
+    for o in outs:
+        o.mkdir()
+    done = tmp_path / "done"
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(p), str(done), str(o)],
+                                env=env) for o in outs]
+    writer = subprocess.run([sys.executable, "-c", WRITER, str(p)], env=env, timeout=300)
+    done.touch()
+    assert writer.returncode == 0
+    assert [r.wait(timeout=300) for r in readers] == [0] * 4
+    models: dict = {}
+    torn = versions = 0
+    for o in outs:
+        for f in sorted(o.glob("*.npy")):
+            rows = np.load(f)
+            c = int(rows.max())
+            if c not in models:
+                models[c] = _model(c)
+            want, keys = models[c]
+            if rows.shape != want.shape or not np.array_equal(rows, want) or \
+                    f.with_suffix(".key").read_text() != keys[len(rows) - 1]:
+                torn += 1
+            versions += 1
+    assert versions >= 32 and torn == 0
+    assert len(models) > 3  # the readers saw the table change
+
+
+def test_threads_sharing_a_refreshing_handle(t2, E):
+    """One thread refreshes a handle in a loop while three look rows up through it and a
+    writer commits: no error, and every lookup is one version's rows."""
+    t = embstore.open(t2)
+    stop, errors, checked = threading.Event(), [], [0]
+
+    def refresher():
+        while not stop.is_set():
+            t.refresh()
+
+    def looker():
+        try:
+            while not stop.is_set():
+                got = t[np.arange(V)]
+                k = got[:, 0].max()
+                want = E if k < 1000 else np.full((V, D), k, np.float32)
+                if not np.array_equal(got, want):
+                    errors.append(f"a mix at {k}")
+                checked[0] += 1
+        except Exception as exc:  # noqa: BLE001 (any error is the failure)
+            errors.append(repr(exc))
+    threads = [threading.Thread(target=refresher)] + [threading.Thread(target=looker)
+                                                      for _ in range(3)]
+    for th in threads:
+        th.start()
+    with embstore.open(t2, "r+") as w:
+        for k in range(1000, 1012):
+            w.write(np.arange(V), np.full((V, D), k, np.float32))
+    stop.set()
+    for th in threads:
+        th.join()
+    t.close()
+    assert errors == [] and checked[0] > 10
+
+
+def test_a_damaged_delta_is_found(t2):
+    with embstore.open(t2, "r+") as t:
+        t.write([5], np.full((1, D), 3, np.float32))
+    delta = t2 / "vectors" / ".embstore" / "versions" / "2" / "deltas" / "2.vectors"
+    data = bytearray(delta.read_bytes())
+    data[-10] ^= 0x40  # a bit of the row
+    os.chmod(delta, 0o644)
+    with open(delta, "r+b") as f:  # (in place: the live table shares no file with it)
+        f.write(bytes(data))
+    report = embstore.verify(t2)
+    assert not report.ok and "2.vectors" in str(report) and "crc32c" in str(report)
+    with pytest.raises(CorruptStoreError, match="2.vectors.*crc32c"):
+        embstore.open(t2)
+    with embstore.open(t2, version=1) as t:  # an earlier version does not read it
+        assert t.version == 1
