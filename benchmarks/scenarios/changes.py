@@ -57,7 +57,7 @@ def _timed(fn) -> tuple[float, int]:
 def _copy_tree(src: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
-    subprocess.run(["cp", "-r", "--reflink=auto", str(src), str(dest)], check=True)
+    subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(dest)], check=True)  # links kept
 
 
 class _Peer:

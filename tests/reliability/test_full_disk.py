@@ -9,6 +9,7 @@ root to mount the tmpfs; skipped otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -46,12 +47,26 @@ def _fill(mnt: Path, leave: int) -> Path:
 
 
 def _tree(path: Path) -> dict:
+    """Every file's bytes; of a format-2 chunk file, the bytes of its committed rows only (an
+    append writes the padding past them in place: no version reads it, docs/FORMAT.md V6)."""
+    try:
+        meta = json.loads((path / "vectors" / "zarr.json").read_text())
+    except FileNotFoundError:  # (not a table)
+        meta = {"codecs": [{"name": ""}], "chunk_grid": {"configuration": {"chunk_shape": [1]}}}
+    plain = meta["codecs"][0]["name"] == "bytes"
+    chunk = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+    row = meta["shape"][1] * np.dtype(meta["data_type"]).itemsize if plain else 0
     out = {}
     for d, _, files in os.walk(path):
         for name in files:
             p = os.path.join(d, name)
+            rel = os.path.relpath(p, path)
             with open(p, "rb") as f:
-                out[os.path.relpath(p, path)] = f.read()
+                out[rel] = f.read()
+            parts = rel.split(os.sep)
+            if plain and len(parts) >= 4 and parts[-4:-2] == ["vectors", "c"]:
+                k = int(parts[-2])
+                out[rel] = out[rel][: max(0, min(chunk, meta["shape"][0] - k * chunk)) * row]
     return out
 
 

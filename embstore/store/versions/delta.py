@@ -157,6 +157,14 @@ class OverlaySource(RowSource):
         if ids.size and ids[-1] >= inner.shape[0]:
             raise CorruptStoreError(f"deltas of {name}: row {int(ids[-1])} past the "
                                     f"{inner.shape[0]} rows of the version")
+        # a bit per row of the version: whether a delta holds it (a batch's ids are tested
+        # with one gather; only the hits are searched for)
+        self._bits = np.zeros((inner.shape[0] + 8) // 8, dtype=np.uint8)
+        if ids.size:
+            byte = ids >> 3
+            starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+            self._bits[byte[starts]] = np.add.reduceat(
+                (1 << (ids & 7)).astype(np.uint8), starts)  # distinct bits: the sum is the or
 
     shape = property(lambda self: self.inner.shape)
     dtype = property(lambda self: self.inner.dtype)
@@ -170,11 +178,10 @@ class OverlaySource(RowSource):
         d = self.ids
         if not d.size or not ids.size:
             return
-        pos = np.searchsorted(d, ids)
-        np.minimum(pos, d.size - 1, out=pos)
-        hit = d[pos] == ids
-        if hit.any():
-            out[hit] = self.values[pos[hit]].reshape(-1, out.shape[1])
+        hit = np.flatnonzero((self._bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1)
+        if hit.size:
+            pos = np.searchsorted(d, ids[hit])
+            out[hit] = self.values[pos].reshape(-1, out.shape[1])
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self.inner.gather(ids, out)
