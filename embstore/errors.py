@@ -8,6 +8,8 @@ the raw values are kept as attributes.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "EmbstoreError",
     "IndexNotFoundError",
@@ -36,8 +38,21 @@ def table_label(table) -> str:
     return str(path) if path is not None else "the in-memory table"
 
 
+#: a file of a version's snapshot (docs/FORMAT.md V5), named in messages by its live name
+_SNAPSHOT = re.compile(r"/vectors/\.embstore/versions/[0-9]+(?=/(?!manifest\.json|deltas/)|:|\s|$)")
+
+
+def live_name(text):
+    """``text`` with paths into a version's snapshot written as the table's own paths (the
+    same file: the snapshot links it); other values as they are."""
+    return _SNAPSHOT.sub("", text) if isinstance(text, str) else text
+
+
 class EmbstoreError(Exception):
     """Base class of every error embstore raises on purpose."""
+
+    def __init__(self, *args):
+        super().__init__(*(live_name(a) for a in args))
 
 
 class InvalidIdError(EmbstoreError, IndexError):
@@ -71,7 +86,7 @@ class CorruptStoreError(EmbstoreError, OSError):
 
     def __init__(self, message: str, *, path=None):
         super().__init__(message)
-        self.path = path
+        self.path = live_name(path)
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -92,7 +107,7 @@ class FormatError(EmbstoreError, ValueError):
         if path is not None:
             where = f"{path}, line {line}: " if line is not None else f"{path}: "
         super().__init__(where + message)
-        self.path = path
+        self.path = live_name(path)
         self.line = line
         self.reason = message
 

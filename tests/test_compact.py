@@ -286,7 +286,7 @@ def test_damaged_row_scale_is_detected(tmp_path, rng):
 
 
 def test_int8_vectors_without_row_scale_are_refused(tmp_path, E):
-    embstore.save(tmp_path / "t", E, dtype="int8").close()
+    embstore.save(tmp_path / "t", E, dtype="int8", format_version=1).close()
     os.rename(tmp_path / "t" / "row_scale", tmp_path / "gone")
     with pytest.raises(embstore.FormatError, match="row_scale/zarr.json .*is missing"):
         embstore.open(tmp_path / "t")

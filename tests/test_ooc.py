@@ -63,7 +63,7 @@ def test_cold_batches_equal_numpy(tmp_path, forced_cold, layout):
     np.testing.assert_array_equal(t[100:2100], E[100:2100])  # a scan: few long runs
     np.testing.assert_array_equal(t.to_numpy(), E)
     assert forced_cold, "the prefetch was never asked for"
-    assert t._source.reader.cold_hint
+    assert t._source.reads_cold()
     t.close()
 
 

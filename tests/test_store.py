@@ -47,12 +47,17 @@ def test_round_trip_and_zarr_python(tmp_path, E, keys, layout, dtype):
     assert t.dtype == A.dtype and t.shape == A.shape and list(t.keys) == keys
     t.close()
     g = zarr.open_group(str(tmp_path / "t"), mode="r")
-    assert g.attrs["embstore"]["format"] == 1
     np.testing.assert_array_equal(g["vectors"][:], A)
     assert list(g["keys"][:]) == keys
-    codecs = [c["name"] for c in g["vectors"].metadata.to_dict()["codecs"][0][
-        "configuration"]["codecs"]]
-    assert codecs[-1] == "crc32c"
+    if layout:  # a format-1 layout asked for: sharded, a crc32c per chunk
+        assert g.attrs["embstore"]["format"] == 1
+        codecs = [c["name"] for c in g["vectors"].metadata.to_dict()["codecs"][0][
+            "configuration"]["codecs"]]
+        assert codecs[-1] == "crc32c"
+    else:  # new tables: format 2, rows at a fixed stride, page checksums beside them
+        assert g.attrs["embstore"]["format"] == 2
+        assert [c["name"] for c in g["vectors"].metadata.to_dict()["codecs"]] == ["bytes"]
+        assert "page_crc" in dict(g.members())
 
 
 @pytest.mark.parametrize("layout", ["default", "small", "zstd", "blosc"])
@@ -65,7 +70,11 @@ def test_tensorstore_reads_vectors(tmp_path, E, layout):
 
 
 def test_default_layout_is_documented(tmp_path, rng):
-    t = embstore.save(tmp_path / "t", rng.standard_normal((10, 16)).astype(np.float32))
+    E = rng.standard_normal((10, 16)).astype(np.float32)
+    t = embstore.save(tmp_path / "t", E)  # format 2: one chunk of a page's worth of rows
+    assert t.layout["format"] == 2 and t.layout["chunk_rows"] == 64
+    t.close()
+    t = embstore.save(tmp_path / "t1", E, format_version=1)
     assert t.layout["chunk_rows"] == 10 and t.layout["shard_rows"] == 10  # clipped to size
     from embstore.store.codecs import choose_layout
     assert choose_layout(256, "float32") == (1, 131072)  # docs/FORMAT.md section 3

@@ -194,7 +194,8 @@ def _bounds(warmup, batches, cache) -> str:
     rows for ever (ids here are Zipf ranks: ids < slots), the steady state of a perfect
     frequency-based cache after unbounded traffic.
     """
-    cr = cache._source.reader.layout.chunk_rows
+    lay = cache.layout  # a format-2 table reads rows, not chunks: one "chunk" a row
+    cr = 1 if lay.get("format") == 2 else lay["chunk_rows"]
     slots = cache._cache.slots
     seen = np.unique(np.concatenate(warmup))
     ideal, oracle = [], []

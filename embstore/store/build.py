@@ -35,7 +35,7 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
            keys: KeysLike | None = None, chunk_rows: int | None = None,
            shard_rows: int | None = None, compression: Compression = "none",
            overwrite: bool = False, cache_bytes: Bytes = "auto",
-           lock_timeout: float | None = None, format_version: int = 1) -> ZarrTable:
+           lock_timeout: float | None = None, format_version: int | None = None) -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``).
     ``format_version=2``: an uncompressed table of the format-2 row layout (docs/FORMAT.md)."""
     if is_url(path):
@@ -64,7 +64,8 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
          chunk_rows: int | None = None, shard_rows: int | None = None,
          compression: Compression = "none", overwrite: bool = False,
          dtype: DTypeLike | None = None, cache_bytes: Bytes = "auto",
-         storage_options: dict | None = None, format_version: int = 1) -> ZarrTable:
+         storage_options: dict | None = None,
+         format_version: int | None = None) -> ZarrTable:
     """Write a whole table (an array, ``np.memmap`` or any :class:`Table`) to ``path``.
 
     ``dtype`` is the storage dtype (default: the source's): ``float16``, ``float32``,
@@ -89,7 +90,7 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
 
 def _write(path: PathLike, src: ArrayLike | Table, keys: KeysLike | None, *,
            chunk_rows: int | None, shard_rows: int | None, compression: Compression,
-           overwrite: bool, dtype: DTypeLike | None, format_version: int,
+           overwrite: bool, dtype: DTypeLike | None, format_version: int | None,
            attrs: dict | None = None, staging: Callable[[str], None] | None = None) -> None:
     """``save``'s work: ``src`` streamed into a :class:`TableWriter` at ``path`` (``attrs``
     added to the group's, ``staging(dir)`` run on the staging directory before the commit)."""

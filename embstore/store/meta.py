@@ -19,7 +19,7 @@ from ..dtypes import STORAGE_DTYPES
 from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
 from ..fs.files import MAX_JSON_BYTES, link_below, open_regular, read_small
 
-FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 1 unless asked
+FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 2 where they can be
 
 __all__ = ["FORMATS", "check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES"]

@@ -1,4 +1,4 @@
-"""Writing new format-v1 tables: the default layout and the streaming :class:`TableWriter`
+"""Writing new tables (format 2 for uncompressed rows, else format 1): the default layout and the streaming :class:`TableWriter`
 (see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shard.write`)."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
 from .commit import first_version
 from .meta import FORMATS, MAX_DIM
+from .shard import arena
 from .rows.layout import PAGE, PAGE_CRC, choose_chunk_rows, min_chunk_rows
 from .rows.stream import create_row_arrays
 from .shard.write import BackgroundSync, RowStream, write_json
@@ -53,6 +54,18 @@ def _replace_json(path: str, update) -> None:
         f.flush()
         os.fsync(f.fileno())
     atomic.replace(tmp, path)
+
+
+def default_format(row_bytes: int, chunk_rows: int | None, shard_rows: int | None,
+                   compression: str) -> int:
+    """The format of a new table when none is asked for: 2 (docs/FORMAT.md, "Format version
+    2") for uncompressed rows where this system maps them, unless a format-1 layout is asked
+    for (``shard_rows``, or ``chunk_rows`` that are no whole number of 4 KiB pages)."""
+    if compression != "none" or shard_rows is not None or not arena.available():
+        return 1
+    if chunk_rows is not None and (chunk_rows * row_bytes) % PAGE:
+        return 1
+    return 2
 
 
 def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
@@ -101,7 +114,8 @@ class TableWriter:
                  shard_rows: int | None = None, compression: Compression = "none",
                  overwrite: bool = False, expected_rows: int | None = None,
                  attrs: dict | None = None,
-                 duplicate_keys: Literal["drop", "error"] = "drop", format_version: int = 1):
+                 duplicate_keys: Literal["drop", "error"] = "drop",
+                 format_version: int | None = None):
         import zarr
         if dim == 0 and not isinstance(dim, bool):  # as torch's nn.Embedding(n, 0)
             raise ShapeMismatchError("a stored table needs dim >= 1 (Zarr chunks of 0-value "
@@ -115,9 +129,12 @@ class TableWriter:
         self.record = DTYPES[self.storage]
         self.dtype = self.record.logical  # rows are checked as this, stored as codes
         self.compression, self.overwrite = compression, bool(overwrite)
-        if format_version not in FORMATS:
+        if format_version is not None and format_version not in FORMATS:
             raise InvalidOptionError(f"format_version must be one of {FORMATS}, got "
                                      f"{format_version!r}")
+        if format_version is None:  # new tables: format 2 unless their layout is format 1's
+            format_version = default_format(self.dim * self.record.code.itemsize, chunk_rows,
+                                            shard_rows, compression)
         # format 2 (rows at a fixed stride, page checksums) is for uncompressed rows
         self.format = 2 if format_version == 2 and compression == "none" else 1
         self._layout_args = (chunk_rows, shard_rows)

@@ -220,8 +220,8 @@ def test_a_codec_asking_for_a_huge_dictionary_is_refused_before_decoding(tmp_pat
 
     import embstore
 
-    embstore.save(tmp_path / "t", np.ones((10, 4), np.float32)).close()
-    meta_path = tmp_path / "t" / "vectors" / "zarr.json"
+    embstore.save(tmp_path / "t", np.ones((10, 4), np.float32), format_version=1).close()
+    meta_path = tmp_path / "t" / "vectors" / "zarr.json"  # (format 1: sharded codecs)
     meta = json.loads(meta_path.read_text())
     meta["codecs"][0]["configuration"]["codecs"].insert(1, {
         "name": "numcodecs.lzma",

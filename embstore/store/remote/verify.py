@@ -25,6 +25,8 @@ from ...errors import CorruptStoreError, FormatError, NotATableError
 from .ranged import block_sidecar, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from ..codecs import Layout, check_chunk
+from ..rows.layout import PAGE_CRC, RowLayout
+from ..rows.pages import decode_crc_file, page_crcs
 from .objstore import ObjectClient, is_url
 from ...dtypes import SIDE_ARRAYS
 from .source import RemoteShardSource, _regions
@@ -83,6 +85,10 @@ def _check_rows(client: ObjectClient, meta: dict, report: VerifyReport) -> None:
             m = None if raw is None else _json(raw)
         if m is None:
             continue
+        rows = RowLayout.from_metadata(m) if name == "vectors" else None
+        if rows is not None and client.get(f"{PAGE_CRC}/zarr.json") is not None:
+            _check_pages(client, rows, report)  # format 2
+            continue
         layout = Layout.from_metadata(m)
         if layout is None:
             report.add(client.where(name), None, f"{client.where(name)}: not in the sharded "
@@ -102,6 +108,38 @@ def _check_rows(client: ObjectClient, meta: dict, report: VerifyReport) -> None:
             report.arrays.append(name)
             if not layout.has_crc:
                 report.unchecked_arrays.append(name)
+
+
+def _check_pages(client: ObjectClient, L: RowLayout, report: VerifyReport) -> None:
+    """Every committed page of every chunk of a format-2 ``vectors`` against ``page_crc``
+    (a chunk's committed bytes in one ranged GET; the chunks side by side)."""
+    def one(k: int) -> list[tuple[str, str]]:
+        key = L.chunk_key(k).replace(L.separator, "/")
+        obj, crc_obj = f"vectors/{key}", f"{PAGE_CRC}/{key}"
+        raw = client.get(crc_obj)
+        if raw is None:
+            return [(client.where(crc_obj), f"{client.where(crc_obj)}: missing (the page "
+                                            f"checksums of chunk {k})")]
+        try:
+            stored = decode_crc_file(raw, L.pages_per_chunk, client.where(crc_obj))
+        except CorruptStoreError as exc:
+            return [(client.where(crc_obj), str(exc))]
+        end = L.chunk_end(k)
+        data = client.get_range(obj, 0, end) if end else b""
+        if data is None or len(data) != end:
+            return [(client.where(obj), f"{client.where(obj)}: missing or short (chunk {k} "
+                                        "of the rows)")]
+        got = page_crcs(data, end, L.pages_per_chunk)
+        bad = np.flatnonzero(got != stored)
+        if bad.size:
+            return [(client.where(obj), f"{client.where(obj)}: crc32c mismatch in "
+                     f"{bad.size} of its pages ({int(bad[0])} first): the stored rows are "
+                     "damaged")]
+        return []
+    for problems in client.map(one, list(range(L.n_chunks))):  # (bounded by the pool)
+        for where, message in problems:
+            report.add(where, None, message)
+    report.vocab_size, report.shards, report.chunks = L.rows, L.n_chunks, L.n_chunks
 
 
 def _json(raw: bytes) -> dict | None:

@@ -10,14 +10,18 @@ chunk files mapped side by side are one ``(rows, dim)`` array.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import CorruptStoreError
+from ...fs.files import open_regular
+
 from ...dtypes import DTYPES
 
 __all__ = ["RowLayout", "PAGE", "CHUNK_TARGET", "choose_chunk_rows", "min_chunk_rows",
-           "PAGE_CRC"]
+           "PAGE_CRC", "open_chunk"]
 
 PAGE = 4096  # the unit of integrity: one crc32c per aligned 4 KiB page of a chunk file
 CHUNK_TARGET = 64 << 20  # bytes per chunk: what other Zarr readers read (and dask chunks)
@@ -101,3 +105,21 @@ class RowLayout:
             return None
         return cls(rows=rows, dim=dim, dtype=record.code, chunk_rows=int(chunk[0]),
                    separator=sep)
+
+
+def open_chunk(path: str, k: int, layout: RowLayout) -> tuple[int, int]:
+    """``(descriptor, size)`` of chunk file ``k`` at ``path``: a regular file of exactly its
+    layout's size, else :class:`CorruptStoreError` (missing, or short)."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows; if the "
+                                "table or this version was removed under this reader, "
+                                "reopen it)", path=path) from None
+    size = os.fstat(fd).st_size
+    if size != layout.chunk_bytes:
+        os.close(fd)
+        raise CorruptStoreError(f"{path}: {size} bytes, expected {layout.chunk_bytes} "
+                                f"({layout.chunk_rows} rows of {layout.row_bytes} bytes)",
+                                path=path)
+    return fd, size

@@ -20,37 +20,18 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptStoreError
-from ...fs.checksum import crc32c
-from ...fs.files import open_regular
 from ..shard import prefetch
 from ..codecs import pool
 from ..commit import Transaction, settle
 from ..shard import arena
 from ..base import LayoutSource
 from ..writer import set_rows
-from .layout import PAGE, PAGE_CRC, RowLayout
+from .append import append_rows
+from .layout import PAGE, PAGE_CRC, RowLayout, open_chunk
 from ..meta import read_json
 from .pages import PageChecks, PageMismatch, crcs_at, encode_crc_file, page_crcs, read_crc_file
 
 __all__ = ["PagedSource"]
-
-
-def open_chunk(path: str, k: int, layout: RowLayout) -> tuple[int, int]:
-    """``(descriptor, size)`` of chunk file ``k`` at ``path``: a regular file of exactly its
-    layout's size, else :class:`CorruptStoreError` (missing, or short)."""
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        raise CorruptStoreError(f"{path}: missing (chunk {k} of the table's rows; if the "
-                                "table or this version was removed under this reader, "
-                                "reopen it)", path=path) from None
-    size = os.fstat(fd).st_size
-    if size != layout.chunk_bytes:
-        os.close(fd)
-        raise CorruptStoreError(f"{path}: {size} bytes, expected {layout.chunk_bytes} "
-                                f"({layout.chunk_rows} rows of {layout.row_bytes} bytes)",
-                                path=path)
-    return fd, size
 
 
 class _Unmap:
@@ -117,7 +98,7 @@ class PagedSource(LayoutSource):
         self.root, self.name, self.crc_name = Path(root), name, crc_name
         # the table's own directory (``root`` may be a version's snapshot in it)
         snap = self.root.parent.name == "versions" and self.root.parent.parent.name == ".embstore"
-        self._live_root = self.root.parents[3] if snap else self.root
+        self.live_root = self.root.parents[3] if snap else self.root
         self._rl = layout
         self._lock = threading.Lock()
         self._range: _Range | None = None
@@ -143,7 +124,7 @@ class PagedSource(LayoutSource):
         L = self._rl
         return str(self.root / self.name / Path(*L.chunk_key(k).split(L.separator)))
 
-    def _crc_path(self, k: int) -> str:
+    def crc_path(self, k: int) -> str:
         L = self._rl
         return str(self.root / self.crc_name / Path(*L.chunk_key(k).split(L.separator)))
 
@@ -204,7 +185,7 @@ class PagedSource(LayoutSource):
         settle(self.root)
         meta = read_json(self.root / self.name / "zarr.json", f"{self.name}/zarr.json")
         now = replace(self._rl, rows=max(int(meta["shape"][0]), self._rl.rows))
-        fresh = read_crc_file(self._crc_path(k), now.pages_per_chunk)
+        fresh = read_crc_file(self.crc_path(k), now.pages_per_chunk)
         with r.lock:
             r.mapped[k], r.all_mapped = False, False
         r.ensure(np.array([k]))  # the current file in the same slot: the rows held are the same
@@ -348,82 +329,10 @@ class PagedSource(LayoutSource):
         txn.after(self.refresh)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
-        """New rows go into the padding of the last chunk file, in place (bytes past the
-        rows of every version: no reader reads them, no checksum covers them), and into new
-        chunk files (sparse past their rows); the changed chunks' page checksums are new
-        files of ``txn``.  Nothing committed is rewritten (docs/FORMAT.md V6)."""
-        L = self._rl
-        n0, n1 = L.rows, L.rows + values.shape[0]
-        after = replace(L, rows=n1)
-        for k in range(n0 // L.chunk_rows, -(-n1 // L.chunk_rows)):  # a loop per chunk
-            a, b = max(n0, k * L.chunk_rows), min(n1, (k + 1) * L.chunk_rows)
-            part = np.ascontiguousarray(values[a - n0: b - n0], dtype=L.dtype)
-            lo = (a - k * L.chunk_rows) * L.row_bytes
-            if k < L.n_chunks and self._shared_with_live(k):
-                self._append_in_place(txn, k, lo, part, after)
-            elif k < L.n_chunks:  # (a copied table: the version's file is not the live one)
-                self._stage_chunk(txn, k, np.arange(a, b) - k * L.chunk_rows, part, n1)
-            else:
-                self._new_chunk(txn, k, part, after)
+        """New rows go into the padding of the last chunk file in place and into new chunk
+        files (:mod:`.append`)."""
+        append_rows(self, values, txn)
         txn.after(self.refresh)
-
-    def _crc_live(self, k: int) -> str:
-        L = self._rl
-        return "/".join([self.crc_name, *L.chunk_key(k).split(L.separator)])
-
-    def _stage_crcs(self, txn: Transaction, k: int, crcs: np.ndarray) -> None:
-        with open(txn.file(self._crc_live(k)), "wb") as f:
-            f.write(encode_crc_file(crcs))
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _shared_with_live(self, k: int) -> bool:
-        """Whether chunk ``k`` as this source reads it is the live file too (one inode: a
-        version's snapshot links it; a table copied without its hard links has two)."""
-        L = self._rl
-        live = self._live_root / self.name / Path(*L.chunk_key(k).split(L.separator))
-        try:
-            a, b = os.stat(self.chunk_path(k)), os.lstat(live)
-        except OSError:
-            return False
-        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-    def _append_in_place(self, txn: Transaction, k: int, lo: int, part: np.ndarray,
-                         after: RowLayout) -> None:
-        path = self.chunk_path(k)
-        fd, _ = open_chunk(path, k, self._rl)
-        os.close(fd)
-        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        try:
-            view = memoryview(part.reshape(-1).view(np.uint8).data)
-            done = 0
-            while done < len(view):  # a loop per system call (one, but for signals)
-                done += os.pwrite(fd, view[done:], lo + done)
-            os.fsync(fd)
-            q0 = lo // PAGE  # the first page whose checksum changes: it may hold old rows
-            head = os.pread(fd, lo - q0 * PAGE, q0 * PAGE)
-        finally:
-            os.close(fd)
-        end = after.chunk_end(k)
-        raw = part.reshape(-1).view(np.uint8)
-        h = len(head)
-        crcs = read_crc_file(self._crc_path(k), self._rl.pages_per_chunk).copy()
-        crcs[q0] = crc32c(raw[: PAGE - h], crc32c(head))  # the old bytes, then the new
-        rest = np.arange(PAGE - h, raw.size, PAGE)  # the next pages: new bytes only
-        crcs[q0 + 1: q0 + 1 + rest.size] = crcs_at(raw, rest, raw.size)
-        assert q0 * PAGE + h + raw.size == end
-        self._stage_crcs(txn, k, crcs)
-
-    def _new_chunk(self, txn: Transaction, k: int, part: np.ndarray, after: RowLayout) -> None:
-        L = self._rl
-        live = "/".join([self.name, *L.chunk_key(k).split(L.separator)])
-        data = part.reshape(-1).view(np.uint8)
-        with open(txn.file(live), "wb") as f:
-            f.write(data.data)
-            f.truncate(L.chunk_bytes)  # the padding: a hole, zeros when read
-            f.flush()
-            os.fsync(f.fileno())
-        self._stage_crcs(txn, k, page_crcs(data, data.size, L.pages_per_chunk))
 
     def publish_rows(self, rows: int, txn: Transaction) -> None:
         n_chunks = -(-rows // self._rl.chunk_rows)

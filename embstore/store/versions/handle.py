@@ -205,10 +205,12 @@ def plain(src):
 
 
 def stored_bytes(path) -> int:
-    """Bytes of every file under ``path``, each file once (versions share files)."""
+    """Bytes stored by the files under ``path``: each file once (versions share files), a
+    sparse file by its allocated blocks (the padding of a format-2 chunk is a hole)."""
     seen: dict = {}
     for d, _, files in os.walk(path):
         for f in files:
             st = os.lstat(os.path.join(d, f))
-            seen[(st.st_dev, st.st_ino)] = st.st_size
+            seen[(st.st_dev, st.st_ino)] = min(st.st_size, getattr(st, "st_blocks", 1 << 62)
+                                               * 512)
     return sum(seen.values())
