@@ -1,5 +1,5 @@
-"""Writing new tables (format 2 for uncompressed rows, else format 1): the default layout and the streaming :class:`TableWriter`
-(see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shard.write`)."""
+"""Writing new tables (format 2 for uncompressed rows, else format 1): the default layout
+and the streaming :class:`TableWriter` (see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shard.write`)."""
 
 from __future__ import annotations
 
