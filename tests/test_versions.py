@@ -357,3 +357,42 @@ def test_a_damaged_delta_is_found(t2):
         embstore.open(t2)
     with embstore.open(t2, version=1) as t:  # an earlier version does not read it
         assert t.version == 1
+
+
+def test_a_compaction_killed_at_every_step_changes_no_row(tmp_path, E):
+    """SIGKILL at each step of a compaction (and of the write before it): the table always
+    opens with the written rows, verifies, and every version reads what it held."""
+    from killchild import child_script, run_child
+
+    script = child_script(r"""
+    t.write(np.arange(0, 3000, 997), np.full((4, 16), 8, np.float32))
+    t.compact()
+""")
+    base = tmp_path / "base"
+    embstore.save(base, E, keys=[f"k{i}" for i in range(V)], format_version=2,
+                  chunk_rows=1024).close()
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe, copy_function=os.link)  # (files never change in place)
+    done = run_child(script, probe, "compact", 0)
+    assert done.returncode == 0, done.stderr
+    steps = int(done.stdout.split()[-1])
+    want = E.copy()
+    want[np.arange(0, 3000, 997)] = 8
+    seen = set()
+    for n in sorted({1, steps, *np.linspace(1, steps, 12).astype(int).tolist()}):
+        path = tmp_path / f"k{n}"
+        shutil.copytree(base, path, copy_function=os.link)
+        res = run_child(script, path, "compact", n)
+        assert res.returncode == -9, (n, res.stderr)
+        with embstore.open(path) as t:
+            got = t.to_numpy()
+            state = "old" if np.array_equal(got, E) else "new"
+            np.testing.assert_array_equal(got, E if state == "old" else want)
+            for v in [e["version"] for e in json.loads(CliRunner().invoke(
+                    cli, ["log", str(path), "--json"]).output)["versions"]]:
+                with embstore.open(path, version=v) as r:
+                    np.testing.assert_array_equal(r.to_numpy(), E if v == 1 else want)
+        assert embstore.verify(path).ok
+        seen.add(state)
+        shutil.rmtree(path)
+    assert seen == {"old", "new"}

@@ -377,9 +377,10 @@ class ZarrTable(Table):
 
     def __reduce__(self):
         """Pickled as its path (rows never travel): the copy opens the table again,
-        read-only, with the same cache budget (for worker processes, which read)."""
-        return (open, (str(self.path), "r", self.cache_info().capacity_bytes, None,
-                       self._want_version))
+        read-only, with the same cache budget and at the version this handle reads (worker
+        processes of a job read what its driver reads, whatever commits meanwhile)."""
+        pinned = self._want_version or (self._version or None)  # workers read this version
+        return (open, (str(self.path), "r", self.cache_info().capacity_bytes, None, pinned))
 
     def __repr__(self) -> str:
         stored = "" if self.storage_dtype == self.dtype.name else \
