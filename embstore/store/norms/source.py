@@ -28,6 +28,8 @@ from .calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms, stored_rows
 from ..shard.write import RowStream
 from ..base import RowSource
 from ..source import ShardSource, open_source
+from ..versions.delta import Overlays
+from ..versions.snapshot import newest, read_manifest, snapshot_root
 from ..writer import set_rows
 
 __all__ = ["NormsSource", "attach_norms", "store_norms", "check_norms", "has_norms"]
@@ -137,6 +139,16 @@ def _same(name: str, src: RowSource) -> RowSource:
     return src
 
 
+def _newest(root: Path):
+    """The directory the newest version of the table at ``root`` is read from (``root``
+    itself for a table without versions) and the hook that puts its deltas on top."""
+    n = newest(root)
+    if n is None:
+        return root, _same
+    here = snapshot_root(root, n)
+    return here, Overlays(here, read_manifest(here), writable=False).wrap
+
+
 def attach_norms(root: Path, rows: RowSource,
                  wrap: Callable[[str, RowSource], RowSource] = _same) -> RowSource:
     """``rows`` with their stored norms when the table at ``root`` has a usable ``norms``
@@ -165,9 +177,11 @@ def store_norms(path: PathLike, *, lock_timeout: float | None = None) -> int:
     root = Path(os.fspath(path)).absolute()
     with writer_lock(root, lock_timeout):
         recover(root)
-        _, meta = read_table_meta(root)
-        source = open_source(root, meta, "r")
+        here, wrap = _newest(root)  # format 2: the newest version's rows, deltas on top
+        _, meta = read_table_meta(here)
+        source = open_source(here, meta, "r", wrap)
         txn = Transaction(root)
+        txn.change = {"kind": "norms"}
         try:
             rows, _ = source.shape
             layout = source.layout
@@ -199,13 +213,14 @@ def check_norms(root: Path, damage) -> int:
     """Recompute the norm of every row of the table at ``root`` and compare with the stored
     ones; ``damage(file, message)`` for each block with a wrong norm.  Returns rows checked
     (0 when the table has no ``norms``)."""
-    if _norms_meta(root) is None:
+    here, wrap = _newest(root)  # format 2: the newest version as its readers read it
+    if _norms_meta(here) is None:
         return 0
-    _, meta = read_table_meta(root)
-    source = attach_norms(root, open_source(root, meta, "r"))
+    _, meta = read_table_meta(here)
+    source = attach_norms(here, open_source(here, meta, "r", wrap), wrap)
     try:
         if not isinstance(source, NormsSource):
-            damage(str(root / NORMS_ARRAY), _mismatch(root, source)[0])
+            damage(str(root / NORMS_ARRAY), _mismatch(here, source)[0])
             return 0
         dt = source.norms.dtype
         tol = 8 * np.finfo(dt).eps  # the sum's order may differ by a few units
