@@ -415,3 +415,20 @@ def test_norms_stored_again_over_deltas_are_the_newest_rows_norms(t2, E):
     with embstore.open(t2, "r+") as t:
         t.compact()
     assert embstore.verify(t2).ok
+
+
+def test_many_small_writes_keep_few_delta_files(t2, E):
+    """100 one-row writes (0.03% of the rows each: no compaction): the deltas are merged
+    into one file per array now and then, and every row reads back."""
+    want = E.copy()
+    with embstore.open(t2, "r+") as t:
+        for i in range(100):
+            row = (i * 29) % V
+            t.write([row], np.full((1, D), i, np.float32))
+            want[row] = i
+        snap = t2 / "vectors" / ".embstore" / "versions" / str(t.version)
+        assert len(list((snap / "deltas").iterdir())) <= 2 * 33
+        np.testing.assert_array_equal(t.to_numpy(), want)
+    with embstore.open(t2) as t:
+        np.testing.assert_array_equal(t.to_numpy(), want)
+    assert embstore.verify(t2).ok

@@ -60,12 +60,12 @@ def default_format(row_bytes: int, chunk_rows: int | None, shard_rows: int | Non
                    compression: str) -> int:
     """The format of a new table when none is asked for: 2 (docs/FORMAT.md, "Format version
     2") for uncompressed rows where this system maps them, unless a format-1 layout is asked
-    for (``shard_rows``, or ``chunk_rows`` that are no whole number of 4 KiB pages)."""
-    if compression != "none" or shard_rows is not None or not arena.available():
+    for (``chunk_rows`` or ``shard_rows``: format 1's inner chunks and shards; format 2's
+    64 MiB chunks are asked for with ``format_version=2, chunk_rows=...``)."""
+    if compression != "none" or shard_rows is not None or chunk_rows is not None or \
+            not arena.available():
         return 1
-    if chunk_rows is not None and (chunk_rows * row_bytes) % PAGE:
-        return 1
-    return 2
+    return 2 if row_bytes > 0 else 1
 
 
 def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:

@@ -17,7 +17,7 @@ from ..commit import Transaction, is_versioned, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
 from ..source import open_source
-from .delta import Overlays, OverlaySource
+from .delta import Overlays, OverlaySource, write_delta
 from .retain import Lease, vacuum
 from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
 
@@ -34,6 +34,8 @@ _log = logging.getLogger("embstore")
 #: more bytes than COMPACT_BYTES): lookups overlay deltas; every reader holds them in memory
 COMPACT_FRACTION = 0.05
 COMPACT_BYTES = 128 << 20
+#: more delta files than this in a version (many small writes) are merged into one per array
+MAX_DELTA_FILES = 32
 
 
 def check_version(version, mode: str, remote: bool) -> int | None:
@@ -173,10 +175,30 @@ def after_version(t: ZarrTable) -> None:
         if ov is not None and (ov.pending_rows > COMPACT_FRACTION * max(1, t.vocab_size)
                                or ov.pending_bytes > COMPACT_BYTES):
             compact_locked(t)
+        elif ov is not None and len(ov.entries) > MAX_DELTA_FILES:
+            merge_deltas(t)
         vacuum(t.path)
     except OSError as exc:
         _log.warning("%s: committed; the compaction or clean-up after it failed (%s): the "
                      "next write or `embstore compact` does it", t.path, exc)
+
+
+def merge_deltas(t: ZarrTable) -> None:
+    """One delta file per row array in place of many (a commit; the rows of every version
+    unchanged, no chunk rewritten): what a version's readers load stays a few files."""
+    ov = t._overlays
+    txn = Transaction(t.path, versioned=True)
+    txn.clear_deltas = True
+    txn.change = {"kind": "merge deltas", "rows": ov.pending_rows}
+    try:
+        for o in ov.made:  # a loop per row array
+            if o.ids.size:
+                write_delta(txn.delta(o.name), o.name, o.ids, o.values)
+    except BaseException:
+        txn.abort()
+        raise
+    commit(t, txn)
+    t._reload()
 
 
 def compact_locked(t: ZarrTable) -> int:
