@@ -157,6 +157,8 @@ class Table(abc.ABC):
     # -- what a backend may have (declared here, so callers need no getattr probes) ------
     path: Any = None
     """Where the table is stored (a directory, or a URL on object storage); None in memory."""
+    version: int = 0
+    """The version this handle reads (docs/FORMAT.md V5); 0: a table without versions."""
 
     @property
     def is_remote(self) -> bool:

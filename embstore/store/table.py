@@ -213,10 +213,6 @@ class ZarrTable(Table):
         src = self._source
         return history.plain(src.norms) if isinstance(src, NormsSource) else None
 
-    @property
-    def version(self) -> int:
-        """The version this handle reads (0: a table without versions, format 1)."""
-        return self._version
 
     def _read_rows(self, start: int, stop: int) -> np.ndarray:  # scans bypass the row cache
         self._check_open()

@@ -89,6 +89,7 @@ def _open_version(t: ZarrTable) -> None:
     # one's files stay readable: a version's files never change)
     (t._root, t._version, t._overlays, t._seen_commit, t._attrs, t._source, t._has_keys,
      t._vocab_obj) = (root, version, overlays, seen, attrs, source, has_keys, None)
+    t.version = version  # (Table.version: what the handle reads)
     t._versioned = n is not None or is_versioned(t.path)
     if n is not None:
         if t._lease is None:
