@@ -432,3 +432,38 @@ def test_many_small_writes_keep_few_delta_files(t2, E):
     with embstore.open(t2) as t:
         np.testing.assert_array_equal(t.to_numpy(), want)
     assert embstore.verify(t2).ok
+
+
+def test_hostile_versions_are_refused(t2, E, tmp_path):
+    """A version directory that is a symbolic link (to another table) is refused, never
+    read; a readers' directory that is a link gets no lease written through it; a delta
+    whose header claims another size is damage, found before the rest is read."""
+    other = tmp_path / "other"
+    embstore.save(other, np.ones((V, D), np.float32), format_version=2,
+                  chunk_rows=1024).close()
+    vdir = t2 / "vectors" / ".embstore" / "versions"
+    shutil.rmtree(vdir / "1")
+    os.symlink(other / "vectors" / ".embstore" / "versions" / "1", vdir / "1")
+    with pytest.raises(CorruptStoreError, match="symbolic link|expected a directory"):
+        embstore.open(t2)
+    os.remove(vdir / "1")
+    embstore.save(t2, E, format_version=2, chunk_rows=1024, overwrite=True).close()
+    readers = t2 / "vectors" / ".embstore" / "readers"
+    shutil.rmtree(readers, ignore_errors=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, readers)
+    with embstore.open(t2) as t:
+        np.testing.assert_array_equal(t[[0, 5]], E[[0, 5]])
+    assert list(outside.iterdir()) == []
+    os.remove(readers)
+    with embstore.open(t2, "r+") as t:
+        t.write([4], np.zeros((1, D), np.float32))
+    delta = vdir / "2" / "deltas" / "2.vectors"
+    data = bytearray(delta.read_bytes())
+    with open(delta, "ab") as f:
+        f.write(b"\0" * 64)
+    with pytest.raises(CorruptStoreError, match="the header says"):
+        embstore.open(t2)
+    assert not embstore.verify(t2).ok
+    assert len(data) > 0

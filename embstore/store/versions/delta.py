@@ -75,20 +75,30 @@ def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray,
         raise CorruptStoreError(f"{path}: missing (a delta of this version; the table was "
                                 "removed or vacuumed under this reader: reopen it)",
                                 path=str(path)) from None
+    def bad(why: str) -> CorruptStoreError:
+        return CorruptStoreError(f"{path}: {why}: the delta is damaged", path=str(path))
     try:
         size = os.fstat(fd).st_size
+        head = os.pread(fd, 12 + MAX_HEADER, 0)
+        if size < 16 or head[:8] != MAGIC:
+            raise bad("not a delta file (magic)")
+        (hlen,) = struct.unpack_from("<I", head, 8)
+        if hlen > MAX_HEADER or 12 + hlen > size:
+            raise bad(f"header length {hlen}")
+        try:  # the size the header claims, before reading the rest
+            h0 = json.loads(head[12: 12 + hlen].decode("utf-8"))
+            claim = (12 + hlen + (-(12 + hlen) % 8) + int(h0["rows"]) * 8 + int(h0["rows"])
+                     * int(h0["cols"]) * np.dtype(h0["dtype"]).itemsize + 4)
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:
+            raise bad(f"header ({exc})") from None
+        if claim != size:
+            raise bad(f"{size} bytes, the header says {claim}")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read()
     finally:
         os.close(fd)
-
-    def bad(why: str) -> CorruptStoreError:
-        return CorruptStoreError(f"{path}: {why}: the delta is damaged", path=str(path))
-    if len(data) != size or size < 16 or data[:8] != MAGIC:
-        raise bad("not a delta file (magic)")
-    (hlen,) = struct.unpack_from("<I", data, 8)
-    if hlen > MAX_HEADER or 12 + hlen > size:
-        raise bad(f"header length {hlen}")
+    if len(data) != size:
+        raise bad("changed while read")
     (stored,) = struct.unpack_from("<I", data, size - 4)
     if crc32c(memoryview(data)[: size - 4]) != stored:
         raise bad("crc32c mismatch")

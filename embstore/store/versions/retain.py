@@ -23,6 +23,7 @@ import uuid
 import weakref
 from pathlib import Path
 
+from ...fs.files import create_new, real_dir
 from ..commit import retire_version
 from .snapshot import list_versions, read_manifest, snapshot_root, versions_dir
 
@@ -64,10 +65,9 @@ class Lease:
                               f"{_HOST}-{os.getpid()}-{self.id}.{int(version)}")
         try:
             assert new is not None
-            os.makedirs(os.path.dirname(new), exist_ok=True)
-            with open(new, "xb"):
-                pass
-        except OSError:
+            real_dir(self.root, ("vectors", ".embstore", READERS), create=True)  # (no link)
+            os.close(create_new(new))
+        except OSError:  # (CorruptStoreError too: a link in its place: no lease)
             new = None  # a read-only table (or a full disk): no lease
         self.path = new
         if self._finalizer is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from ...errors import CorruptStoreError, InvalidOptionError
 from ...fs.beside import fsync_path, remove_quietly
 from ...fs.checksum import crc32c
-from ...fs.files import create_new, open_regular, read_small
+from ...fs.files import create_new, open_regular, read_small, real_dir
 
 __all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
            "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError"]
@@ -62,7 +62,10 @@ def newest(root: Path) -> int | None:
 
 
 def snapshot_root(root: Path, n: int) -> Path:
-    return versions_dir(root) / str(int(n))
+    """The snapshot directory of version ``n``: every part of the path a directory itself,
+    never a symbolic link (:class:`CorruptStoreError`): a version never reads outside its
+    table."""
+    return real_dir(root, (*_PRIVATE, VERSIONS, str(int(n))))
 
 
 def manifest_crc(doc: dict) -> int:
