@@ -30,6 +30,7 @@ from .append import append_rows
 from .layout import PAGE, PAGE_CRC, RowLayout, open_chunk
 from ..meta import read_json
 from .pages import PageChecks, PageMismatch, crcs_at, encode_crc_file, page_crcs, read_crc_file
+from ...ids import unique_ints
 
 __all__ = ["PagedSource"]
 
@@ -73,7 +74,7 @@ class _Range:
         if not todo.size:
             return
         with self.lock:
-            for k in np.unique(todo).tolist():  # a loop per chunk file, once
+            for k in unique_ints(todo).tolist():  # a loop per chunk file, once
                 if self.mapped[k]:
                     continue
                 fd, size = open_chunk(self.chunk_path(k), k, self.layout)

@@ -23,6 +23,7 @@ from ..codecs import Layout, check_chunk, make_codec, pool
 from .codec import ChunkDecoding
 from .file import ShardFile
 from .file import crcs as _crcs
+from ...ids import unique_ints
 
 __all__ = ["ShardReader", "ShardFile"]
 
@@ -121,7 +122,7 @@ class ShardReader(ChunkDecoding):
         gc = ids // cr
         g = jm.goff[gc]
         if g.min() < 0:
-            todo = np.unique(gc[g == -2] // L.n_inner)
+            todo = unique_ints(gc[g == -2] // L.n_inner)
             if todo.size:
                 with self._lock:
                     if jm.retired:
@@ -137,7 +138,7 @@ class ShardReader(ChunkDecoding):
         at = g + (ids - gc * cr) * L.row_bytes
         absent = g < 0
         seen = None if jm.all_verified else jm.gver[gc]
-        fresh = None if seen is None or seen.all() else np.unique(gc[~seen])
+        fresh = None if seen is None or seen.all() else unique_ints(gc[~seen])
         cold = self._prefetch_joined(jm, at, absent, seen, fresh)
         if fresh is not None:
             self._check_first_touch(jm, fresh, cold)
@@ -272,7 +273,7 @@ class ShardReader(ChunkDecoding):
             if not sf.all_verified:
                 seen = sf.verified[inner]
                 if not seen.all():
-                    sf.verify(np.unique(inner[~seen]), L)
+                    sf.verify(unique_ints(inner[~seen]), L)
             off = sf.offsets[inner]
             absent = off < 0
             if absent.any():
