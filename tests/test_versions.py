@@ -467,3 +467,22 @@ def test_hostile_versions_are_refused(t2, E, tmp_path):
         embstore.open(t2)
     assert not embstore.verify(t2).ok
     assert len(data) > 0
+
+
+def test_a_forked_child_leaves_its_parents_lease(t2):
+    t = embstore.open(t2)
+    readers = t2 / "vectors" / ".embstore" / "readers"
+    before = sorted(p.name for p in readers.iterdir())
+    assert len(before) == 1
+    pid = os.fork()
+    if pid == 0:  # the child uses the handle, refreshes it, and exits
+        try:
+            t[[1]]
+            t.refresh()
+            t.close()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert sorted(p.name for p in readers.iterdir()) == before
+    t.close()
+    assert list(readers.iterdir()) == []

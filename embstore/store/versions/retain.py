@@ -40,8 +40,10 @@ def _readers(root: Path) -> Path:
     return versions_dir(root).parent / READERS
 
 
-def _drop(path: str | None) -> None:
-    if path is not None:
+def _drop(path: str | None, pid: int | None = None) -> None:
+    """Remove a lease (in the process that took it: a forked child's exit must not drop its
+    parent's lease)."""
+    if path is not None and (pid is None or pid == os.getpid()):
         try:
             os.remove(path)
         except OSError:
@@ -57,6 +59,7 @@ class Lease:
         self.id = uuid.uuid4().hex[:12]
         self.path: str | None = None
         self._finalizer: weakref.finalize | None = None
+        self.pid = os.getpid()
         self.move(version)
 
     def move(self, version: int) -> None:
@@ -72,8 +75,9 @@ class Lease:
         self.path = new
         if self._finalizer is not None:
             self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _drop, new) if new else None
-        _drop(old)
+        _drop(old, self.pid)  # (only the process that took it)
+        self.pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _drop, new, self.pid) if new else None
 
     def release(self) -> None:
         if self._finalizer is not None:
