@@ -42,10 +42,30 @@ def table_label(table) -> str:
 _SNAPSHOT = re.compile(r"/vectors/\.embstore/versions/[0-9]+(?=/(?!manifest\.json|deltas/)|:|\s|$)")
 
 
+#: directories a reader holds open, named ``/proc/self/fd/<n>``: their real paths
+_PINNED: dict[str, str] = {}
+_FD_PATH = re.compile(r"/proc/self/fd/[0-9]+")
+
+
+def pin_name(pinned: str, real: str | None) -> None:
+    """Messages name paths under ``pinned`` by ``real`` (None: forget ``pinned``)."""
+    if real is None:
+        _PINNED.pop(pinned, None)
+    else:
+        _PINNED[pinned] = real
+
+
+def unpinned(text: str) -> str:
+    """``text`` with the held-open directories of readers written as their real paths."""
+    if "/proc/self/fd/" not in text:
+        return text
+    return _FD_PATH.sub(lambda m: _PINNED.get(m.group(0), m.group(0)), text)
+
+
 def live_name(text):
     """``text`` with paths into a version's snapshot written as the table's own paths (the
     same file: the snapshot links it); other values as they are."""
-    return _SNAPSHOT.sub("", text) if isinstance(text, str) else text
+    return _SNAPSHOT.sub("", unpinned(text)) if isinstance(text, str) else text
 
 
 class EmbstoreError(Exception):

@@ -486,3 +486,26 @@ def test_a_forked_child_leaves_its_parents_lease(t2):
     assert sorted(p.name for p in readers.iterdir()) == before
     t.close()
     assert list(readers.iterdir()) == []
+
+
+def test_a_table_replaced_under_a_reader_is_never_mixed_in(tmp_path, E):
+    """save(overwrite=True) replaces the table while a reader is open: the reader goes on
+    reading its own version's files (those it opens later included), never the new ones."""
+    p = tmp_path / "t"
+    embstore.save(p, E, keys=[f"k{i}" for i in range(V)], format_version=2,
+                  chunk_rows=1024).close()
+    r = embstore.open(p)
+    np.testing.assert_array_equal(r[[0]], E[[0]])  # chunk 0 only: the others open later
+    embstore.save(p, -E, keys=[f"x{i}" for i in range(V)], format_version=2, chunk_rows=1024,
+                  overwrite=True).close()
+    try:
+        got = r[np.arange(V)]
+        keys = list(r.keys)
+    except CorruptStoreError as exc:  # (the old files gone): a clear error, never a mix
+        assert "removed" in str(exc) or "missing" in str(exc), exc
+    else:
+        np.testing.assert_array_equal(got, E)
+        assert keys[:2] == ["k0", "k1"]
+    r.close()
+    with embstore.open(p) as t:
+        np.testing.assert_array_equal(t[[0, 2000]], -E[[0, 2000]])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import CorruptStoreError
+from ...errors import CorruptStoreError, unpinned
 from ..shard import prefetch
 from ..codecs import pool
 from ..commit import Transaction, settle
@@ -97,9 +97,10 @@ class PagedSource(LayoutSource):
             raise CorruptStoreError(f"{root}: format-2 tables are read on 64-bit Linux only "
                                     "for now", path=str(root))
         self.root, self.name, self.crc_name = Path(root), name, crc_name
-        # the table's own directory (``root`` may be a version's snapshot in it)
-        snap = self.root.parent.name == "versions" and self.root.parent.parent.name == ".embstore"
-        self.live_root = self.root.parents[3] if snap else self.root
+        # the table's own directory (``root`` may be a version's snapshot in it, held open)
+        real = Path(unpinned(str(self.root)))
+        snap = real.parent.name == "versions" and real.parent.parent.name == ".embstore"
+        self.live_root = real.parents[3] if snap else real
         self._rl = layout
         self._lock = threading.Lock()
         self._range: _Range | None = None

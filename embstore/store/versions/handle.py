@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...errors import pin_name
 from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError, ShapeMismatchError
 from ...keys.index import DiskVocab
 from ..commit import Transaction, is_versioned, last_commit
@@ -81,9 +84,14 @@ def _open_version(t: ZarrTable) -> None:
         manifest = read_manifest(root)
         seen = manifest.get("txn")
         overlays = Overlays(root, manifest, writable=t.mode == "r+")
+    pin = None if n is None else _Pin(root)  # the version's directory, held open
+    if pin is not None:
+        root = pin.path
     attrs, meta = read_table_meta(root)
     wrap = overlays.wrap if overlays is not None else (lambda name, src: src)
     source = attach_norms(root, open_source(root, meta, t.mode, wrap), wrap)
+    if pin is not None:
+        setattr(source, "_pin", pin)  # the directory is held as long as the source lives
     has_keys = bool(attrs.get("has_keys", (root / "keys").is_dir()))
     # one step: threads sharing the handle see the old state or the new one (the old
     # one's files stay readable: a version's files never change)
@@ -96,6 +104,33 @@ def _open_version(t: ZarrTable) -> None:
             t._lease = Lease(t.path, n)
         else:
             t._lease.move(n)
+
+
+class _Pin:
+    """A version's snapshot directory held open, read as ``/proc/self/fd/<n>``: files the
+    handle opens later come from this directory even if the table is replaced or removed
+    under it meanwhile (then: the old files, or a clear error; never the new table's)."""
+
+    def __init__(self, root: Path):
+        self.fd, self.path = None, Path(root)
+        if os.path.isdir("/proc/self/fd"):
+            try:
+                fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) |
+                             getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return
+            self.fd, self.path = fd, Path(f"/proc/self/fd/{fd}")
+            pin_name(str(self.path), str(root))
+            weakref.finalize(self, _unpin, fd, str(self.path), os.getpid())
+
+
+def _unpin(fd: int, path: str, pid: int) -> None:
+    if pid == os.getpid():
+        pin_name(path, None)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def commit(t: ZarrTable, txn: Transaction) -> None:
