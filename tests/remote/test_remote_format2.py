@@ -49,3 +49,47 @@ def test_save_to_a_url_in_format_2_and_a_damaged_page(s3, rng, E):
         np.testing.assert_array_equal(t[[2048, 5999]], E[[2048, 5999]])  # other pages
         with pytest.raises(CorruptStoreError, match=r"vectors/c/2/0: crc32c mismatch in page 3"):
             t[[2048 + 80]]
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_a_remote_table_deleted_under_a_reader_never_reads_zeros(s3, E, fmt):
+    """Every object of the table deleted while a reader is open: the rows it asks for
+    later are a clear error (or rows it had), never the fill value."""
+    from embstore.store.remote.objstore import ObjectClient
+
+    url = f"s3://{s3.bucket}/gone-{fmt}.emb"
+    layout = {"format_version": 2, "chunk_rows": 1024} if fmt == 2 else {
+        "chunk_rows": 16, "shard_rows": 1024}
+    embstore.save(url, E, **layout).close()
+    t = embstore.open(url, cache_bytes=0)
+    np.testing.assert_array_equal(t[[0]], E[[0]])
+    client = ObjectClient(url)
+    try:
+        client.delete(["zarr.json"] + [rel for rel, _ in client.list() if rel != "zarr.json"])
+    finally:
+        client.close()
+    try:
+        got = t[np.arange(2000, 6000)]
+    except (CorruptStoreError, OSError) as exc:
+        assert "removed" in str(exc) or "missing" in str(exc) or "not found" in str(
+            exc).lower(), exc
+    else:
+        np.testing.assert_array_equal(got, E[2000:6000])
+    t.close()
+
+
+def test_verify_finds_a_damaged_page_of_a_remote_format_2_table(s3, E, tmp_path):
+    from embstore.store.remote.objstore import ObjectClient
+
+    url = f"s3://{s3.bucket}/bad.emb"
+    embstore.save(url, E, format_version=2, chunk_rows=1024).close()
+    assert embstore.verify(url).ok
+    client = ObjectClient(url)
+    try:
+        raw = bytearray(client.get("vectors/c/2/0"))
+        raw[5000] ^= 1
+        client.put("vectors/c/2/0", bytes(raw))
+    finally:
+        client.close()
+    report = embstore.verify(url)
+    assert not report.ok and "vectors/c/2/0" in str(report) and "crc32c" in str(report)

@@ -150,6 +150,9 @@ class RemoteShardSource(LayoutSource):
                     self.cache.drop(obj, "index")  # a damaged cache entry: fetch again
         got = self.client.get_tail(obj, self._index_len())
         size, tail = (-1, b"") if got is None else (got[1], got[0])
+        if got is None and self.client.head("zarr.json") is None:  # never the fill value
+            raise CorruptStoreError(f"{where}: the table was removed under this reader "
+                                    "(reopen it)", path=where)
         parsed = self._parsed(tail, size, where)
         if self.cache is not None:
             self.cache.put(obj, "index", int(size).to_bytes(8, "little", signed=True)
