@@ -181,7 +181,11 @@ def store(data_dir: Path, source: Path, *, compression: str = "none", with_keys:
     if path.exists():
         try:
             with es.open(path) as t:
-                if tuple(t.shape) == arr.shape and (t.keys is not None) == with_keys:
+                fmt = (layout or {}).get("format_version")  # None: what save picks today
+                if tuple(t.shape) == arr.shape and (t.keys is not None) == with_keys and (
+                        fmt is None or t.layout.get("format", 1) == fmt) and (
+                        fmt is not None or compression != "none" or t.layout.get("format") == 2
+                        or bool(set(layout or {}) & {"chunk_rows", "shard_rows"})):
                     return path
         except Exception:  # noqa: BLE001 - a store from an older build: rebuild it
             pass

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import data
 from ..children import child_method_runs, run_child
-from ..common import Method, Warmer, compare, interleave
+from ..common import Measurement, Method, Warmer, absolute, compare, interleave
 
 NAME = "format2"
 TITLE = "Format 2 against format 1 and the memory's limits"
@@ -27,7 +27,7 @@ def run(ctx, res) -> None:
     rows, dim, reps = cfg["rows"], cfg["dim"], cfg["reps"]
     res.params = {"rows": rows, "dim": dim, "ids": 32 * 512, "reps": reps}
     npy = data.table_npy(ctx.data_dir, rows, dim)
-    one = data.store(ctx.data_dir, npy)
+    one = data.store(ctx.data_dir, npy, layout={"format_version": 1})  # (new tables: 2)
     two = data.store(ctx.data_dir, npy, layout={"format_version": 2})
     ids_npy = data.ids_npy(ctx.data_dir, rows, 32 * 512, "uniform")
     ids = np.load(ids_npy)
@@ -90,3 +90,33 @@ def run(ctx, res) -> None:
             found.get("zarr-python arr[:] of format 2"), limit, target=("within", 2.0))
     compare(res, "zarr-python: format 2 vs format 1", found.get("zarr-python arr[:] of format 2"),
             found.get("zarr-python arr[:] of format 1"), target=("faster", None))
+    _open_and_one_id(ctx, res, cfg, reps)
+
+
+def _open_and_one_id(ctx, res, cfg, reps) -> None:
+    """Open + the first lookup of one id in a fresh process, page cache warm, at two table
+    sizes: the small table above and one of ``big_rows`` x 64 (created as zeros: sparse
+    files, so the size costs no disk); the bar is absolute (at most 5 ms) and flat."""
+    import embstore
+    from pathlib import Path
+
+    big_rows = cfg.get("big_rows", 100_000_000)
+    found = {}
+    for rows in (cfg["rows"], big_rows):
+        path = Path(ctx.data_dir) / f"zeros-{rows}x64-format2.embstore"
+        if not path.exists():
+            embstore.create(path, (rows, 64)).close()
+        one = Path(ctx.data_dir) / f"one-id-of-{rows}.npy"
+        np.save(one, np.array([rows - 7], dtype=np.int64))
+        case = f"fresh process: open + 1 id of {rows:,} x 64"
+        runs = {V2: ("embstore", lambda p=path, o=one: run_child("fresh-lookup", "embstore", p, o))}
+        done = child_method_runs(res, case, runs, reps=reps,
+                                 check=lambda name, out: None if out.get("checksum") == 0 else (
+                                     _ for _ in ()).throw(AssertionError("zeros expected")))
+        if done.get(V2):
+            m = Measurement(case, f"{V2} (ms)", "embstore", "ms",
+                            [d["seconds"] * 1e3 for d in done[V2]])
+            res.measurements.append(m)
+            found[rows] = m
+    for rows, m in found.items():
+        absolute(res, f"open + first lookup of one id, {rows:,} rows", m, at_most=5.0)
