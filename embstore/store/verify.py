@@ -38,7 +38,8 @@ from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS, check_subwords
 from ..dtypes import SIDE_ARRAYS
 from .norms.calc import NORMS_ARRAY
-from .norms.source import check_norms
+from .norms.source import check_norms, norms_in_one_pass
+from .source import open_source
 from .shard.read import ShardReader
 
 __all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]
@@ -203,10 +204,17 @@ def verify(path: PathLike) -> VerifyReport:
         report.add(str(root), None, str(exc))
         return report
     fast: set[str] = set()
+    one_pass = None  # format 2: the norms checked with the rows' pages
     rows = RowLayout.from_metadata(meta)
     if rows is not None and _array_meta(root, PAGE_CRC) is not None:  # format 2
         fast.update(("vectors", PAGE_CRC))
-        for file, chunk, message in verify_rows(root, rows):
+        norm_problems: list = []
+        try:  # the norms compared as the rows are read for their pages: one pass
+            one_pass = norms_in_one_pass(root, open_source(root, meta, "r"),
+                                         lambda file, msg: norm_problems.append((file, msg)))
+        except (CorruptStoreError, FormatError):
+            one_pass = None
+        for file, chunk, message in verify_rows(root, rows, on_rows=one_pass):
             report.add(file, chunk, message)
         report.vocab_size, report.shards, report.chunks = rows.rows, rows.n_chunks, rows.n_chunks
     for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
@@ -270,7 +278,10 @@ def verify(path: PathLike) -> VerifyReport:
                    f"one per row ({report.vocab_size} rows)")
     elif deep and report.vocab_size is not None:
         _deep_check_keys(root, report)
-    if report.ok and NORMS_ARRAY in report.arrays:  # every norm recomputed from its row
+    if report.ok and NORMS_ARRAY in report.arrays and one_pass is not None:
+        for file, msg in norm_problems:  # (checked with the rows' pages above)
+            report.add(file, None, msg)
+    elif report.ok and NORMS_ARRAY in report.arrays:  # every norm recomputed from its row
         try:
             check_norms(root, lambda file, msg: report.add(file, None, msg))
         except (CorruptStoreError, FormatError) as exc:

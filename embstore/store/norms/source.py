@@ -32,7 +32,8 @@ from ..versions.delta import Overlays
 from ..versions.snapshot import newest, read_manifest, snapshot_root
 from ..writer import set_rows
 
-__all__ = ["NormsSource", "attach_norms", "store_norms", "check_norms", "has_norms"]
+__all__ = ["NormsSource", "attach_norms", "store_norms", "check_norms", "has_norms",
+           "norms_in_one_pass", "compare_norms"]
 
 _BLOCK_BYTES = 32 << 20  # rows read at a time when norms are computed from the table
 
@@ -223,19 +224,49 @@ def check_norms(root: Path, damage) -> int:
             damage(str(root / NORMS_ARRAY), _mismatch(here, source)[0])
             return 0
         dt = source.norms.dtype
-        tol = 8 * np.finfo(dt).eps  # the sum's order may differ by a few units
         for a, block in _table_blocks(source.rows):
-            want = row_norms(block, dt)[:, 0].astype(np.float64)  # past float32 max: inf
-            got = source.row_norms(a, a + block.shape[0]).astype(np.float64)
-            with np.errstate(invalid="ignore"):  # inf - inf: equal, caught by ==
-                near = np.abs(got - want) <= tol * np.maximum(want, np.finfo(dt).tiny)
-            bad = ~((got == want) | near)  # NaN is never right
-            if bad.any():
-                i = int(np.argmax(bad))
-                damage(str(root / NORMS_ARRAY),
-                       f"{root / NORMS_ARRAY}: row {a + i} has stored norm "
-                       f"{float(got[i])!r}, its row's norm is {float(want[i])!r} "
-                       f"({int(bad.sum())} wrong in rows {a}..{a + block.shape[0] - 1})")
+            compare_norms(root, a, block, source.row_norms(a, a + block.shape[0]), dt, damage)
         return int(source.shape[0])
     finally:
         source.close()
+
+
+def compare_norms(root: Path, a: int, block: np.ndarray, stored: np.ndarray, dt, damage) -> None:
+    """``damage(file, message)`` if the stored norms ``stored`` of rows ``a..`` (``block``,
+    as stored) are not their rows' norms."""
+    tol = 8 * np.finfo(dt).eps  # the sum's order may differ by a few units
+    want = row_norms(block, dt)[:, 0].astype(np.float64)  # past float32 max: inf
+    got = stored.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf: equal, caught by ==
+        near = np.abs(got - want) <= tol * np.maximum(want, np.finfo(dt).tiny)
+    bad = ~((got == want) | near)  # NaN is never right
+    if bad.any():
+        i = int(np.argmax(bad))
+        damage(str(root / NORMS_ARRAY),
+               f"{root / NORMS_ARRAY}: row {a + i} has stored norm "
+               f"{float(got[i])!r}, its row's norm is {float(want[i])!r} "
+               f"({int(bad.sum())} wrong in rows {a}..{a + block.shape[0] - 1})")
+
+
+def norms_in_one_pass(root: Path, rows: RowSource, damage):
+    """For ``verify`` of a format-2 table of float rows whose newest version has no deltas:
+    ``on_rows(start, block)``, comparing the stored norms of each block of rows as it is
+    read for its page checks (one read of the rows for both), or None (no usable norms,
+    deltas, compact codes: ``check_norms`` then)."""
+    n = newest(root)
+    if (n is not None and read_manifest(snapshot_root(root, n))["deltas"]) or \
+            rows.storage_dtype not in ("float16", "float32", "float64"):
+        return None
+    why, layout = _mismatch(root, rows)
+    if layout is None or why:
+        return None
+    norms = ShardSource(root, layout, NORMS_ARRAY)
+    dt = norms.dtype
+
+    def on_rows(a: int, block: np.ndarray) -> None:
+        try:
+            stored = norms.read(a, a + block.shape[0])[:, 0]
+        except CorruptStoreError:
+            return  # the norms' own damage: verify's check of the array reports it
+        compare_norms(root, a, block, stored, dt, damage)
+    return on_rows

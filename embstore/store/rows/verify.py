@@ -21,7 +21,8 @@ __all__ = ["verify_rows"]
 Problem = tuple[str, int | None, str]
 
 
-def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray) -> list[Problem]:
+def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
+           on_rows=None) -> list[Problem]:
     key = Path(*L.chunk_key(k).split(L.separator))
     path, crc_path = str(root / name / key), str(root / PAGE_CRC / key)
     try:
@@ -52,22 +53,26 @@ def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray) -> list
         os.close(fd)
     bad = np.flatnonzero(got != stored)
     if not bad.size:
+        if on_rows is not None and end:  # the rows, checked: for a check of derived data
+            on_rows(k * L.chunk_rows, buf[:end].view(L.dtype).reshape(-1, L.dim))
         return []
     shown = ", ".join(str(int(p)) for p in bad[:5]) + (" ..." if bad.size > 5 else "")
     return [(path, k, f"{path}: crc32c mismatch in {bad.size} of its {-(-L.chunk_end(k) // PAGE)}"
                       f" pages ({shown}): the stored rows are damaged")]
 
 
-def verify_rows(root: Path, layout: RowLayout, name: str = "vectors") -> Iterator[Problem]:
-    """``(file, chunk, message)`` for every damage found in the row array ``name``."""
+def verify_rows(root: Path, layout: RowLayout, name: str = "vectors",
+                on_rows=None) -> Iterator[Problem]:
+    """``(file, chunk, message)`` for every damage found in the row array ``name``;
+    ``on_rows(start, rows)`` gets the rows of each chunk that passed (from two threads)."""
     n = layout.n_chunks
     half = n // 2
     bufs = [np.empty(layout.chunk_bytes, dtype=np.uint8) for _ in range(2 if n > 1 else 1)]
     other = pool().submit(lambda: [p for k in range(half, n) for p in _chunk(
-        root, name, layout, k, bufs[-1])])
+        root, name, layout, k, bufs[-1], on_rows)])
     try:
         for k in range(half):  # a loop per chunk file
-            yield from _chunk(root, name, layout, k, bufs[0])
+            yield from _chunk(root, name, layout, k, bufs[0], on_rows)
     finally:
         rest = other.result()
     yield from rest
