@@ -263,12 +263,13 @@ def _open_array(root: Path, meta: dict, mode: str, name: str) -> RowSource:
     return ShardSource(root, layout, name)
 
 
-def _same(name: str, src: RowSource) -> RowSource:
+def same_array(name: str, src: RowSource) -> RowSource:
+    """The ``wrap`` hook of a table read as it is (no deltas on top)."""
     return src
 
 
 def open_source(root: Path, meta: dict, mode: str,
-                wrap: Callable[[str, RowSource], RowSource] = _same) -> RowSource:
+                wrap: Callable[[str, RowSource], RowSource] = same_array) -> RowSource:
     """The row source of the table at ``root`` whose ``vectors/zarr.json`` is ``meta``;
     ``wrap(name, source)`` is given each row array as it is opened (a version's deltas go
     on top there: :class:`~embstore.store.versions.delta.Overlays`)."""

@@ -27,7 +27,7 @@ from ..meta import read_json, read_table_meta
 from .calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms, stored_rows
 from ..shard.write import RowStream
 from ..base import RowSource
-from ..source import ShardSource, open_source
+from ..source import ShardSource, open_source, same_array
 from ..versions.delta import Overlays
 from ..versions.snapshot import newest, read_manifest, snapshot_root
 from ..writer import set_rows
@@ -136,22 +136,18 @@ def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | None]:
     return "", layout
 
 
-def _same(name: str, src: RowSource) -> RowSource:
-    return src
-
-
 def _newest(root: Path):
     """The directory the newest version of the table at ``root`` is read from (``root``
     itself for a table without versions) and the hook that puts its deltas on top."""
     n = newest(root)
     if n is None:
-        return root, _same
+        return root, same_array
     here = snapshot_root(root, n)
     return here, Overlays(here, read_manifest(here), writable=False).wrap
 
 
 def attach_norms(root: Path, rows: RowSource,
-                 wrap: Callable[[str, RowSource], RowSource] = _same) -> RowSource:
+                 wrap: Callable[[str, RowSource], RowSource] = same_array) -> RowSource:
     """``rows`` with their stored norms when the table at ``root`` has a usable ``norms``
     array.  Norms that do not fit the rows (another tool appended rows) are left aside:
     they only save work, searches compute norms instead, and ``verify`` reports them."""

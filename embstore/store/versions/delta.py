@@ -85,12 +85,15 @@ def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray,
         (hlen,) = struct.unpack_from("<I", head, 8)
         if hlen > MAX_HEADER or 12 + hlen > size:
             raise bad(f"header length {hlen}")
-        try:  # the size the header claims, before reading the rest
-            h0 = json.loads(head[12: 12 + hlen].decode("utf-8"))
-            claim = (12 + hlen + (-(12 + hlen) % 8) + int(h0["rows"]) * 8 + int(h0["rows"])
-                     * int(h0["cols"]) * np.dtype(h0["dtype"]).itemsize + 4)
+        try:  # the header, checked before the rest is read (its size the file's)
+            h = json.loads(head[12: 12 + hlen].decode("utf-8"))
+            n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
+            if dt.hasobject or c < 1 or n < 0 or (limit_rows is not None and n > limit_rows):
+                raise ValueError(f"{n} rows of {c} x {dt}")
         except (ValueError, KeyError, TypeError, OverflowError) as exc:
             raise bad(f"header ({exc})") from None
+        start = 12 + hlen + (-(12 + hlen) % 8)
+        claim = start + n * 8 + n * c * dt.itemsize + 4
         if claim != size:
             raise bad(f"{size} bytes, the header says {claim}")
         with os.fdopen(os.dup(fd), "rb") as f:
@@ -102,17 +105,6 @@ def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray,
     (stored,) = struct.unpack_from("<I", data, size - 4)
     if crc32c(memoryview(data)[: size - 4]) != stored:
         raise bad("crc32c mismatch")
-    try:
-        h = json.loads(data[12: 12 + hlen].decode("utf-8"))
-        n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
-        if dt.hasobject or c < 1 or n < 0 or (limit_rows is not None and n > limit_rows):
-            raise ValueError(f"{n} rows of {c} x {dt}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise bad(f"header ({exc})") from None
-    start = 12 + hlen + (-(12 + hlen) % 8)
-    need = start + n * 8 + n * c * dt.itemsize + 4
-    if need != size:
-        raise bad(f"{size} bytes, expected {need}")
     ids = np.frombuffer(data, dtype="<i8", count=n, offset=start).astype(np.int64)
     values = np.frombuffer(data, dtype=dt, count=n * c, offset=start + n * 8).reshape(n, c)
     if n and (ids[0] < 0 or (np.diff(ids) <= 0).any()):

@@ -19,7 +19,7 @@ from ...keys.index import DiskVocab
 from ..commit import Transaction, is_versioned, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
-from ..source import open_source
+from ..source import open_source, same_array
 from .delta import Overlays, OverlaySource, write_delta
 from .retain import Lease, vacuum
 from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
@@ -88,7 +88,7 @@ def _open_version(t: ZarrTable) -> None:
     if pin is not None:
         root = pin.path
     attrs, meta = read_table_meta(root)
-    wrap = overlays.wrap if overlays is not None else (lambda name, src: src)
+    wrap = overlays.wrap if overlays is not None else same_array
     source = attach_norms(root, open_source(root, meta, t.mode, wrap), wrap)
     if pin is not None:
         setattr(source, "_pin", pin)  # the directory is held as long as the source lives
