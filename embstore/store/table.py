@@ -55,6 +55,8 @@ class ZarrTable(Table):
     :class:`~embstore.cache.null.NullCache` when ``cache_bytes=0``).
     """
 
+    _appends_check_keys = True  # (versions.handle.append_rows, under the writer lock)
+
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "auto",
                  lock_timeout: float | None = None, version: int | None = None, **remote: Any):
         if mode not in ("r", "r+"):

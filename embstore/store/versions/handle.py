@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import pin_name
-from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError, ShapeMismatchError
+from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from ...keys.index import DiskVocab
 from ...keys.segments import SegmentedVocab
+from ...ids import refuse_existing
 from ..commit import Transaction, is_versioned, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
@@ -176,13 +177,9 @@ def append_rows(t: ZarrTable, vectors: np.ndarray, keys: list[str] | None) -> in
         if vocab is not None and not isinstance(vocab, (DiskVocab, SegmentedVocab)):
             raise ReadOnlyError(f"{t.path}: appending keys needs embstore's key index "
                                 "(this table's keys were written by another tool)")
-        if vocab is not None:  # again, under the lock: another writer may have added them
+        if vocab is not None:  # under the lock: another writer may have added them
             assert keys is not None
-            found = vocab.find(np.array(keys, dtype=object))
-            if (found >= 0).any():
-                i = int(np.argmax(found >= 0))
-                raise ShapeMismatchError(
-                    f"append: key {keys[i]!r} already exists at row {int(found[i])}")
+            refuse_existing(vocab.find, keys)
         txn = Transaction(t.path, versioned=t._versioned)
         txn.change = {"kind": "append", "rows": int(n), "keys": keys is not None}
         try:
