@@ -7,7 +7,6 @@ chunks took 30-150 ms.  Arrays with other codecs are written through zarr-python
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
@@ -37,8 +36,8 @@ def plain_keys_codecs(meta: dict) -> bool:
 
 def write_keys_chunks(array_dir: Path, chunk: int, first_chunk: int, keys: list[str]) -> list[str]:
     """Write chunks ``first_chunk, ...`` of the ``keys`` array at ``array_dir`` holding
-    ``keys`` (the last chunk padded with ``""``), each fsynced; returns their file names
-    (under ``array_dir/c``)."""
+    ``keys`` (the last chunk padded with ``""``; not fsynced: the caller's transaction
+    does); returns their file names (under ``array_dir/c``)."""
     from numcodecs import VLenUTF8
     from numcodecs.zstd import Zstd
 
@@ -52,7 +51,5 @@ def write_keys_chunks(array_dir: Path, chunk: int, first_chunk: int, keys: list[
         with open(array_dir / "c" / name, "wb") as f:
             f.write(body)
             f.write(struct.pack("<I", crc32c(body)))
-            f.flush()
-            os.fsync(f.fileno())
         names.append(name)
     return names
