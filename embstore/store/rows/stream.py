@@ -175,7 +175,8 @@ def create_paged_array(group, root: str, name: str, zarr_dtype, code, dim: int,
                        serializer=BytesCodec(endian="little"), compressors=None, filters=None,
                        fill_value=0, dimension_names=dimension_names)
     ppc, crc = layout.pages_per_chunk, crc_array(name)
+    dims = ("chunk", "page") if name == "vectors" else (f"{name}_chunk", f"{name}_page")
     group.create_array(crc, shape=(0, ppc), dtype="uint32", chunks=(1, ppc),
                        serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
-                       fill_value=0, dimension_names=("chunk", "page"))
+                       fill_value=0, dimension_names=dims)  # (xarray: one size per name)
     return PagedStream(os.path.join(root, name), os.path.join(root, crc), layout, sync)
