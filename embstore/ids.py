@@ -280,6 +280,14 @@ def as_key_array(keys) -> np.ndarray:
     return arr
 
 
+def key_list(keys) -> list[str]:
+    """Keys of any shape as a flat list of plain ``str`` (as :func:`as_key_array` checks
+    them); a list or tuple of plain strings is taken as it is (one C-level type check)."""
+    if isinstance(keys, (list, tuple)) and keys and set(map(type, keys)) == {str}:
+        return list(keys)
+    return list(map(str, as_key_array(keys).reshape(-1)))
+
+
 def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:
     """Validate ``ids`` against ``0 <= id < vocab_size``; return int64 of the same shape.
 

@@ -23,6 +23,7 @@ from .errors import (ClosedTableError, InvalidOptionError, KeyNotFoundError, Rea
                      ShapeMismatchError, table_label)
 from .ids import (alloc_result, as_ids, as_key_array, at_position, check_result_size,
                   memory_refused, position_of, positive_int, refuse_existing)
+from .ids import key_list as ids_key_list
 from .oov import KEY_OOV_MODES, OOV, NgramMatrix, check_oov, map_oov, subword_rows
 
 __all__ = ["Table", "Vocab"]
@@ -384,8 +385,7 @@ class Table(abc.ABC):
             if keys is None:
                 raise KeyNotFoundError("this table has keys: append needs one key per row",
                                        key=None, position=None)
-            key_list = list(map(str, as_key_array(keys).reshape(-1))) if not isinstance(
-                keys, str) else [keys]
+            key_list = ids_key_list(keys) if not isinstance(keys, str) else [keys]
             if len(key_list) != n:
                 raise ShapeMismatchError(f"append: got {n} vectors but {len(key_list)} keys")
             if len(set(key_list)) != n:
