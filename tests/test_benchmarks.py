@@ -87,10 +87,13 @@ def test_runner_smoke_every_scenario(tmp_path):
 
 @pytest.mark.slow
 def test_runner_smoke_ooc(tmp_path):
-    run, md = _run(tmp_path, "--only", "ooc")
+    run, md = _run(tmp_path, "--only", "ooc,ooc-zipf")
+    s, methods = _methods(run, "ooc-zipf")
+    assert {"embstore, no row cache", "embstore, row cache filled by traffic",
+            "embstore, row cache after warm(hottest rows)"} <= methods
+    assert any("warm() vs no cache, bytes read" in c["label"] for c in s["comparisons"])
     s, methods = _methods(run, "ooc")
-    assert {"embstore on-disk, no row cache", "np.load(mmap_mode='r')[ids]",
-            "embstore on-disk, row cache"} <= methods
+    assert {"embstore on-disk, no row cache", "np.load(mmap_mode='r')[ids]"} <= methods
     labels = {c["label"] for c in s["comparisons"]}
     assert any("cold: MiB read <= 1.5 x ids" in x for x in labels)
     assert any("cold: embstore vs np.memmap" in x for x in labels)

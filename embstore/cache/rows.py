@@ -360,9 +360,9 @@ class RowCache(SlotIndex):
             have = cell >= 0
             if have.any():
                 self._pin_slots(self._hv[cell[have]], self._clock)
-            order = order[~have]
+            order = np.sort(order[~have])  # (all are held: read them in one sweep)
         for s in range(0, order.size, block):
-            part = np.sort(order[s: s + block])
+            part = order[s: s + block]
             rows = np.empty((part.size, self.dim), dtype=self.dtype)
             with self._lock:
                 gen = self._gen
