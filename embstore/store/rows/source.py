@@ -29,7 +29,8 @@ from ..writer import set_rows
 from .append import append_rows
 from .layout import PAGE, PAGE_CRC, RowLayout, open_chunk
 from ..meta import read_json
-from .pages import PageChecks, PageMismatch, crcs_at, encode_crc_file, page_crcs, read_crc_file
+from .pages import (PageChecks, PageMismatch, bad_pages, crcs_at, encode_crc_file, page_crcs,
+                    read_crc_file)
 from ...ids import unique_ints
 
 __all__ = ["PagedSource"]
@@ -279,11 +280,9 @@ class PagedSource(LayoutSource):
         if edge.size:
             r.ensure(np.array([k]))
             self._check_pages(edge, r, checks)
-        qi = qs[inside]
-        got = crcs_at(part, qi * PAGE - lo, min(hi, end) - lo)
-        bad = np.flatnonzero(got != checks.crcs(k)[qi])
+        bad = bad_pages(part, -lo, qs[inside], min(hi, end), checks.crcs(k))
         if bad.size:
-            q = int(qi[bad[0]])
+            q = int(bad[0])
             path = self.chunk_path(k)
             raise CorruptStoreError(f"{path}: crc32c mismatch in page {q} (bytes {q * PAGE}.."
                                     f"{min((q + 1) * PAGE, end) - 1}): the stored rows are "
