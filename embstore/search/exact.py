@@ -35,7 +35,7 @@ import threadpoolctl
 
 from ..fs.forksafe import renew_after_fork
 from ..store.codecs import pool
-from ..store.scan import rows_in_place, scan_blocks
+from ..store.scan import read_checked, rows_in_place, rows_view, scan_blocks, scan_unread
 from ..table import Table
 from .topk import sort_desc, top_k_columns
 
@@ -52,6 +52,8 @@ SCAN_BLOCK_BYTES = 32 << 20
 #: idle machine: one query, 32 MiB blocks 90-96 ms, 64 MiB 86-88 ms, 128 MiB 80-84 ms;
 #: 32 queries, 32 MiB 334 ms, 128 MiB 297 ms
 VIEW_BLOCK_BYTES = 128 << 20
+#: bytes of rows read at a time into a part's buffer on a first scan of format-2 rows
+PIECE_BYTES = 4 << 20
 _MIN_PART_ROWS = 4096  # a block is split between the cores in parts of at least this
 _PARTS = min(4, os.cpu_count() or 1)  # parts a block is split in (one per core)
 
@@ -117,6 +119,20 @@ def _part(rows: np.ndarray, qt: np.ndarray, norms: np.ndarray, out: np.ndarray) 
         else:
             np.matmul(rows, qt, out=out)
         out /= norms[:, None]
+
+
+def _read_part(table, a: int, z: int, qt: np.ndarray, norms: np.ndarray, out: np.ndarray,
+               buf: np.ndarray) -> None:
+    """:func:`_part` of rows ``a..z-1`` of a format-2 table not checked yet: read (and
+    checked) a piece at a time into ``buf`` (pieces aligned to its length: never across a
+    chunk file), each piece's scores computed while it is in cache."""
+    step = buf.shape[0]
+    p = a
+    while p < z:  # a loop per piece (4 MiB)
+        e = min(z, (p // step + 1) * step)
+        rows = read_checked(table, p, e, buf[: e - p])
+        _part(rows, qt, norms[p - a: e - a], out[p - a: e - a])
+        p = e
 
 
 def _cuts(b: int, parts: int) -> list[int]:
@@ -236,10 +252,11 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
     qt = q[0] if n == 1 else q.T
     best = _Best(n, k, dtype)
     buf: np.ndarray | None = None
-    rows_per = block_rows or scan_block_rows(
-        table, n, in_place=table.dtype == dtype and rows_in_place(table))
+    in_place = table.dtype == dtype and rows_in_place(table)
+    rows_per = block_rows or scan_block_rows(table, n, in_place=in_place)
     parts = _PARTS
     sbuf = np.empty((rows_per, n), dtype)
+    pieces: list[np.ndarray] = []  # a buffer per part for rows read piece by piece
 
     def finish(start: int, rows: np.ndarray, norms: np.ndarray, s: np.ndarray) -> None:
         """Fix the scores ``s`` of rows ``start..`` (odd rows, bad queries, excluded ids),
@@ -260,8 +277,31 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
 
     with (_one_blas_thread if parts > 1 and n > 1 else contextlib.nullcontext()), \
             np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for start, rows, norms in scan_blocks(table, rows_per, reuse=True):
-            b = rows.shape[0]
+        blocks = scan_unread(table, rows_per, reuse=True) if in_place else (
+            (a, a + r.shape[0], r, m) for a, r, m in scan_blocks(table, rows_per, reuse=True))
+        for start, stop, rows, norms in blocks:
+            b = stop - start
+            if rows is None:  # format-2 rows this handle has not checked yet: read, scored
+                assert norms is not None
+                if not pieces:
+                    step = 1 << max(0, (PIECE_BYTES // (table.dim * table.dtype.itemsize))
+                                    .bit_length() - 1)
+                    pieces = [np.empty((step, table.dim), table.dtype) for _ in range(parts)]
+                cuts = _cuts(b, parts)
+                s = sbuf[:b]
+                todo = [pool().submit(_read_part, table, start + a, start + z, qt, norms[a:z],
+                                      s[a:z], pieces[j + 1])
+                        for j, (a, z) in enumerate(zip(cuts[1:-1], cuts[2:]))]
+                try:
+                    _read_part(table, start, start + cuts[1], qt, norms[: cuts[1]],
+                               s[: cuts[1]], pieces[0])
+                finally:
+                    for f in todo:
+                        f.result()
+                rows = rows_view(table, start, stop)  # (checked now: nothing read)
+                for a, z in zip(cuts[:-1], cuts[1:]):
+                    finish(start + a, rows[a:z], norms[a:z], s[a:z])
+                continue
             if rows.dtype != dtype:  # into one reused buffer
                 if buf is None or buf.shape[0] < b:
                     buf = np.empty((rows_per, q.shape[1]), dtype)

@@ -35,6 +35,8 @@ from ...ids import unique_ints
 
 __all__ = ["PagedSource"]
 
+_HUGE = 2 << 20  # the range's alignment
+
 
 class _Unmap:
     """Releases a reserved range when the last array over it is gone (it hangs on the ctypes
@@ -55,9 +57,13 @@ class _Range:
         self.layout, self.chunk_path = layout, chunk_path
         n = max(1, layout.n_chunks)
         self.total = -(-n * layout.chunk_bytes // PAGE) * PAGE
-        self.base = arena.reserve(self.total)
+        # 2 MiB-aligned (chunks are whole 2 MiB units when large): the page cache's 2 MiB
+        # folios of the chunk files can then be mapped as such, a page table entry each
+        whole = self.total + _HUGE
+        start = arena.reserve(whole)
+        self.base = start + -start % _HUGE
         cells = (ctypes.c_uint8 * self.total).from_address(self.base)
-        cells._unmap = _Unmap(self.base, self.total)  # type: ignore[attr-defined]
+        cells._unmap = _Unmap(start, whole)  # type: ignore[attr-defined]
         raw = np.ctypeslib.as_array(cells)
         self.raw = raw
         self.view = raw[: n * layout.chunk_bytes].view(layout.dtype).reshape(
@@ -210,7 +216,15 @@ class PagedSource(LayoutSource):
         pages = np.arange(p0, p1)
         pages = pages[~checks.checked[pages]]
         if pages.size:
-            prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
+            lo, hi = int(pages[0]), int(pages[-1]) + 1
+            if hi - lo == pages.size:  # one run (a first scan): asked for and mapped whole
+                at = np.array([r.base + lo * PAGE])
+                if prefetch.is_cold(at + (np.arange(prefetch.SAMPLES) * (hi - lo) //
+                                          prefetch.SAMPLES) * PAGE):
+                    prefetch.willneed(at, at + (hi - lo) * PAGE)
+                prefetch.populate(r.base + lo * PAGE, (hi - lo) * PAGE)
+            else:
+                prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
             self._check_pages(pages, r, checks)
         return r.view
 
@@ -224,12 +238,14 @@ class PagedSource(LayoutSource):
         self.gather(ids, out)
         return out
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start..stop-1`` read from the chunk files into a new array (``preadv``: the
-        kernel fills the fresh pages as ``np.load`` does, 4-5x faster here than copying from
-        the mapping into them), each page checked in that array the first time."""
+    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``start..stop-1`` read from the chunk files into a new array (or into ``out``,
+        C-contiguous ``(stop - start, dim)``) (``preadv``: the kernel fills the fresh pages as
+        ``np.load`` does, 4-5x faster here than copying from the mapping into them), each
+        page checked in that array the first time."""
         L = self._rl
-        out = np.empty((max(0, stop - start), L.dim), dtype=self.dtype)
+        if out is None:
+            out = np.empty((max(0, stop - start), L.dim), dtype=self.dtype)
         if stop <= start:
             return out
         dst = out.reshape(-1).view(np.uint8)
@@ -288,6 +304,13 @@ class PagedSource(LayoutSource):
                                     f"{min((q + 1) * PAGE, end) - 1}): the stored rows are "
                                     "damaged", path=path)
         checks.checked[g[inside]] = True
+
+    def checked(self, start: int, stop: int) -> bool:
+        """Whether every page of rows ``start..stop-1`` is checked (by this handle)."""
+        _, checks = self._state()
+        rb = self._rl.row_bytes
+        return stop <= start or bool(checks.checked[start * rb // PAGE:
+                                                    (stop * rb - 1) // PAGE + 1].all())
 
     def rows_view(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` as a read-only view of the mapped files (checked); valid
