@@ -26,7 +26,8 @@ from .rows.source import PagedSource
 from .source import ShardSource
 from .table import ZarrTable
 
-__all__ = ["scan_blocks", "scan_unread", "rows_in_place", "read_checked", "rows_view"]
+__all__ = ["scan_blocks", "scan_unread", "rows_in_place", "read_checked", "rows_view",
+           "prefetch_rows"]
 
 
 def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
@@ -148,6 +149,13 @@ def _blocks(table: ZarrTable, block_rows: int, reuse: bool, unread: bool
             rows = _read(src, start, stop, rbuf) if type(src) in (ShardSource, PagedSource) \
                 else table[start:stop]
         yield start, stop, rows, None if norms is None else _read(norms, start, stop)[:, 0]
+
+
+def prefetch_rows(table: Table, start: int, stop: int) -> None:
+    """Ask for the pages of format-2 rows ``start..stop-1`` at once when they are cold (a
+    block :func:`scan_unread` gave as ``None``, before reading it piece by piece)."""
+    assert isinstance(table, ZarrTable)
+    table.row_source.prefetch(start, stop)
 
 
 def read_checked(table: Table, start: int, stop: int, out: np.ndarray) -> np.ndarray:

@@ -305,6 +305,18 @@ class PagedSource(LayoutSource):
                                     "damaged", path=path)
         checks.checked[g[inside]] = True
 
+    def prefetch(self, start: int, stop: int) -> None:
+        """Ask for the pages of rows ``start..stop-1`` all at once if a sample of them is not
+        in memory (a block a scan is about to read: its reads then find them arriving)."""
+        r, _ = self._state()
+        L = self._rl
+        if stop <= start:
+            return
+        r.ensure(np.arange(start // L.chunk_rows, (stop - 1) // L.chunk_rows + 1))
+        lo, hi = r.base + start * L.row_bytes, r.base + stop * L.row_bytes
+        if prefetch.is_cold(lo + (np.arange(prefetch.SAMPLES) * (hi - lo)) // prefetch.SAMPLES):
+            prefetch.willneed(np.array([lo]), np.array([hi]))
+
     def checked(self, start: int, stop: int) -> bool:
         """Whether every page of rows ``start..stop-1`` is checked (by this handle)."""
         _, checks = self._state()
