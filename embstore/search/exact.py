@@ -342,8 +342,7 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
                     step = 1 << max(0, (PIECE_BYTES // (table.dim * table.dtype.itemsize))
                                     .bit_length() - 1)
                     pieces = [np.empty((step, table.dim), table.dtype) for _ in range(parts)]
-                prefetch_rows(table, start, min(table.vocab_size, stop + b))  # (cold: asked
-                # for at once, the next block too: the disk busy while this one is scored)
+                prefetch_rows(table, start, stop)  # (cold: its pages asked for at once)
                 cuts = _cuts(b, parts)
                 s = sbuf[:b]
                 todo = [pool().submit(_read_part, table, start + a, start + z, qt, norms[a:z],

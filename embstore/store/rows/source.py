@@ -36,7 +36,6 @@ from ...ids import unique_ints
 __all__ = ["PagedSource"]
 
 _HUGE = 2 << 20  # the range's alignment
-_AHEAD = 32 << 20  # bytes a cold read asks for at once
 
 
 class _Unmap:
@@ -271,7 +270,6 @@ class PagedSource(LayoutSource):
         path = self.chunk_path(k)
         fd, _ = open_chunk(path, k, self._rl)
         try:
-            self._ahead(fd, k, lo, part.size)
             done = 0
             while done < part.size:  # a loop per system call (one, but for signals)
                 n = os.preadv(fd, [part[done:].data], lo + done)
@@ -280,19 +278,6 @@ class PagedSource(LayoutSource):
                 done += n
         finally:
             os.close(fd)
-
-    def _ahead(self, fd: int, k: int, lo: int, size: int) -> None:
-        """If the bytes ``lo..lo+size`` of chunk ``k`` are cold (a sample of their pages), ask
-        for them and up to ``_AHEAD`` bytes past them at once (each read opens the file
-        anew, so the kernel's read-ahead starts over every time: a cold export read 4 MiB
-        blocks one after the other).  Warm, the advice would cost 0.15-0.2 ms a call."""
-        r, _ = self._state()
-        L = self._rl
-        r.ensure(np.array([k]))
-        at = r.base + k * L.chunk_bytes + lo
-        if prefetch.is_cold(at + (np.arange(4) * size) // 4):
-            os.posix_fadvise(fd, lo, min(L.chunk_bytes - lo, max(size, _AHEAD)),
-                             os.POSIX_FADV_WILLNEED)
 
     def _check_read(self, k: int, lo: int, hi: int, part: np.ndarray) -> None:
         """Check the pages of chunk ``k`` that bytes ``lo..hi-1`` (read into ``part``) cover and

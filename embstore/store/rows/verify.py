@@ -55,7 +55,6 @@ def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
         if size != L.chunk_bytes:
             return [(path, k, f"{path}: {size} bytes, expected {L.chunk_bytes}")]
         end = L.chunk_end(k)
-        os.posix_fadvise(fd, 0, end, os.POSIX_FADV_WILLNEED)  # cold: every read in flight
         bad = _pieces(fd, path, L, k, end, stored, buf, on_rows)
         if isinstance(bad, str):
             return [(path, k, bad)]
