@@ -363,3 +363,11 @@ def unique_ints(a: np.ndarray) -> np.ndarray:
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
 
+
+def refuse_existing(find, keys: list[str]) -> None:
+    """ShapeMismatchError naming the first of the keys an append adds that the table holds
+    already (``find``: its vocabulary's, rows or -1)."""
+    found = find(np.array(keys, dtype=object))
+    if (found >= 0).any():
+        i = int(np.argmax(found >= 0))
+        raise ShapeMismatchError(f"append: key {keys[i]!r} already exists at row {int(found[i])}")

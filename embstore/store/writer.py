@@ -24,14 +24,14 @@ from ..keys.writer import KeyIndexWriter
 from ..fs.beside import fsync_path as _fsync
 from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_layout,
                      make_codec, pow2_below)
-from .norms.calc import NORMS_ARRAY, create_norms_stream, decoded_norms
+from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side, decoded_norms
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
 from .commit import first_version
 from .meta import FORMATS, MAX_DIM
 from .shard import arena
-from .rows.layout import PAGE, PAGE_CRC, choose_chunk_rows, min_chunk_rows
-from .rows.stream import create_row_arrays
+from .rows.layout import PAGE, choose_chunk_rows, min_chunk_rows
+from .rows.stream import PagedStream, create_row_arrays
 from .shard.write import BackgroundSync, RowStream, write_json
 
 __all__ = ["TableWriter", "set_rows", "check_dtype", "check_storage"]
@@ -183,23 +183,24 @@ class TableWriter:
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
-        if self.format == 2:  # vectors: rows at a fixed stride (the side arrays: format 1)
+        if self.format == 2:  # every row array: rows at a fixed stride (FORMAT.md V2)
             self._decide_rows(rows)
-        else:
-            arr = self._group.create_array(
-                "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
-                shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
-                compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
-            meta = arr.metadata.to_dict()
-            if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
-                meta["data_type"] = record.name
-                _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
-                              lambda doc: doc.update(data_type=record.name))
-            layout = Layout.from_metadata(meta)
-            assert layout is not None and layout.has_crc
-            self._layout = layout
-            self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
-                                       make_codec(self.compression, codes.itemsize), self._sync)]
+            self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync)
+            return
+        arr = self._group.create_array(
+            "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
+            shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
+            compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
+        meta = arr.metadata.to_dict()
+        if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
+            meta["data_type"] = record.name
+            _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
+                          lambda doc: doc.update(data_type=record.name))
+        layout = Layout.from_metadata(meta)
+        assert layout is not None and layout.has_crc
+        self._layout = layout
+        self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
+                                   make_codec(self.compression, codes.itemsize), self._sync)]
         side = record.side
         if side is not None:  # int8's row scales: an array of their own, 4 KiB chunks
             scr = min(SIDE_CHUNK_ROWS, cr * pow2_below(SIDE_CHUNK_ROWS / cr))
@@ -350,8 +351,10 @@ class TableWriter:
             if self.record.side is not None:
                 set_rows(self._tmp, self.rows, self.record.side.name)
             set_rows(self._tmp, self.rows, NORMS_ARRAY)
-            if self.format == 2:
-                set_rows(self._tmp, -(-self.rows // L.chunk_rows), PAGE_CRC)
+            for s in self._streams:
+                if isinstance(s, PagedStream):  # format 2: chunks of page checksums
+                    set_rows(self._tmp, -(-self.rows // s.layout.chunk_rows),
+                             os.path.basename(s.crc_root))
             set_rows(self._tmp, self.rows)
             if self.format == 2:  # its first version (docs/FORMAT.md V5)
                 first_version(Path(self._tmp), {"kind": "save", "rows": int(self.rows)})

@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import CorruptStoreError
 from ...fs.files import open_regular
 from ..codecs import pool
-from .layout import PAGE, PAGE_CRC, RowLayout
+from .layout import PAGE, RowLayout, crc_array
 from .runs import GROUP
 from .pages import bad_pages, read_crc_file
 
@@ -37,7 +37,7 @@ def _piece_bytes(L: RowLayout) -> int:
 def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
            on_rows=None) -> list[Problem]:
     key = Path(*L.chunk_key(k).split(L.separator))
-    path, crc_path = str(root / name / key), str(root / PAGE_CRC / key)
+    path, crc_path = str(root / name / key), str(root / crc_array(name) / key)
     try:
         stored = read_crc_file(crc_path, L.pages_per_chunk)
     except FileNotFoundError:
@@ -66,7 +66,7 @@ def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
         return []
     shown = ", ".join(str(int(p)) for p in bad[:5]) + (" ..." if bad.size > 5 else "")
     return [(path, k, f"{path}: crc32c mismatch in {bad.size} of its {-(-L.chunk_end(k) // PAGE)}"
-                      f" pages ({shown}): the stored rows are damaged")]
+                      f" pages ({shown}): the stored {'rows' if name == 'vectors' else name} are damaged")]
 
 
 def _read(fd: int, dst: np.ndarray, at: int) -> int:
