@@ -55,6 +55,9 @@ def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
         if size != L.chunk_bytes:
             return [(path, k, f"{path}: {size} bytes, expected {L.chunk_bytes}")]
         end = L.chunk_end(k)
+        # cold: the chunk's reads all in flight at once (0.2 ms warm; A/B, 1M x 256, pages
+        # evicted: 0.58-0.83 s against 0.74-1.28 s without, a dd of the files 0.67-0.90 s)
+        os.posix_fadvise(fd, 0, end, os.POSIX_FADV_WILLNEED)
         bad = _pieces(fd, path, L, k, end, stored, buf, on_rows)
         if isinstance(bad, str):
             return [(path, k, bad)]
