@@ -54,7 +54,7 @@ SCAN_BLOCK_BYTES = 32 << 20
 #: 32 queries, 32 MiB 334 ms, 128 MiB 297 ms
 VIEW_BLOCK_BYTES = 128 << 20
 #: bytes of rows read at a time into a part's buffer on a first scan of format-2 rows
-PIECE_BYTES = 4 << 20
+PIECE_BYTES = 8 << 20
 _MIN_PART_ROWS = 4096  # a block is split between the cores in parts of at least this
 _PARTS = min(4, os.cpu_count() or 1)  # threads a block is split between (one per core)
 _SHARES = 4  # parts per thread a block in place is cut in (taken by whichever is free)
@@ -123,26 +123,22 @@ def _part(rows: np.ndarray, qt: np.ndarray, norms: np.ndarray, out: np.ndarray) 
         out /= norms[:, None]
 
 
-def _read_part(table, a: int, z: int, qt: np.ndarray, norms: np.ndarray, out: np.ndarray,
-               buf: np.ndarray) -> None:
-    """:func:`_part` of rows ``a..z-1`` of a format-2 table not checked yet: read (and
-    checked) a piece at a time into ``buf`` (pieces aligned to its length: never across a
-    chunk file), each piece's scores computed while it is in cache."""
-    step = buf.shape[0]
-    p = a
-    while p < z:  # a loop per piece (4 MiB)
-        e = min(z, (p // step + 1) * step)
-        rows = read_checked(table, p, e, buf[: e - p])
-        _part(rows, qt, norms[p - a: e - a], out[p - a: e - a])
-        p = e
+def _piece(pieces: dict[int, np.ndarray], step: int, table: Table) -> np.ndarray:
+    """The calling thread's buffer of ``step`` rows (made on its first piece)."""
+    me = threading.get_ident()
+    got = pieces.get(me)
+    if got is None:
+        got = pieces[me] = np.empty((step, table.dim), table.dtype)
+    return got
 
 
 class _Shared:
     """Parts ``0..m-1`` of a block, each computed by whichever thread takes it first: the
     caller (:meth:`joined`) and helpers on the pool (:meth:`run`).  A core the machine's other
     work holds back then does fewer parts instead of holding up the block: on this shared
-    2-core machine (load 4) one query over 1M x 256 in two fixed halves took 18-35 ms (the
-    median near the slow end), in parts taken as threads come free ..."""
+    2-core machine (load 4-5) one query over 1M x 256 in two fixed halves took 18 ms at best
+    but 34 ms in the median (NumPy in RAM: 21 / 23 ms); in parts taken as threads come free,
+    0.95x NumPy's median where the halves were 1.06x in the same conditions."""
 
     def __init__(self, m: int, fn):
         self.m, self.fn = m, fn
@@ -311,7 +307,8 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
     rows_per = block_rows or scan_block_rows(table, n, in_place=in_place)
     parts = _PARTS
     sbuf = np.empty((rows_per, n), dtype)
-    pieces: list[np.ndarray] = []  # a buffer per part for rows read piece by piece
+    pieces: dict[int, np.ndarray] = {}  # a buffer per thread for rows read piece by piece
+    step = 0  # rows of a piece
 
     def finish(start: int, rows: np.ndarray, norms: np.ndarray, s: np.ndarray) -> None:
         """Fix the scores ``s`` of rows ``start..`` (odd rows, bad queries, excluded ids),
@@ -338,25 +335,22 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
             b = stop - start
             if rows is None:  # format-2 rows this handle has not checked yet: read, scored
                 assert norms is not None
-                if not pieces:
+                if not step:
                     step = 1 << max(0, (PIECE_BYTES // (table.dim * table.dtype.itemsize))
                                     .bit_length() - 1)
-                    pieces = [np.empty((step, table.dim), table.dtype) for _ in range(parts)]
                 prefetch_rows(table, start, stop)  # (cold: its pages asked for at once)
-                cuts = _cuts(b, parts)
                 s = sbuf[:b]
-                todo = [pool().submit(_read_part, table, start + a, start + z, qt, norms[a:z],
-                                      s[a:z], pieces[j + 1])
-                        for j, (a, z) in enumerate(zip(cuts[1:-1], cuts[2:]))]
-                try:
-                    _read_part(table, start, start + cuts[1], qt, norms[: cuts[1]],
-                               s[: cuts[1]], pieces[0])
-                finally:
-                    for f in todo:
-                        f.result()
-                rows = rows_view(table, start, stop)  # (checked now: nothing read)
-                for a, z in zip(cuts[:-1], cuts[1:]):
-                    finish(start + a, rows[a:z], norms[a:z], s[a:z])
+                # pieces aligned to their length (never across a chunk file), each read and
+                # scored by whichever thread takes it, into that thread's own buffer
+                cuts = sorted({0, b, *range(step - start % step, b, step)})
+                work = _Shared(len(cuts) - 1, lambda j, c=cuts, s=s, nm=norms, a0=start: _part(
+                    read_checked(table, a0 + c[j], a0 + c[j + 1], _piece(pieces, step, table)
+                                 [: c[j + 1] - c[j]]), qt, nm[c[j]:c[j + 1]], s[c[j]:c[j + 1]]))
+                for _ in range(min(parts, len(cuts) - 1) - 1):
+                    pool().submit(work.run)
+                for a, z in work.joined(cuts):
+                    finish(start + a, rows_view(table, start + a, start + z), norms[a:z],
+                           s[a:z])
                 continue
             if rows.dtype != dtype:  # into one reused buffer
                 if buf is None or buf.shape[0] < b:

@@ -9,8 +9,8 @@ library call over those bytes (about 17 GB/s, the GIL released) checks them all 
 ``GROUP`` calls (0.3-0.5 us of Python each: half of a first scan's cost per page was the
 call).  A group that fails is checked page by page, so what is reported is the same.
 
-Measured (1M x 256 float32, 16,384 pages a chunk, page cache warm): a call per page over
-1 GB 194 ms on one core; a call per 64-page group plus the combination 61 ms.
+Measured (1M x 256 float32, 16,384 pages a chunk, page cache warm, one thread, load 5): a call
+per page over 1 GB 245-318 ms; a call per 64-page group plus the combination 105-203 ms.
 """
 
 from __future__ import annotations
