@@ -124,3 +124,22 @@ def test_damage_in_the_last_short_page_and_in_two_groups(path, E):
         with pytest.raises(CorruptStoreError, match=r"c/4/0: crc32c mismatch in page 529 "
                                                     r"\(bytes 2166784\.\.2169599\)"):
             t[V - 1]
+
+
+def test_ties_across_parts_rank_by_the_lower_id(tmp_path, E):
+    """Equal rows in different pieces and parts of a block (scored by whichever thread took
+    them): the lower ids win, on the first scan (rows read piece by piece) and the next
+    (rows in place), as NumPy's stable sort ranks them."""
+    E = E.copy()
+    E[[100, 5000, 9000, 9999]] = E[7]
+    embstore.save(tmp_path / "t", E, format_version=2, chunk_rows=CR).close()
+    En = E / np.linalg.norm(E, axis=1, keepdims=True)
+    want = np.argsort(-(En @ En[7]), kind="stable")[:4]
+    assert want.tolist() == [7, 100, 5000, 9000]
+    with embstore.open(tmp_path / "t") as t:
+        emb = embstore.Embedding(t)
+        for _ in range(2):  # the first scan reads and checks, the second reads in place
+            ids, _scores = emb.most_similar(E[7], k=4)
+            np.testing.assert_array_equal(ids, want)
+            ids, _scores = emb.most_similar(7, k=3)  # its own row left out
+            np.testing.assert_array_equal(ids, [100, 5000, 9000])
