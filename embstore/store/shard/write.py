@@ -94,6 +94,37 @@ class BackgroundSync:
         self._pending = []
 
 
+class AsyncWrites:
+    """One thread that writes a block of rows to its streams while the caller prepares the
+    next (file writes release the GIL): at most one block in flight; :meth:`wait` raises
+    what the last one raised (a full disk)."""
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+        self._fut = None
+
+    def submit(self, fn) -> None:
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="embstore-writer")
+        self._fut = self._pool.submit(fn)
+
+    def wait(self) -> None:
+        fut, self._fut = self._fut, None
+        if fut is not None:
+            fut.result()
+
+    def close(self) -> None:
+        """Wait for the thread, ignoring errors (cleanup after a failure)."""
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the failure being cleaned up is raised already
+            pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
 def write_json(path, doc: dict) -> None:
     """Write ``doc`` to the new file ``path`` (fsynced)."""
     with open(path, "w", encoding="utf-8") as f:
