@@ -88,7 +88,7 @@ def check_groups(raw: np.ndarray, base: int, qs: np.ndarray, end: int,
     checksums), ``rest`` every other page (a group not asked for whole, the group holding
     ``end``, a group that failed), for the caller to check page by page."""
     n = qs.size
-    if n < GROUP:
+    if n < GROUP or int(qs[-1] - qs[0]) >= 2 * n:  # (sparse: a lookup's pages, checked alone)
         return qs[:0], qs
     at = np.flatnonzero(qs[: n - GROUP + 1] % GROUP == 0)  # (qs sorted and unique:)
     at = at[(qs[at + GROUP - 1] == qs[at] + GROUP - 1) & (qs[at] + GROUP <= end // PAGE)]
