@@ -1,9 +1,12 @@
 """The exact cosine scan behind :func:`embstore.search.stream.most_similar`.
 
-One pass over the table in blocks (:func:`embstore.store.scan.scan_blocks`: zero-copy views
-of the mapped shards where the layout allows; 128 MiB of rows then, else 32 MiB), each
-block split in parts between the cores (the first on the calling thread, the others on
-the shared pool, BLAS held to one thread meanwhile), and per part:
+One pass over the table in blocks (:func:`embstore.store.scan.scan_unread`: zero-copy views
+of the mapped shards or chunk files where the layout allows; 128 MiB of rows then, else 32
+MiB), each block cut in parts that the calling thread and helpers on the shared pool take
+as each comes free (:class:`_Shared`; BLAS held to one thread meanwhile).  Format-2 rows
+this handle has not checked yet are read instead (``preadv``, their pages checked as read)
+8 MiB at a time, each piece scored while it is in cache, so the first scan after open reads
+the rows once.  Per part:
 
 - one matrix product of the rows with the unit queries, ``(rows, queries)``: ``rows @ q``
   for one query (``einsum``: one thread at memory speed, straight from the strided view),
@@ -18,8 +21,8 @@ the shared pool, BLAS held to one thread meanwhile), and per part:
   many rows above it (the first one, or rows in rising order) is reduced by
   ``argpartition`` first (:func:`_block_top`).
 
-The parts join the running top-``k`` in id order, each as soon as its scores are in (the
-first part's while the others are still being computed).  Ties rank by the lower id: the
+The parts join the running top-``k`` in id order, as soon as the parts before them are in
+(while the others are still being computed).  Ties rank by the lower id: the
 running top-``k`` holds lower ids than any later part, so a later row needs a strictly
 larger score.
 """

@@ -10,7 +10,9 @@ dimension larger than ``dim``), or ``(chunks, chunk_rows, dim)`` copied into one
 otherwise (into one buffer reused from block to block with ``reuse=True``: no fresh pages
 to fault in per block).  Each chunk's crc32c is checked on its first touch, as lookups do.
 Anything else (compressed, quantised, another tool's layout, remote, in memory) reads its
-blocks through :meth:`Table.iter_blocks` (a copy).
+blocks through :meth:`Table.iter_blocks` (a copy).  :func:`scan_unread` leaves the format-2
+blocks this handle has not checked yet to its caller, to read them checked in pieces that
+stay in cache for what it computes (:func:`read_checked`, then :func:`rows_view`).
 """
 
 from __future__ import annotations
