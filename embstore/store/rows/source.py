@@ -217,12 +217,11 @@ class PagedSource(LayoutSource):
         pages = pages[~checks.checked[pages]]
         if pages.size:
             lo, hi = int(pages[0]), int(pages[-1]) + 1
-            if hi - lo == pages.size:  # one run (a first scan): asked for and mapped whole
+            if hi - lo == pages.size:  # one run (a first scan): asked for whole if it is cold
                 at = np.array([r.base + lo * PAGE])
                 if prefetch.is_cold(at + (np.arange(prefetch.SAMPLES) * (hi - lo) //
                                           prefetch.SAMPLES) * PAGE):
                     prefetch.willneed(at, at + (hi - lo) * PAGE)
-                prefetch.populate(r.base + lo * PAGE, (hi - lo) * PAGE)
             else:
                 prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
             self._check_pages(pages, r, checks)

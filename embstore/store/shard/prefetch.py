@@ -54,7 +54,7 @@ import threading
 import numpy as np
 
 __all__ = ["available", "advise_random", "advise_sequential", "is_cold", "willneed",
-           "populate", "PAGE", "SAMPLES"]
+           "PAGE", "SAMPLES"]
 
 PAGE = mmap.PAGESIZE
 #: pages per advice at most (4 MiB): the kernel caps one WILLNEED at its read-ahead window
@@ -65,7 +65,7 @@ RUN_PAGES = (4 << 20) // PAGE
 SAMPLES = 16
 #: fewer first-touch chunks than this are not prefetched (their faults read one page each)
 MIN_PAGES = 8
-_MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_WILLNEED, _MADV_POPULATE_READ = 1, 2, 3, 22
+_MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_WILLNEED = 1, 2, 3
 _IOV_MAX = 1024
 _NR_PROCESS_MADVISE = {"x86_64": 440, "aarch64": 440, "arm64": 440}
 
@@ -125,18 +125,6 @@ def advise_sequential(addr: int, length: int) -> None:
     s = _get()
     if s is not None and length > 0:
         s.madvise(addr - addr % PAGE, length + addr % PAGE, _MADV_SEQUENTIAL)
-
-
-def populate(addr: int, length: int) -> bool:
-    """Map every page of ``[addr, addr + length)`` of a file mapping now, in one system call
-    (``MADV_POPULATE_READ``, Linux 5.14+: pages not in memory are read, waiting for them),
-    instead of a page fault per 64 KiB as a scan reaches them: a first scan over 1 GB in the
-    page cache, 65 ms of faults against about 10 ms.  False where it is not available (the
-    faults then do it); never raises (a short file is the checksums' to report)."""
-    s = _get()
-    if s is None or length <= 0:
-        return False
-    return s.madvise(addr - addr % PAGE, length + addr % PAGE, _MADV_POPULATE_READ) == 0
 
 
 def is_cold(addrs: np.ndarray, k: int = SAMPLES) -> bool:
