@@ -57,8 +57,8 @@ CONFIGS = {
         "limits": {"copy_bytes": 1 << 30, "file_rows": 1_000_000, "file_dim": 256, "reps": 5},
         "compact": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 15, "batches": 4,
                     "cold_batches": 3},
-        "ooc": {"tables": [(8_388_608, 64), (100_000, 64), (1_000_000, 64), (33_554_432, 64),
-                           (131_072, 4096)], "ids": 16384, "batches": 4,
+        "ooc": {"tables": [(8_388_608, 64), (2_097_152, 256), (100_000, 64), (1_000_000, 64),
+                           (33_554_432, 64), (131_072, 4096)], "ids": 16384, "batches": 4,
                 "warm_reps": 7, "zstd_table": (1_000_000, 256)},
         # issue 33's table is 90M x 64 with a 2 GiB cache; scaled to 20M x 64 (5.1 GB) and
         # the same cached fraction of the table (2 GiB x 20 / 90 = 455 MiB)

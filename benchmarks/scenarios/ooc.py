@@ -50,6 +50,24 @@ def run(ctx, res) -> None:
         ooc_zstd.run(ctx, res, cfg, lambda *a, **k: _add(res, *a, **k), _cold)
 
 
+def _first_after_open(res, es, store, files, ids, tag, n, rb) -> None:
+    """The first batch of a handle opened with every page evicted (open included): nothing
+    proportional to the table may be read before its rows."""
+    evict(files)
+    b0, t0 = read_bytes(), time.perf_counter()
+    with es.open(store, cache_bytes=0) as t:
+        t.lookup(ids)
+    ms = (time.perf_counter() - t0) * 1e3
+    b1 = read_bytes()
+    mib = (b1 - b0) / 2**20 if b0 is not None and b1 is not None else float("nan")
+    _add(res, f"cold uniform, {tag}, first batch after open", EMB, "embstore", "ms", [ms],
+         mib_read=[mib])
+    m = _add(res, f"cold uniform, {tag}, first batch after open, MiB read", EMB, "embstore",
+             "MiB", [mib])
+    absolute(res, f"{tag}, {n:,} uniform ids, first batch after open: MiB read <= 1.2 x ids x "
+             "max(row, 4 KiB)", m, at_most=1.2 * n * max(rb, 4096) / 2**20)
+
+
 def _load() -> str:
     try:
         return f"{os.getloadavg()[0]:.1f}"
@@ -107,6 +125,7 @@ def _table(ctx, res, cfg, es, npy, store, rows, dim, *, first: bool) -> None:
                 res.notes.append(f"{tag}: {name}: skipped: {exc}")
         batches = [data.ids(rows, (n,), "uniform", seed=100 + s) for s in range(nb)]
         b0 = batches[0]
+        _first_after_open(res, es, store, files, b0, tag, n, rb)
         for name, (kind, fn) in methods.items():  # check, and read each shard index once
             if not np.array_equal(np.asarray(fn(b0[:64])), E[b0[:64]]):
                 raise AssertionError(f"{name}: rows differ from the .npy")
@@ -120,8 +139,8 @@ def _table(ctx, res, cfg, es, npy, store, rows, dim, *, first: bool) -> None:
             warm[name] = _add(res, f"warm uniform, {tag}", name, kind, "ms",
                               _warm(fn, b0, 1 if name == ZARR else cfg["warm_reps"]))
         label = f"{tag}, {n:,} uniform ids"
-        budget = 1.5 * n * max(rb, 4096) / 2**20
-        absolute(res, f"{label}, cold: MiB read <= 1.5 x ids x max(row, 4 KiB)",
+        budget = 1.2 * n * max(rb, 4096) / 2**20
+        absolute(res, f"{label}, cold: MiB read <= 1.2 x ids x max(row, 4 KiB)",
                  res.find(f"cold uniform, {tag}, MiB read", EMB), at_most=budget)
         compare(res, f"{label}, cold: embstore vs tensorstore", cold[EMB], cold.get(TS),
                 target=("faster", 3))
