@@ -15,7 +15,7 @@ The header's count is checked against the file, and only used as a size hint.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import numpy as np
 
@@ -24,11 +24,14 @@ from .. import DEFAULT_BLOCK_ROWS, open_output, Reader, check_finite
 from .._textparse import decode_keys
 from ..source import open_source, stream_row_bound
 from . import MAX_LINE_BYTES, _show, fasttext_bin_error, is_fasttext_bin
+from .ahead import read_ahead
+from .records import find_rows, pack_rows, take_vectors
 
 __all__ = ["read", "write", "BinaryReader"]
 
 CHUNK_BYTES = 8 << 20
 MAX_KEY_BYTES = 1 << 16
+SPAN_ROWS = 64  # the least records a vectorised search covers after one it could not take
 
 
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
@@ -89,6 +92,7 @@ class BinaryReader(Reader):
         self.progress_done = len(first)
         self._chunk = max(int(chunk_bytes), 4 * self.dim + MAX_KEY_BYTES + 2)
         self._newline: bool | None = None  # rows end with "\n" (C tool) or not (gensim)
+        self._ahead: Generator | None = None
 
     def size_hint(self) -> int | None:
         most = stream_row_bound(self._src, 4 * self.dim + 2)
@@ -141,38 +145,61 @@ class BinaryReader(Reader):
         return sp, end
 
     def blocks(self) -> Iterator[tuple[np.ndarray, list[str]]]:
+        """The blocks, parsed one ahead by a thread of their own (:mod:`.ahead`)."""
+        self._ahead = read_ahead(self._parse())
+        return self._ahead
+
+    def _parse(self) -> Generator[tuple[np.ndarray, list[str]], None, None]:
         f = self._f
         buf, pos, eof = b"", 0, False
+        u8 = np.frombuffer(buf, np.uint8)
+        vb = 4 * self.dim
+        span = self._chunk  # bytes one vectorised search covers (shrinks where it fails)
         row = 0
         target = self.count if self.limit is None else min(self.count, self.limit)
         while row < target:
-            keys: list[bytes] = []
-            vecs: list[bytes] = []
             want = min(self.block_rows, target - row)
-            while len(keys) < want:
-                while pos < len(buf) and buf[pos] == 10:  # "\n" before a key (gensim lstrips it)
+            raw = np.empty((want, vb), np.uint8)
+            keys: list[tuple[bytes, bool]] = []  # (keys each ending in "\n", from one record)
+            got = 0
+            while got < want:
+                if self._newline is not None:  # whole runs of records at once
+                    stop = min(len(buf), pos + span)
+                    spaces, run = find_rows(u8, pos, stop, vb, self._newline, want - got,
+                                            MAX_KEY_BYTES)
+                    if len(spaces):
+                        take_vectors(u8, spaces, vb, raw[got:got + len(spaces)])
+                        keys.append((run, False))
+                        got += len(spaces)
+                        pos = int(spaces[-1]) + 1 + vb + self._newline
+                        span = min(2 * span, self._chunk)
+                        continue
+                # one record by the rules in _split (a record the search left, or cut short)
+                while pos < len(buf) and buf[pos] == 10:  # "\n" before a key (gensim lstrips)
                     pos += 1
-                rec = self._split(buf, pos, eof, row + len(keys)) if pos < len(buf) else None
+                rec = self._split(buf, pos, eof, row + got) if pos < len(buf) else None
                 if rec is None:
                     if eof:
                         raise self.error(f"the header promises {self.count} rows, the file "
-                                         f"has {row + len(keys)}")
+                                         f"has {row + got}")
                     more = f.read(self._chunk)
                     eof = not more
                     buf, pos = buf[pos:] + more, 0
+                    u8 = np.frombuffer(buf, np.uint8)
                     continue
                 sp, end = rec
-                keys.append(buf[pos:sp])
-                vecs.append(buf[sp + 1:sp + 1 + 4 * self.dim])
+                keys.append((buf[pos:sp], True))
+                raw[got] = u8[sp + 1:sp + 1 + vb]
+                got += 1
                 pos = end
-            block = np.frombuffer(b"".join(vecs), dtype="<f4").reshape(len(keys), self.dim)
+                span = max(span // 8, SPAN_ROWS * (vb + 64))
+            block = raw.view("<f4")
             check_finite(self, block, row)
-            out = block.astype(self.dtype)  # a writable, native-order copy
+            out = block if block.dtype == self.dtype else block.astype(self.dtype)
             if self.dtype != np.float32:
                 check_finite(self, out, row)
-            names = decode_keys(keys, path=self.path, first_line=row + 1,
-                                unicode_errors=self.unicode_errors, unit="row")
-            row += len(keys)
+            names = self._decode(keys, row, want)
+            row += want
             self.progress_done = self._src.consumed(len(buf) - pos)
             yield out, names
         if self.limit is None or self.limit > self.count:
@@ -181,7 +208,25 @@ class BinaryReader(Reader):
                 raise self.error(f"the header promises {self.count} rows, the file has more "
                                  f"(bytes after row {self.count})")
 
+    def _decode(self, parts: list[tuple[bytes, bool]], row: int, n: int) -> list[str]:
+        """The ``n`` keys of ``parts`` (runs of keys each ending in ``\\n``, or one key read
+        record by record), decoded in one call; a bad key raises naming its row."""
+        joined = b"".join(k + b"\n" if one else k for k, one in parts)
+        if joined.count(b"\n") == n:
+            try:
+                names = joined.decode("utf-8", self.unicode_errors).split("\n")
+            except UnicodeDecodeError:
+                pass
+            else:
+                names.pop()
+                return names
+        raw = [x for k, one in parts for x in ([k] if one else k.split(b"\n")[:-1])]
+        return decode_keys(raw, path=self.path, first_line=row + 1,
+                           unicode_errors=self.unicode_errors, unit="row")
+
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()  # the parsing thread stops before its file closes
         self._src.close()
 
 
@@ -220,13 +265,10 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
         f.write(f"{n} {dim}\n".encode())
         for start in range(0, n, block_rows):
             stop = min(n, start + block_rows)
-            data = np.ascontiguousarray(table[start:stop], dtype="<f4").tobytes()
+            data = np.ascontiguousarray(table[start:stop], dtype="<f4").view(np.uint8)
             ks = list(keys[start:stop])
             _check_keys(ks, start)
-            parts: list[bytes] = []
-            for i, k in enumerate(ks):
-                parts += (k.encode("utf-8"), b" ", data[i * vb:(i + 1) * vb], b"\n")
-            f.write(b"".join(parts))
+            f.write(pack_rows((" ".join(ks) + " ").encode("utf-8"), data.reshape(len(ks), vb)))
             if progress is not None:
                 progress(stop - start)
     return n
