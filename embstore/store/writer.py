@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -32,11 +33,12 @@ from .meta import FORMATS, MAX_DIM
 from .shard import arena
 from .rows.layout import PAGE, PAGE_CRC, choose_chunk_rows, min_chunk_rows
 from .rows.stream import create_row_arrays
-from .shard.write import BackgroundSync, RowStream, write_json
+from .shard.write import BackgroundSync, RowStream, WriteBehind, write_json, write_rows
 
 __all__ = ["TableWriter", "set_rows", "check_dtype", "check_storage"]
 
 DECIDE_BYTES = 8 << 20  # pending bytes that make a table "large" (default layout)
+FSYNC_THREADS = 8  # files fsynced at once by commit
 
 
 def _set_data_type(path: str, name: str) -> None:
@@ -143,6 +145,7 @@ class TableWriter:
         atomic.check_dest(self.path, self.overwrite)
         self._tmp = atomic.temp_dir(self.path)  # (killed writers' leftovers swept first)
         self._sync = BackgroundSync()  # shard files are fsynced while the next is encoded
+        self._behind = WriteBehind()  # rows written while the next block's keys are hashed
         self.rows = 0
         self._seen = 0
         self._pending: list[list[np.ndarray]] = []  # codes, [row_scale], norms: per stream
@@ -282,19 +285,18 @@ class TableWriter:
         The layout is fixed once ``DECIDE_BYTES`` are pending (the table is large: the
         default layout) or at the end (a small table: shards fitted to its size).  After
         that, chunks stream into the current shard file as they fill, so memory holds less
-        than one chunk of rows beyond the block being added, never a whole shard.
+        than one chunk of rows beyond the block being added, never a whole shard.  The rows
+        are written by a thread while the caller goes on (the next block's keys are hashed
+        meanwhile); a write's error is raised by the next call.
         """
         if self._layout is None:
             if self._pending_rows * self.dim * self.dtype.itemsize < DECIDE_BYTES and not final:
                 return
             self._decide(None if not final else self._pending_rows)
-        for parts in self._pending:
-            for stream, part in zip(self._streams, parts):
-                stream.add(part)
-        self._pending, self._pending_rows = [], 0
+        pending, self._pending, self._pending_rows = self._pending, [], 0
+        self._behind.submit(write_rows, self._streams, pending, final)  # beside the next keys
         if final:
-            for stream in self._streams:
-                stream.add(np.empty((0, stream.layout.dim), stream.layout.dtype), final=True)
+            self._behind.wait()
 
     def _check_open(self) -> None:
         if self._done:
@@ -336,6 +338,7 @@ class TableWriter:
         self._check_open()
         try:
             self._flush(final=True)
+            self._behind.close()
             if self._layout is None:
                 self._decide(self.rows)
             if self._keys is not None:
@@ -375,6 +378,8 @@ class TableWriter:
         """Remove the temporary directory; ``path`` is left as it was.  Never raises: on a
         full disk, closing the open shard file fails too, and the files must go anyway."""
         self._done = True
+        if hasattr(self, "_behind"):
+            self._behind.close()  # the rows thread is done before its files are removed
         for stream in getattr(self, "_streams", ()):
             stream.abort()
         sync = getattr(self, "_sync", None)
@@ -403,13 +408,9 @@ class TableWriter:
 
 def _fsync_tree(root: str) -> None:
     """fsync every file and directory under ``root`` (shard files are fsynced as they
-    close, so this is mostly metadata)."""
+    close, so this is mostly metadata), several at once: the device takes them together."""
+    paths = []
     for d, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(d, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync(d, directory=True)
-
+        paths += [(os.path.join(d, name), False) for name in files] + [(d, True)]
+    with ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="embstore-fsync") as pool:
+        list(pool.map(lambda p: _fsync(p[0], directory=p[1]), paths))

@@ -30,6 +30,7 @@ from .records import find_rows, pack_rows, take_vectors
 __all__ = ["read", "write", "BinaryReader"]
 
 CHUNK_BYTES = 8 << 20
+BLOCK_BYTES = 16 << 20  # vectors a block holds at most (several blocks are in flight)
 MAX_KEY_BYTES = 1 << 16
 SPAN_ROWS = 64  # the least records a vectorised search covers after one it could not take
 
@@ -158,7 +159,7 @@ class BinaryReader(Reader):
         row = 0
         target = self.count if self.limit is None else min(self.count, self.limit)
         while row < target:
-            want = min(self.block_rows, target - row)
+            want = min(self.block_rows, max(1, BLOCK_BYTES // vb), target - row)
             raw = np.empty((want, vb), np.uint8)
             keys: list[tuple[bytes, bool]] = []  # (keys each ending in "\n", from one record)
             got = 0
@@ -268,7 +269,7 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
             data = np.ascontiguousarray(table[start:stop], dtype="<f4").view(np.uint8)
             ks = list(keys[start:stop])
             _check_keys(ks, start)
-            f.write(pack_rows((" ".join(ks) + " ").encode("utf-8"), data.reshape(len(ks), vb)))
+            f.write(pack_rows((" ".join(ks) + " ").encode("utf-8"), data.reshape(-1, vb)).data)
             if progress is not None:
                 progress(stop - start)
     return n

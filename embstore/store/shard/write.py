@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from ...fs.checksum import crc32c
@@ -19,7 +19,8 @@ from ...fs.checksum import crc32c
 from ..codecs import ABSENT, Layout, encode_chunks
 from .read import ShardReader
 
-__all__ = ["RowStream", "ShardStream", "BackgroundSync", "rewrite_shard", "write_json"]
+__all__ = ["RowStream", "ShardStream", "BackgroundSync", "WriteBehind", "rewrite_shard",
+           "write_json", "write_rows"]
 
 STREAM_CHUNKS = 256  # inner chunks encoded per write while streaming a shard
 
@@ -92,6 +93,49 @@ class BackgroundSync:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._pending = []
+
+
+class WriteBehind:
+    """Runs one job at a time in a thread of its own, in order: ``submit`` first waits for
+    the job before it (raising that job's error), so the caller's next piece of work (a
+    block's keys) runs beside the job (its rows being written)."""
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+        self._job: Future | None = None
+
+    def submit(self, fn, *args) -> None:
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="embstore-rows")
+        self._job = self._pool.submit(fn, *args)
+
+    def wait(self) -> None:
+        """The last job is done (raises its error)."""
+        job, self._job = self._job, None
+        if job is not None:
+            job.result()
+
+    def close(self) -> None:
+        """Wait for the job, ignoring its error (cleanup after a failure), and the thread."""
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the error was (or will be) raised elsewhere
+            pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def write_rows(streams, blocks, final: bool) -> None:
+    """Add each block's parts (``[codes, (row_scale), norms]``) to ``streams``, in order;
+    with ``final`` close every stream's last chunk."""
+    for parts in blocks:
+        for stream, part in zip(streams, parts):
+            stream.add(part)
+    if final:
+        for stream in streams:
+            stream.add(np.empty((0, stream.layout.dim), stream.layout.dtype), final=True)
 
 
 def write_json(path, doc: dict) -> None:
