@@ -102,21 +102,23 @@ class BinaryReader(Reader):
         n = min(self.count, most)
         return n if self.limit is None else min(n, self.limit)
 
-    def _split(self, buf: bytes, pos: int, eof: bool, row: int) -> tuple[int, int] | None:
-        """``(space, end)`` of the record at ``pos``, or ``None`` if ``buf`` holds only part of it."""
+    def _split(self, buf: bytearray, n: int, pos: int, eof: bool,
+               row: int) -> tuple[int, int] | None:
+        """``(space, end)`` of the record at ``pos``, or ``None`` if the bytes ``buf[:n]``
+        hold only part of it."""
         vb = 4 * self.dim
-        n = len(buf)
-        sp = buf.find(b" ", pos, pos + MAX_KEY_BYTES)
+        lim = min(n, pos + MAX_KEY_BYTES)
+        sp = buf.find(b" ", pos, lim)
         if sp < 0:
             if not eof and n - pos < MAX_KEY_BYTES:
                 return None
             raise self.error(f"row {row + 1}: expected a key and a space, got "
-                             f"{_show(buf[pos:pos + 40])}")
+                             f"{_show(bytes(buf[pos:min(n, pos + 40)]))}")
         if self._newline is not False:
             # "\n"-terminated rows: the right space is the one whose vector ends in "\n";
             # a key holds no "\n", so candidates stop at the first one
-            stop = buf.find(b"\n", pos, pos + MAX_KEY_BYTES)
-            stop = pos + MAX_KEY_BYTES if stop < 0 else stop
+            stop = buf.find(b"\n", pos, lim)
+            stop = lim if stop < 0 else stop
             cand = sp
             while 0 <= cand < stop:
                 if cand != sp and not _text_key(buf[pos:cand]):
@@ -151,9 +153,9 @@ class BinaryReader(Reader):
         return self._ahead
 
     def _parse(self) -> Generator[tuple[np.ndarray, list[str]], None, None]:
-        f = self._f
-        buf, pos, eof = b"", 0, False
-        u8 = np.frombuffer(buf, np.uint8)
+        # the bytes buf[:n] (read into the same buffer each time: no fresh pages per chunk)
+        buf, n, pos, eof = bytearray(2 * self._chunk), 0, 0, False
+        u8 = np.frombuffer(buf, np.uint8)[:0]
         vb = 4 * self.dim
         span = self._chunk  # bytes one vectorised search covers (shrinks where it fails)
         row = 0
@@ -165,7 +167,7 @@ class BinaryReader(Reader):
             got = 0
             while got < want:
                 if self._newline is not None:  # whole runs of records at once
-                    stop = min(len(buf), pos + span)
+                    stop = min(n, pos + span)
                     spaces, run = find_rows(u8, pos, stop, vb, self._newline, want - got,
                                             MAX_KEY_BYTES)
                     if len(spaces):
@@ -176,20 +178,24 @@ class BinaryReader(Reader):
                         span = min(2 * span, self._chunk)
                         continue
                 # one record by the rules in _split (a record the search left, or cut short)
-                while pos < len(buf) and buf[pos] == 10:  # "\n" before a key (gensim lstrips)
+                while pos < n and buf[pos] == 10:  # "\n" before a key (gensim lstrips)
                     pos += 1
-                rec = self._split(buf, pos, eof, row + got) if pos < len(buf) else None
+                rec = self._split(buf, n, pos, eof, row + got) if pos < n else None
                 if rec is None:
                     if eof:
                         raise self.error(f"the header promises {self.count} rows, the file "
                                          f"has {row + got}")
-                    more = f.read(self._chunk)
-                    eof = not more
-                    buf, pos = buf[pos:] + more, 0
-                    u8 = np.frombuffer(buf, np.uint8)
+                    tail = n - pos  # the record cut short, moved to the front
+                    if tail + self._chunk > len(buf):
+                        buf = bytearray(buf[pos:n]) + bytearray(self._chunk)
+                    else:
+                        buf[:tail] = buf[pos:n]
+                    more = self._src.readinto(memoryview(buf)[tail:tail + self._chunk])
+                    eof, n, pos = not more, tail + more, 0
+                    u8 = np.frombuffer(buf, np.uint8)[:n]
                     continue
                 sp, end = rec
-                keys.append((buf[pos:sp], True))
+                keys.append((bytes(buf[pos:sp]), True))
                 raw[got] = u8[sp + 1:sp + 1 + vb]
                 got += 1
                 pos = end
@@ -201,10 +207,10 @@ class BinaryReader(Reader):
                 check_finite(self, out, row)
             names = self._decode(keys, row, want)
             row += want
-            self.progress_done = self._src.consumed(len(buf) - pos)
+            self.progress_done = self._src.consumed(n - pos)
             yield out, names
         if self.limit is None or self.limit > self.count:
-            rest = buf[pos:] + f.read(1 << 16)
+            rest = bytes(buf[pos:n]) + self._src.read(1 << 16)
             if rest.strip():
                 raise self.error(f"the header promises {self.count} rows, the file has more "
                                  f"(bytes after row {self.count})")
