@@ -158,6 +158,7 @@ class BinaryReader(Reader):
         u8 = np.frombuffer(buf, np.uint8)[:0]
         vb = 4 * self.dim
         span = self._chunk  # bytes one vectorised search covers (shrinks where it fails)
+        size = vb + 2  # the largest mean record size seen (to size a search for n rows)
         row = 0
         target = self.count if self.limit is None else min(self.count, self.limit)
         while row < target:
@@ -167,14 +168,17 @@ class BinaryReader(Reader):
             got = 0
             while got < want:
                 if self._newline is not None:  # whole runs of records at once
-                    stop = min(n, pos + span)
+                    # (no further than the rows wanted need, at the record size seen so far)
+                    stop = min(n, pos + span, pos + (want - got) * size + size // 2 + 64)
                     spaces, run = find_rows(u8, pos, stop, vb, self._newline, want - got,
                                             MAX_KEY_BYTES)
                     if len(spaces):
                         take_vectors(u8, spaces, vb, raw[got:got + len(spaces)])
                         keys.append((run, False))
                         got += len(spaces)
-                        pos = int(spaces[-1]) + 1 + vb + self._newline
+                        end = int(spaces[-1]) + 1 + vb + self._newline
+                        size = max(size, -(-(end - pos) // len(spaces)))
+                        pos = end
                         span = min(2 * span, self._chunk)
                         continue
                 # one record by the rules in _split (a record the search left, or cut short)
