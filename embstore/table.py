@@ -22,7 +22,7 @@ from .dtypes.bfloat16 import widen
 from .errors import (ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError,
                      ShapeMismatchError, table_label)
 from .ids import (alloc_result, as_ids, as_key_array, at_position, check_result_size,
-                  memory_refused, position_of, positive_int)
+                  memory_refused, position_of, positive_int, refuse_existing)
 from .oov import KEY_OOV_MODES, OOV, NgramMatrix, check_oov, map_oov, subword_rows
 
 __all__ = ["Table", "Vocab"]
@@ -159,6 +159,7 @@ class Table(abc.ABC):
     """Where the table is stored (a directory, or a URL on object storage); None in memory."""
     version: int = 0
     """The version this handle reads (docs/FORMAT.md V5); 0: a table without versions."""
+    _appends_check_keys = False  # _append_rows refuses keys the table holds (on disk)
 
     @property
     def is_remote(self) -> bool:
@@ -383,17 +384,14 @@ class Table(abc.ABC):
             if keys is None:
                 raise KeyNotFoundError("this table has keys: append needs one key per row",
                                        key=None, position=None)
-            key_list = [str(k) for k in as_key_array(keys).reshape(-1)] if not isinstance(
+            key_list = list(map(str, as_key_array(keys).reshape(-1))) if not isinstance(
                 keys, str) else [keys]
             if len(key_list) != n:
                 raise ShapeMismatchError(f"append: got {n} vectors but {len(key_list)} keys")
             if len(set(key_list)) != n:
                 raise ShapeMismatchError("append: the new keys hold duplicates")
-            found = vocab.find(np.array(key_list, dtype=object))
-            if (found >= 0).any():
-                i = int(np.argmax(found >= 0))
-                raise ShapeMismatchError(
-                    f"append: key {key_list[i]!r} already exists at row {int(found[i])}")
+            if not self._appends_check_keys:  # (else: under the writer's lock, once)
+                refuse_existing(vocab.find, key_list)
         elif keys is not None:
             raise ShapeMismatchError("append: this table has no keys, so keys cannot be given")
         start = self.vocab_size

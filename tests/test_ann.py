@@ -156,7 +156,7 @@ def test_index_files_and_refusals(tmp_path):
                                     overwrite=True)["nprobe"] == 5
     import zarr  # Zarr readers do not see the index
     assert sorted(dict(zarr.open_group(str(path), mode="r").members())) in (
-        ["norms", "vectors"], ["norms", "page_crc", "vectors"])  # (format 1, format 2)
+        ["norms", "vectors"], ["norms", "norms_page_crc", "page_crc", "vectors"])  # (1, 2)
     (d / META_FILE).write_text("{not json")
     with embstore.open(path) as t, pytest.raises(embstore.IndexNotFoundError,
                                                  match="unreadable index metadata"):

@@ -104,11 +104,15 @@ def test_an_on_disk_table_pickles_as_its_path(tmp_path, weights):
     t.close()
 
 
+FORMATS = {1: {"chunk_rows": 4, "shard_rows": 16}, 2: {}}  # (format 2: the default)
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
 @pytest.mark.parametrize("keys", [False, True], ids=["nokeys", "keys"])
-def test_xarray_opens_a_table(tmp_path, weights, keys):
+def test_xarray_opens_a_table(tmp_path, weights, keys, fmt):
     xr = pytest.importorskip("xarray")
     names = [f"w{i}" for i in range(V)] if keys else None
-    embstore.save(tmp_path / "t", weights, keys=names, chunk_rows=4, shard_rows=16).close()
+    embstore.save(tmp_path / "t", weights, keys=names, **FORMATS[fmt]).close()
     meta = json.loads((tmp_path / "t" / "vectors" / "zarr.json").read_text())
     assert meta["dimension_names"] == ["row", "dim"]
     with embstore.open(tmp_path / "t", mode="r+") as t:
@@ -121,12 +125,13 @@ def test_xarray_opens_a_table(tmp_path, weights, keys):
         assert ds["keys"].dims == ("key",)
         assert list(ds["keys"].values) == names + ["new1", "new2"]
         assert not ds.indexes  # the key index arrays stay lazy data, not pandas indexes
-    assert ds.attrs["embstore"]["format"] == 1
+    assert ds.attrs["embstore"]["format"] == fmt
 
 
-def test_xarray_opens_an_int8_table_and_dask_decodes_it(tmp_path, weights):
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_xarray_opens_an_int8_table_and_dask_decodes_it(tmp_path, weights, fmt):
     xr = pytest.importorskip("xarray")
-    t = embstore.save(tmp_path / "t", weights, dtype="int8", chunk_rows=4, shard_rows=16)
+    t = embstore.save(tmp_path / "t", weights, dtype="int8", **FORMATS[fmt])
     ds = xr.open_zarr(tmp_path / "t", consolidated=False)
     assert ds["vectors"].dims == ("row", "dim") and ds["vectors"].dtype == np.int8  # codes
     assert ds["row_scale"].dims == ("scale_row", "scale_field")

@@ -179,3 +179,36 @@ def test_golden_format_2_store_reads_back_and_is_rewritten_byte_for_byte(tmp_pat
             assert _json_without_created_by(got[rel]) == _json_without_created_by(path), rel
         else:
             assert got[rel].read_bytes() == path.read_bytes(), rel
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_early_format_2_store_with_format_1_norms_keeps_reading_and_changing(tmp_path, name):
+    """``golden-v2-early-<dtype>``: the first format-2 stores, whose ``norms`` (and int8's
+    ``row_scale``) were format-1 sharded arrays.  They read back exactly, their norms serve
+    searches, they verify, and a copy takes appends and writes that read back."""
+    import shutil
+
+    values, keys = golden_data()
+    golden = DATA / f"golden-v2-early-{name}"
+    assert not (golden / "norms_page_crc").exists()  # (what makes them early)
+    want = _want_rows(name, values, golden)
+    with embstore.open(golden) as t:
+        np.testing.assert_array_equal(t.to_numpy(), want)
+        assert list(t.keys) == keys
+        assert type(t._source.norms).__name__ == "ShardSource"  # their own norms, read
+        scores = want.astype(np.float64) @ want[5].astype(np.float64) / (
+            np.linalg.norm(want.astype(np.float64), axis=1) * np.linalg.norm(want[5]))
+        ids, _ = embstore.Embedding(t).most_similar(want[5], k=3)
+        assert list(ids) == list(np.argsort(-scores, kind="stable")[:3])
+    assert embstore.verify(golden).ok
+    copy = tmp_path / "t"
+    shutil.copytree(golden, copy)
+    extra = np.full((3, 8), 0.5, dtype=np.float32)
+    with embstore.open(copy, "r+") as t:
+        t.append(extra, keys=["x", "y", "z"])
+        t.write([0], extra[:1])
+    with embstore.open(copy) as t:
+        rows = t.to_numpy()
+        assert rows.shape == (103, 8) and t.lookup_keys(["y"])[0].tolist() == rows[101].tolist()
+        np.testing.assert_array_equal(rows[1:100], want[1:])
+    assert embstore.verify(copy).ok

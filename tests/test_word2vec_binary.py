@@ -251,7 +251,7 @@ def test_import_of_a_file_with_an_error_leaves_nothing(tmp_path):
     assert [x.name for x in tmp_path.iterdir()] == ["v.bin"]
 
 
-# -- the table's rows are written by a thread while the next block's keys are hashed --------
+# -- imports with the parser's thread and the writer's thread -------------------------------
 def test_import_keeps_first_duplicates_across_blocks(tmp_path):
     rng = np.random.default_rng(4)
     keys = [f"k{i % 700}" for i in range(1000)]  # rows 700.. repeat earlier keys
@@ -266,25 +266,26 @@ def test_import_keeps_first_duplicates_across_blocks(tmp_path):
 
 
 def test_a_failed_row_write_is_raised_and_leaves_nothing(tmp_path, monkeypatch):
-    import embstore.store.writer as writer
+    """A write failing in the writer's thread while the parser's thread reads ahead: the
+    import raises it, both threads end and nothing is left beside DEST."""
+    from embstore.store.rows.stream import PagedStream
 
     calls = []
+    real = PagedStream.add
 
-    def failing(streams, blocks, final):
-        calls.append(len(blocks))
-        if len(calls) == 2:
+    def failing(self, rows, *, final=False):
+        calls.append(len(rows))
+        if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        writer_rows(streams, blocks, final)
+        return real(self, rows, final=final)
 
-    writer_rows = writer.write_rows
-    monkeypatch.setattr(writer, "write_rows", failing)
-    monkeypatch.setattr(writer, "DECIDE_BYTES", 1)  # every block written as it comes
+    monkeypatch.setattr(PagedStream, "add", failing)
     p = tmp_path / "v.bin"
-    p.write_bytes(_file([f"k{i}" for i in range(3000)], np.ones((3000, 4), np.float32),
+    p.write_bytes(_file([f"k{i}" for i in range(40_000)], np.ones((40_000, 64), np.float32),
                         newline=True))
     before = _threads()
     with pytest.raises(OSError, match="No space left on device"):
-        embstore.import_file(p, tmp_path / "t.emb", block_rows=500)
-    assert len(calls) >= 2 and not (tmp_path / "t.emb").exists()
+        embstore.import_file(p, tmp_path / "t.emb", block_rows=4000)
+    assert len(calls) >= 3 and not (tmp_path / "t.emb").exists()
     assert [x.name for x in tmp_path.iterdir()] == ["v.bin"]
     assert _threads() == before

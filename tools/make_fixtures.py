@@ -11,7 +11,8 @@ keys ``KEYS``; every fixture holds exactly these rows.
 with keys, chunk_rows 16, shard_rows 64, written by ``embstore.save``), and one store per
 storage dtype (``golden-v1-float16``, ``-float64``, ``-bfloat16``, ``-int8``: the record's
 ``golden`` in :mod:`embstore.dtypes`), and the format-2 stores ``golden-v2-<dtype>`` (every
-storage dtype, default format-2 layout).  They freeze the
+storage dtype, default format-2 layout; ``golden-v2-early-<dtype>`` are the first format-2
+stores, whose ``norms`` and ``row_scale`` were format-1 arrays: kept, read back only).  They freeze the
 on-disk format: tests/test_golden.py reads them back exactly and checks that ``save``
 still writes the same bytes.  Regenerate them only for a deliberate format change.
 """
@@ -72,6 +73,8 @@ def golden_stores() -> None:
         path = os.path.join(DATA, f"golden-v2-{record.name}")
         shutil.rmtree(path, ignore_errors=True)
         embstore.save(path, values, keys=keys, dtype=record.name, format_version=2).close()
+        # the table's files only: its private area (version 1's hard links) is not frozen
+        shutil.rmtree(os.path.join(path, "vectors", ".embstore"))
 
 
 def _fmt_c(x: float) -> str:

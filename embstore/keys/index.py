@@ -33,7 +33,6 @@ retries.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -46,7 +45,8 @@ import numpy as np
 from ..errors import CorruptStoreError
 from ..fs.atomic import replace
 from .foreign import MemoryKeyIndex, build_key_index, has_key_index
-from .mapped import Head, MappedArray, concat_reader, read_array_meta, write_mapped
+from .mapped import (Head, MappedArray, concat_reader, read_array_meta, stage_keys_array,
+                     write_mapped)
 from .hashing import (KEY_PAD, MAX_KEY_BYTES, EncodedKeys, decode_keys, encode_keys,
                       hash_encoded, hash_key_from_attrs, merge_runs, probe, segment_index,
                       new_hash_key, word_view, words_from_bytes)
@@ -188,9 +188,19 @@ class DiskVocab(Vocab):
             return out
         return self._probe(enc)
 
+    @property
+    def hash_key(self) -> tuple[int, int] | None:
+        return self._hash_key
+
     def _probe(self, enc: EncodedKeys) -> np.ndarray:
+        return self.probe_hashed(enc, hash_encoded(enc, self._hash_key))
+
+    def probe_hashed(self, enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
+        """Rows of the keys ``enc`` (hashes ``h`` under :attr:`hash_key`), -1 where absent."""
+        if not self._n:
+            return np.full(len(enc), -1, dtype=np.int64)
         try:
-            return probe(enc, hash_encoded(enc, self._hash_key), size=len(self._hash),
+            return probe(enc, h, size=len(self._hash),
                          search=self._hash.searchsorted, hash_at=self._hash.take,
                          row_at=self._order.take, offset_at=self._offsets.take,
                          word_at=self._words, row_limit=len(self._order), visible=self._n,
@@ -269,25 +279,13 @@ class DiskVocab(Vocab):
         write_mapped(g, "key_hash", n + m, np.uint64, lambda a, b: merged_h[a:b],
                      attrs=index_attrs(key))
         write_mapped(g, "key_order", n + m, np.int64, lambda a, b: merged_rows[a:b])
-        # ``keys``: its metadata with the new length, and its chunks from the one holding
-        # row n on (that chunk's old keys come from key_utf8)
-        meta = read_array_meta(self.path, "keys")
-        (chunk,) = meta["chunk_grid"]["configuration"]["chunk_shape"]
-        c0 = n // chunk * chunk
-        meta["shape"] = [n + m]
-        (stage / "keys").mkdir()
-        with open(stage / "keys" / "zarr.json", "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
-        arr = zarr.open_array(str(stage / "keys"), mode="r+",
-                              config={"write_empty_chunks": True})
-        arr[c0:n + m] = np.array(self.keys_between(c0, n) + list(keys), dtype=object)
         moves = []
-        for name in (*INDEX_ARRAYS, "keys"):  # a loop per array
+        for name in INDEX_ARRAYS:  # a loop per array
             chunks = sorted(os.listdir(stage / name / "c"), key=int) if (
                 stage / name / "c").is_dir() else []
             moves += [(f"{name}/c/{c}", f"{name}/c/{c}") for c in chunks]
             moves.append((f"{name}/zarr.json", f"{name}/zarr.json"))
-        return moves
+        return moves + stage_keys_array(self.path, stage, n, self.keys_between, keys)
 
     def _row_hashes(self, key: tuple[int, int], block: int = KEYS_CHUNK) -> np.ndarray:
         """The hashes under ``key`` of the keys of rows ``0..n-1``, in row order (by blocks)."""
@@ -401,3 +399,4 @@ class DiskVocab(Vocab):
             if stored.tolist() != self.keys_between(a, b):
                 raise CorruptStoreError(f"{self.path}: 'keys' disagrees with key_utf8 in rows "
                                         f"{a}..{b - 1}", path=self.path)
+

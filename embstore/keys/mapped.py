@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from ..fs.checksum import crc32c
+from .vlen import plain_keys_codecs, write_keys_chunks
 
 from ..errors import ClosedTableError, CorruptStoreError, ResourceLimitError
 from ..fs.atomic import replace
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no 
     import zarr
 
 __all__ = ["MappedArray", "Head", "write_mapped", "concat_reader", "CHUNK_BYTES",
-           "parse_array_meta"]
+           "parse_array_meta", "stage_keys_array"]
 
 CHUNK_BYTES = 64 << 20  # tests lower it to exercise several chunks
 
@@ -311,3 +312,32 @@ class MappedArray:
             if not np.array_equal(data, self.read(start, stop)):
                 raise CorruptStoreError(f"{self.dir}: memory map disagrees with zarr",
                                         path=self.dir)
+
+
+def stage_keys_array(path: Path, stage: Path, start: int,
+                     keys_between: Callable[[int, int], list[str]],
+                     keys: list[str]) -> list[tuple[str, str]]:
+    """Write ``keys`` (the contract's string array) grown by ``keys`` from row ``start`` into
+    ``stage``: its metadata with the new length, and its chunks from the one holding row
+    ``start`` on (that chunk's keys before ``start`` from ``keys_between``; older chunks
+    stay).  Returns ``(staged, live)`` file pairs, the chunks before ``zarr.json``."""
+    import zarr
+
+    meta = read_array_meta(path, "keys")
+    (chunk,) = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    c0 = start // chunk * chunk
+    tail = keys_between(c0, start)
+    meta["shape"] = [start + len(keys)]
+    (stage / "keys").mkdir(parents=True)
+    with open(stage / "keys" / "zarr.json", "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    if plain_keys_codecs(meta):  # embstore's own codecs: the chunks written directly
+        chunks = write_keys_chunks(stage / "keys", chunk, c0 // chunk, tail + list(keys))
+    else:
+        arr = zarr.open_array(str(stage / "keys"), mode="r+",
+                              config={"write_empty_chunks": True})
+        arr[c0:start + len(keys)] = np.array(tail + list(keys), dtype=object)
+        chunks = sorted(os.listdir(stage / "keys" / "c"), key=int) if (
+            stage / "keys" / "c").is_dir() else []
+    return [(f"keys/c/{c}", f"keys/c/{c}") for c in chunks] + [("keys/zarr.json",
+                                                                "keys/zarr.json")]

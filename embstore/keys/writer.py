@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .vlen import plain_keys_codecs, write_keys_chunks
 from .mapped import concat_reader, write_mapped
 from .hashing import (KEY_PAD, encode_keys, first_occurrences, hash_encoded, hash_key_attrs,
                       merge_runs, new_hash_key, probe, segment_index, words_from_bytes)
@@ -96,6 +97,9 @@ class KeyIndexWriter:
         chunk = KEYS_CHUNK if expected is None else int(min(KEYS_CHUNK, max(1024, expected)))
         self._keys = _create_keys_array(group, chunk)
         self._keys_chunk = chunk
+        # local and embstore's codecs: the chunks written directly (zarr's bytes, 10x faster)
+        self._keys_dir = None if self._dir is None or not plain_keys_codecs(
+            self._keys.metadata.to_dict()) else self._dir / "keys"
         self._keys_written = 0
         self._pending: list[np.ndarray] = []
         self._pending_n = 0
@@ -162,7 +166,11 @@ class KeyIndexWriter:
         take = len(pending) if final else len(pending) // self._keys_chunk * self._keys_chunk
         start = self._keys_written
         self._keys.resize((start + take,))
-        self._keys[start:start + take] = pending[:take]
+        if self._keys_dir is not None and self._keys_dir.is_dir():
+            write_keys_chunks(self._keys_dir, self._keys_chunk, start // self._keys_chunk,
+                              pending[:take].tolist())
+        else:
+            self._keys[start:start + take] = pending[:take]
         self._keys_written += take
         rest = pending[take:]
         self._pending = [rest] if len(rest) else []

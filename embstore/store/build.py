@@ -49,7 +49,7 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
         raise ShapeMismatchError(f"vocab_size must be >= 0, got {rows}")
     key_list = None
     if keys is not None:
-        key_list = [str(k) for k in as_key_array(list(keys)).reshape(-1)]
+        key_list = list(map(str, as_key_array(list(keys)).reshape(-1)))
         if len(key_list) != rows:
             raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
     with TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
@@ -126,7 +126,7 @@ def _write(path: PathLike, src: ArrayLike | Table, keys: KeysLike | None, *,
             if keys is None:
                 w.add(part)
                 continue
-            kb = [str(k) for k in as_key_array(list(keys[start: start + part.shape[0]]))]
+            kb = list(map(str, as_key_array(list(keys[start: start + part.shape[0]]))))
             w.add(part, kb)
         if staging is not None:
             staging(w.staging)

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CorruptStoreError, LockTimeoutError
+from ..fs.beside import fsync_all
 from ..fs.beside import fsync_path as _fsync
 from ..fs.beside import remove_quietly, sweep_beside
 from ..fs.files import create_new, open_regular, read_small, real_dir
@@ -83,6 +84,7 @@ class Transaction:
         self.versioned = is_versioned(self.root) if versioned is None else bool(versioned)
         self.deltas: dict[str, Path] = {}  # array -> staged delta file (format 2)
         self.clear_deltas = False  # a compaction: the new version has no deltas
+        self._unsynced: list[str] = []  # files written, fsynced together before the commit
         self.change: dict = {}  # what the version's manifest says changed
         self._snapshot: str | None = None
 
@@ -116,9 +118,16 @@ class Transaction:
 
     def adopt(self, path: Path, live: str) -> None:
         """Stage the file ``path`` (written in a :meth:`tree`) as the new ``live`` file:
-        fsynced and moved beside the other staged files (no directory fsyncs in trees)."""
-        _fsync(path)
-        os.rename(path, self.file(live))
+        moved beside the other staged files (no directory fsyncs in trees), fsynced before
+        the commit point."""
+        staged = self.file(live)
+        os.rename(path, staged)
+        self.sync_later(staged)
+
+    def sync_later(self, path) -> None:
+        """The file ``path`` (staged, or written in place) is fsynced with the others before
+        the commit point (concurrent fsyncs: :func:`~embstore.fs.beside.fsync_all`)."""
+        self._unsynced.append(os.fspath(path))
 
     def after(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the commit is applied (update in-memory views)."""
@@ -128,6 +137,7 @@ class Transaction:
         """Make the staged files live, all or nothing."""
         if self.stage.exists():
             remove_quietly(self.stage)  # scratch only: every staged file was adopted
+        fsync_all(self._unsynced)  # (the data on disk before anything names it)
         self._stage_consolidated()
         for parent in dict.fromkeys(live.rpartition("/")[0] for _, live in self.moves):
             real_dir(self.root, parent.split("/") if parent else [], create=True)  # before
@@ -249,8 +259,7 @@ def _apply(root: Path, doc: dict) -> None:
             checked.add(str(dst.parent))
         os.replace(src, dst)
         dirs[str(dst.parent)] = None
-    for d in dirs:
-        _fsync(d, directory=True)
+    fsync_all(dirs, directory=True)
     os.replace(area / JOURNAL, area / LAST)
     if stage.exists():
         remove_quietly(stage)

@@ -33,7 +33,7 @@ from .meta import check_vectors_meta, read_json
 from ..dtypes import DTYPES, StorageDtype
 from .base import LayoutSource, RowSource
 from .commit import Transaction
-from .rows.layout import PAGE_CRC, RowLayout
+from .rows.layout import RowLayout, crc_array
 from .rows.source import PagedSource
 from .shard.read import ShardReader
 from .shard.write import rewrite_shard
@@ -254,9 +254,10 @@ def check_side_meta(record: StorageDtype, side_meta: dict, meta: dict, where, pa
 
 def _open_array(root: Path, meta: dict, mode: str, name: str) -> RowSource:
     """The fast path when it knows the layout of the array (``meta``), else zarr-python."""
-    rows = RowLayout.from_metadata(meta) if name == "vectors" else None
-    if rows is not None and (root / PAGE_CRC / "zarr.json").is_file():
-        return PagedSource(root, rows, name)  # format 2: rows at a fixed stride
+    rows = RowLayout.from_metadata(meta)
+    crc = crc_array(name)
+    if rows is not None and (root / crc / "zarr.json").is_file():
+        return PagedSource(root, rows, name, crc)  # format 2: rows at a fixed stride
     layout = Layout.from_metadata(meta)
     if layout is None:
         return ZarrSource(root, mode, name)

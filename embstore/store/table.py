@@ -30,6 +30,7 @@ from ..ids import as_ids, memory_refused
 from ..keys.foreign import MemoryKeyIndex
 from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
+from ..keys.segments import SegmentedVocab
 from .subword.ngrams import Subwords
 from .remote.objstore import is_url
 from .remote.open import open_remote_ngrams, open_remote_source
@@ -37,6 +38,7 @@ from .norms.source import NormsSource
 from ..table import Table
 from .versions import handle as history
 from .versions.delta import Overlays
+from .versions.keydelta import key_entries, open_vocab
 from .versions.retain import Lease, vacuum
 
 __all__ = ["ZarrTable", "open"]
@@ -52,6 +54,8 @@ class ZarrTable(Table):
     zarr-python for layouts it does not know) through a row cache (a
     :class:`~embstore.cache.null.NullCache` when ``cache_bytes=0``).
     """
+
+    _appends_check_keys = True  # (versions.handle.append_rows, under the writer lock)
 
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "auto",
                  lock_timeout: float | None = None, version: int | None = None, **remote: Any):
@@ -70,7 +74,7 @@ class ZarrTable(Table):
         # a str for a URL, a Path on disk (Any: the local code below never sees a URL)
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
             os.fspath(path)).absolute()
-        self._vocab_obj: DiskVocab | MemoryKeyIndex | None = None
+        self._vocab_obj: DiskVocab | MemoryKeyIndex | SegmentedVocab | None = None
         self._seen_commit: str | None = None
         self._subwords: Subwords | None = None  # opened on first use
         self.mode = mode
@@ -245,7 +249,7 @@ class ZarrTable(Table):
             sub.close()
 
     # -- keys -------------------------------------------------------------------------------
-    def _vocab(self) -> DiskVocab | MemoryKeyIndex | None:
+    def _vocab(self) -> DiskVocab | MemoryKeyIndex | SegmentedVocab | None:
         if not self._has_keys or (self._closed and self._vocab_obj is None):
             return None if not self._has_keys else self._vocab_obj
             return None
@@ -262,8 +266,9 @@ class ZarrTable(Table):
                     else:
                         with (writer_lock(self.path, self.lock_timeout)
                               if self.writable and not self._in_write else nullcontext()):
-                            vocab = DiskVocab.open(
-                                None, self._root, rows=self.vocab_size, writable=self.writable,
+                            vocab = open_vocab(  # (format 2: with the key deltas, V6)
+                                self._root, self.vocab_size, key_entries(self._overlays),
+                                writable=self.writable,
                                 settle=lambda: settle(self.path, self.lock_timeout))
                     if vocab is None or len(vocab) != self.vocab_size:
                         raise CorruptStoreError(

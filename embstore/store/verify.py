@@ -26,14 +26,17 @@ from ..errors import CorruptStoreError, FormatError, LockTimeoutError, NotATable
 from ..progress import plural
 from ..keys.index import INDEX_ARRAYS, DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
+from ..keys.segments import SegmentedVocab
 from .codecs import Layout
-from .rows.layout import PAGE_CRC, RowLayout
+from .rows.layout import PAGE_CRC, RowLayout, crc_array
 from .rows.verify import verify_rows
 from ..search.integrity import verify_index
 from ..fs.files import real_dir
 from .commit import AREA, last_commit, settle
 from .versions.delta import check_delta
-from .versions.snapshot import DELTAS, MANIFEST, list_versions, read_manifest, snapshot_root
+from .versions.keydelta import KEYS, check_key_delta, open_vocab
+from .versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest,
+                                snapshot_root)
 from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS, check_subwords
 from ..dtypes import SIDE_ARRAYS
@@ -165,8 +168,9 @@ def checksum_status(path) -> dict[str, bool]:
                 continue
             if meta.get("node_type") == "array":
                 out[entry] = checksummed(meta)
-    if out.get(PAGE_CRC):  # format 2: the rows' checksums live in page_crc
-        out["vectors"] = True
+    for name in list(out):  # format 2: a row array's checksums live in its page_crc
+        if out.get(crc_array(name)):
+            out[name] = True
     return out
 
 
@@ -217,6 +221,15 @@ def verify(path: PathLike) -> VerifyReport:
         for file, chunk, message in verify_rows(root, rows, on_rows=one_pass):
             report.add(file, chunk, message)
         report.vocab_size, report.shards, report.chunks = rows.rows, rows.n_chunks, rows.n_chunks
+        for name in (*SIDE_ARRAYS, NORMS_ARRAY):  # int8's scales, the norms: as the rows
+            m, crc = _array_meta(root, name), crc_array(name)
+            side = None if m is None else RowLayout.from_metadata(m)
+            if side is None or _array_meta(root, crc) is None or side.rows != rows.rows:
+                continue  # (format 1's shards, or rows that do not fit: below)
+            fast.update((name, crc))
+            report.arrays.append(name)
+            for file, chunk, message in verify_rows(root, side, name):
+                report.add(file, chunk, message)
     for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
         if name in fast:
             continue
@@ -305,7 +318,8 @@ def _check_versions(root: Path, report: VerifyReport) -> None:
             continue
         for e in manifest["deltas"]:  # a loop per delta file
             try:
-                check_delta(snap / DELTAS / e["name"])
+                (check_key_delta if e["array"] == KEYS else check_delta)(
+                    snap / DELTAS / e["name"])
             except CorruptStoreError as exc:
                 report.add(str(snap / DELTAS / e["name"]), None, str(exc))
 
@@ -351,8 +365,14 @@ def _deep_check_keys(root: Path, report: VerifyReport) -> None:
     """The key index's own check (streamed): damage that checksums cannot see."""
     vocab = None
     try:
-        vocab = DiskVocab.open(None, root, rows=report.vocab_size)
-        if isinstance(vocab, DiskVocab):
+        n = newest(root)  # format 2: the live files are the newest version's; its key deltas
+        snap = None if n is None else snapshot_root(root, n)
+        entries = [] if snap is None else [e for e in read_manifest(snap)["deltas"]
+                                           if e["array"] == KEYS]
+        vocab = (open_vocab(snap, int(report.vocab_size or 0), entries)
+                 if snap is not None and entries else
+                 DiskVocab.open(None, root, rows=report.vocab_size))
+        if isinstance(vocab, (DiskVocab, SegmentedVocab)):
             vocab.verify()
             report.arrays.extend(INDEX_ARRAYS)
     except CorruptStoreError as exc:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,22 +22,22 @@ from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
 from ..fs.beside import fsync_path as _fsync
+from ..fs.beside import fsync_tree
 from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_layout,
                      make_codec, pow2_below)
-from .norms.calc import NORMS_ARRAY, create_norms_stream, decoded_norms
+from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side, decoded_norms
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
 from .commit import first_version
 from .meta import FORMATS, MAX_DIM
 from .shard import arena
-from .rows.layout import PAGE, PAGE_CRC, choose_chunk_rows, min_chunk_rows
-from .rows.stream import create_row_arrays
-from .shard.write import BackgroundSync, RowStream, WriteBehind, write_json, write_rows
+from .rows.layout import PAGE, choose_chunk_rows, min_chunk_rows
+from .rows.stream import PagedStream, create_row_arrays
+from .shard.write import AsyncWrites, BackgroundSync, RowStream, write_json
 
 __all__ = ["TableWriter", "set_rows", "check_dtype", "check_storage"]
 
 DECIDE_BYTES = 8 << 20  # pending bytes that make a table "large" (default layout)
-FSYNC_THREADS = 8  # files fsynced at once by commit
 
 
 def _set_data_type(path: str, name: str) -> None:
@@ -145,7 +144,7 @@ class TableWriter:
         atomic.check_dest(self.path, self.overwrite)
         self._tmp = atomic.temp_dir(self.path)  # (killed writers' leftovers swept first)
         self._sync = BackgroundSync()  # shard files are fsynced while the next is encoded
-        self._behind = WriteBehind()  # rows written while the next block's keys are hashed
+        self._io = AsyncWrites()  # a block is written while the next is encoded
         self.rows = 0
         self._seen = 0
         self._pending: list[list[np.ndarray]] = []  # codes, [row_scale], norms: per stream
@@ -186,23 +185,24 @@ class TableWriter:
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
-        if self.format == 2:  # vectors: rows at a fixed stride (the side arrays: format 1)
+        if self.format == 2:  # every row array: rows at a fixed stride (FORMAT.md V2)
             self._decide_rows(rows)
-        else:
-            arr = self._group.create_array(
-                "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
-                shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
-                compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
-            meta = arr.metadata.to_dict()
-            if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
-                meta["data_type"] = record.name
-                _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
-                              lambda doc: doc.update(data_type=record.name))
-            layout = Layout.from_metadata(meta)
-            assert layout is not None and layout.has_crc
-            self._layout = layout
-            self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
-                                       make_codec(self.compression, codes.itemsize), self._sync)]
+            self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync)
+            return
+        arr = self._group.create_array(
+            "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
+            shards=(sr, self.dim), serializer=BytesCodec(endian="little"),
+            compressors=comp + [Crc32cCodec()], fill_value=0, dimension_names=("row", "dim"))
+        meta = arr.metadata.to_dict()
+        if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
+            meta["data_type"] = record.name
+            _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
+                          lambda doc: doc.update(data_type=record.name))
+        layout = Layout.from_metadata(meta)
+        assert layout is not None and layout.has_crc
+        self._layout = layout
+        self._streams = [RowStream(os.path.join(self._tmp, "vectors"), layout,
+                                   make_codec(self.compression, codes.itemsize), self._sync)]
         side = record.side
         if side is not None:  # int8's row scales: an array of their own, 4 KiB chunks
             scr = min(SIDE_CHUNK_ROWS, cr * pow2_below(SIDE_CHUNK_ROWS / cr))
@@ -285,18 +285,23 @@ class TableWriter:
         The layout is fixed once ``DECIDE_BYTES`` are pending (the table is large: the
         default layout) or at the end (a small table: shards fitted to its size).  After
         that, chunks stream into the current shard file as they fill, so memory holds less
-        than one chunk of rows beyond the block being added, never a whole shard.  The rows
-        are written by a thread while the caller goes on (the next block's keys are hashed
-        meanwhile); a write's error is raised by the next call.
+        than one chunk of rows beyond the block being added, never a whole shard.
         """
         if self._layout is None:
             if self._pending_rows * self.dim * self.dtype.itemsize < DECIDE_BYTES and not final:
                 return
             self._decide(None if not final else self._pending_rows)
         pending, self._pending, self._pending_rows = self._pending, [], 0
-        self._behind.submit(write_rows, self._streams, pending, final)  # beside the next keys
+
+        def write() -> None:
+            for parts in pending:
+                for stream, part in zip(self._streams, parts):
+                    stream.add(part)
+        self._io.submit(write)
         if final:
-            self._behind.wait()
+            self._io.wait()
+            for stream in self._streams:
+                stream.add(np.empty((0, stream.layout.dim), stream.layout.dtype), final=True)
 
     def _check_open(self) -> None:
         if self._done:
@@ -338,7 +343,7 @@ class TableWriter:
         self._check_open()
         try:
             self._flush(final=True)
-            self._behind.close()
+            self._io.close()
             if self._layout is None:
                 self._decide(self.rows)
             if self._keys is not None:
@@ -353,8 +358,10 @@ class TableWriter:
             if self.record.side is not None:
                 set_rows(self._tmp, self.rows, self.record.side.name)
             set_rows(self._tmp, self.rows, NORMS_ARRAY)
-            if self.format == 2:
-                set_rows(self._tmp, -(-self.rows // L.chunk_rows), PAGE_CRC)
+            for s in self._streams:
+                if isinstance(s, PagedStream):  # format 2: chunks of page checksums
+                    set_rows(self._tmp, -(-self.rows // s.layout.chunk_rows),
+                             os.path.basename(s.crc_root))
             set_rows(self._tmp, self.rows)
             if self.format == 2:  # its first version (docs/FORMAT.md V5)
                 first_version(Path(self._tmp), {"kind": "save", "rows": int(self.rows)})
@@ -367,7 +374,7 @@ class TableWriter:
 
     def _swap_in(self) -> None:
         self._sync.wait()
-        _fsync_tree(self._tmp)  # the new table is on disk before it takes the name
+        fsync_tree(self._tmp)  # the new table is on disk before it takes the name
         atomic.replace(self._tmp, self.path)  # one atomic exchange where the system has one
         try:
             _fsync(self.path.parent, directory=True)
@@ -378,8 +385,8 @@ class TableWriter:
         """Remove the temporary directory; ``path`` is left as it was.  Never raises: on a
         full disk, closing the open shard file fails too, and the files must go anyway."""
         self._done = True
-        if hasattr(self, "_behind"):
-            self._behind.close()  # the rows thread is done before its files are removed
+        if getattr(self, "_io", None) is not None:
+            self._io.close()  # (a block in flight finishes or fails first)
         for stream in getattr(self, "_streams", ()):
             stream.abort()
         sync = getattr(self, "_sync", None)
@@ -405,12 +412,3 @@ class TableWriter:
         else:
             self.abort()
 
-
-def _fsync_tree(root: str) -> None:
-    """fsync every file and directory under ``root`` (shard files are fsynced as they
-    close, so this is mostly metadata), several at once: the device takes them together."""
-    paths = []
-    for d, _, files in os.walk(root):
-        paths += [(os.path.join(d, name), False) for name in files] + [(d, True)]
-    with ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="embstore-fsync") as pool:
-        list(pool.map(lambda p: _fsync(p[0], directory=p[1]), paths))

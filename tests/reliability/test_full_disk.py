@@ -47,15 +47,22 @@ def _fill(mnt: Path, leave: int) -> Path:
 
 
 def _tree(path: Path) -> dict:
-    """Every file's bytes; of a format-2 chunk file, the bytes of its committed rows only (an
-    append writes the padding past them in place: no version reads it, docs/FORMAT.md V6)."""
-    try:
-        meta = json.loads((path / "vectors" / "zarr.json").read_text())
-    except FileNotFoundError:  # (not a table)
-        meta = {"codecs": [{"name": ""}], "chunk_grid": {"configuration": {"chunk_shape": [1]}}}
-    plain = meta["codecs"][0]["name"] == "bytes"
-    chunk = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
-    row = meta["shape"][1] * np.dtype(meta["data_type"]).itemsize if plain else 0
+    """Every file's bytes; of a format-2 chunk file (``vectors``, ``norms``, ``row_scale``),
+    the bytes of its committed rows only (an append writes the padding past them in place:
+    no version reads it, docs/FORMAT.md V6)."""
+    def committed(array_dir: str):  # (chunk rows, row bytes, rows) of a plain row array
+        try:
+            with open(os.path.join(array_dir, "zarr.json")) as f:
+                meta = json.load(f)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if meta.get("node_type") != "array" or len(meta["shape"]) != 2 or \
+                meta["codecs"][0]["name"] != "bytes" or len(meta["codecs"]) != 1:
+            return None
+        chunk = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+        dtype = "<u2" if meta["data_type"] == "bfloat16" else meta["data_type"]
+        return chunk, meta["shape"][1] * np.dtype(dtype).itemsize, meta["shape"][0]
+
     out = {}
     for d, _, files in os.walk(path):
         for name in files:
@@ -64,9 +71,12 @@ def _tree(path: Path) -> dict:
             with open(p, "rb") as f:
                 out[rel] = f.read()
             parts = rel.split(os.sep)
-            if plain and len(parts) >= 4 and parts[-4:-2] == ["vectors", "c"]:
-                k = int(parts[-2])
-                out[rel] = out[rel][: max(0, min(chunk, meta["shape"][0] - k * chunk)) * row]
+            if len(parts) >= 4 and parts[-3] == "c":
+                geo = committed(os.path.join(d, "..", ".."))
+                if geo is not None:
+                    chunk, row, rows = geo
+                    k = int(parts[-2])
+                    out[rel] = out[rel][: max(0, min(chunk, rows - k * chunk)) * row]
     return out
 
 

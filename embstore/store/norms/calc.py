@@ -17,10 +17,12 @@ import numpy as np
 
 from ..codecs import Layout
 from ...dtypes import DTYPES, StorageDtype
+from ..rows.layout import choose_chunk_rows
+from ..rows.stream import PagedStream, create_paged_array
 from ..shard.write import BackgroundSync, RowStream
 
 __all__ = ["NORMS_ARRAY", "norms_dtype", "row_norms", "stored_rows", "create_norms_stream",
-           "norms_layout"]
+           "norms_layout", "create_paged_side"]
 
 NORMS_ARRAY = "norms"
 NORM_CHUNK_ROWS = 1024  # 4 KiB chunks: norms are read in long runs, a page per chunk
@@ -82,3 +84,20 @@ def create_norms_stream(group, root: str, storage: str, chunk_rows: int, shard_r
     layout = Layout.from_metadata(arr.metadata.to_dict())
     assert layout is not None
     return RowStream(os.path.join(root, NORMS_ARRAY), layout, None, sync)
+
+
+def create_paged_side(group, root: str, record: StorageDtype, rows: int | None,
+                      sync: BackgroundSync | None) -> list[PagedStream]:
+    """Format 2: the empty row arrays beside ``vectors`` (``row_scale`` of a record with a
+    side array, then ``norms``) as format-2 row arrays with their page checksums, each with
+    its own chunk rows (about 64 MiB, or fitted to ``rows``); their streams, in that order."""
+    arrays: list[tuple[str, np.dtype, int, tuple[str, str]]] = [] if record.side is None else [
+        (record.side.name, np.dtype(record.side.dtype), record.side.columns,
+         record.side.dimension_names)]
+    arrays.append((NORMS_ARRAY, norms_dtype(record.name), 1, ("row", "norm")))
+    out = []
+    for name, dt, cols, dims in arrays:  # a loop per array
+        dt = dt.newbyteorder("<")
+        out.append(create_paged_array(group, root, name, dt, dt, cols,
+                                      choose_chunk_rows(cols * dt.itemsize, rows), sync, dims))
+    return out

@@ -27,6 +27,9 @@ from ..meta import read_json, read_table_meta
 from .calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms, stored_rows
 from ..shard.write import RowStream
 from ..base import RowSource
+from ..rows.layout import RowLayout, choose_chunk_rows, crc_array
+from ..rows.stream import PagedStream, create_paged_array
+from ..rows.source import PagedSource
 from ..source import ShardSource, open_source, same_array
 from ..versions.delta import Overlays
 from ..versions.snapshot import newest, read_manifest, snapshot_root
@@ -115,25 +118,49 @@ def has_norms(root: PathLike) -> bool:
     return (Path(os.fspath(root)) / NORMS_ARRAY / "zarr.json").is_file()
 
 
-def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | None]:
-    """Why the ``norms`` of the table at ``root`` cannot serve ``rows`` ("" if they can)."""
+def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | RowLayout | None]:
+    """Why the ``norms`` of the table at ``root`` cannot serve ``rows`` ("" if they can),
+    and their layout: a format-2 row array (with ``norms_page_crc``) or format 1's shards."""
     try:
         meta = _norms_meta(root)
     except (CorruptStoreError, FormatError) as exc:
         return str(exc), None
     if meta is None:
         return "", None
-    layout = Layout.from_metadata(meta)
+    paged = RowLayout.from_metadata(meta)
+    layout: Layout | RowLayout | None = paged if paged is not None and (
+        root / crc_array(NORMS_ARRAY) / "zarr.json").is_file() else Layout.from_metadata(meta)
     want = norms_dtype(rows.storage_dtype)
     n = rows.shape[0]
     if layout is None or layout.dim != 1 or layout.dtype != want or \
             not n <= layout.rows <= n + EXTRA_NORMS:  # (2**40 norms: a hostile size)
         return (f"{root / NORMS_ARRAY}/zarr.json: expected {want.name} of shape [>= "
-                f"{n}, 1] (at most {n + EXTRA_NORMS} rows) in embstore's sharded layout (one "
+                f"{n}, 1] (at most {n + EXTRA_NORMS} rows) in one of embstore's layouts (one "
                 f"norm per row), got "
                 f"{meta.get('data_type')} {meta.get('shape')}; store them again "
                 "(store_norms)"), None
     return "", layout
+
+
+def _format1_norms(root: Path) -> Layout | None:
+    """The layout of ``norms`` at ``root`` when they are format 1's shards (None: none there,
+    or a format-2 row array)."""
+    meta = _norms_meta(root)
+    return None if meta is None else Layout.from_metadata(meta)
+
+
+def _paged_norms_rows(root: Path, rows: int, dt: np.dtype) -> int:
+    """Chunk rows for new format-2 norms: those of the norms there (their chunk files are
+    replaced one for one: rows only grow), else about 64 MiB or fitted to ``rows``."""
+    meta = _norms_meta(root)
+    old = None if meta is None else RowLayout.from_metadata(meta)
+    return old.chunk_rows if old is not None else choose_chunk_rows(dt.itemsize, rows)
+
+
+def _norms_source(root: Path, layout: Layout | RowLayout) -> RowSource:
+    if isinstance(layout, RowLayout):
+        return PagedSource(root, layout, NORMS_ARRAY, crc_array(NORMS_ARRAY))
+    return ShardSource(root, layout, NORMS_ARRAY)
 
 
 def _newest(root: Path):
@@ -154,7 +181,7 @@ def attach_norms(root: Path, rows: RowSource,
     why, layout = _mismatch(root, rows)
     if layout is None:
         return rows
-    return NormsSource(rows, wrap(NORMS_ARRAY, ShardSource(root, layout, NORMS_ARRAY)))
+    return NormsSource(rows, wrap(NORMS_ARRAY, _norms_source(root, layout)))
 
 
 def _table_blocks(source: RowSource):
@@ -182,23 +209,36 @@ def store_norms(path: PathLike, *, lock_timeout: float | None = None) -> int:
         try:
             rows, _ = source.shape
             layout = source.layout
-            cr = layout["chunk_rows"] or 1
-            ncr, nsr = norms_layout(layout["shard_rows"] or cr, cr)
-            tree = txn.tree(NORMS_ARRAY)
-            arr = zarr.create_array(
-                str(tree), shape=(0, 1), dtype=norms_dtype(source.storage_dtype),
-                chunks=(ncr, 1), shards=(nsr, 1), serializer=BytesCodec(endian="little"),
-                compressors=[Crc32cCodec()], fill_value=0, dimension_names=("row", "norm"))
-            nlayout = Layout.from_metadata(arr.metadata.to_dict())
-            assert nlayout is not None
-            stream = RowStream(str(tree), nlayout, None)
+            dt = norms_dtype(source.storage_dtype)
+            stream: RowStream | PagedStream
+            if layout.get("format") == 2 and _format1_norms(here) is None:
+                tree = txn.tree("norms-v2")  # rows at a fixed stride, page checksums (V2)
+                stream = create_paged_array(
+                    zarr.open_group(str(tree), mode="a", use_consolidated=False), str(tree),
+                    NORMS_ARRAY, dt, dt, 1, _paged_norms_rows(here, rows, dt), None, ("row", "norm"))
+                names = [NORMS_ARRAY, crc_array(NORMS_ARRAY)]
+            else:
+                cr = layout["chunk_rows"] or 1
+                ncr, nsr = norms_layout(layout["shard_rows"] or cr, cr)
+                tree = txn.tree("norms-v1")
+                arr = zarr.create_array(
+                    str(tree / NORMS_ARRAY), shape=(0, 1), dtype=dt, chunks=(ncr, 1),
+                    shards=(nsr, 1), serializer=BytesCodec(endian="little"),
+                    compressors=[Crc32cCodec()], fill_value=0, dimension_names=("row", "norm"))
+                nlayout = Layout.from_metadata(arr.metadata.to_dict())
+                assert nlayout is not None
+                stream = RowStream(str(tree / NORMS_ARRAY), nlayout, None)
+                names = [NORMS_ARRAY]
             for _, block in _table_blocks(source):
-                stream.add(row_norms(block, nlayout.dtype))
-            stream.add(np.empty((0, 1), nlayout.dtype), final=True)
-            set_rows(str(tree.parent), rows, NORMS_ARRAY)
-            files = sorted(p for p in tree.rglob("*") if p.is_file())
-            for p in sorted(files, key=lambda p: p.name == "zarr.json"):  # zarr.json last
-                txn.adopt(p, f"{NORMS_ARRAY}/{p.relative_to(tree).as_posix()}")
+                stream.add(row_norms(block, dt))
+            stream.add(np.empty((0, 1), dt), final=True)
+            set_rows(str(tree), rows, NORMS_ARRAY)
+            if len(names) > 1:
+                set_rows(str(tree), -(-rows // stream.layout.chunk_rows), names[1])
+            for name in names:  # a loop per array
+                files = sorted(p for p in (tree / name).rglob("*") if p.is_file())
+                for p in sorted(files, key=lambda p: p.name == "zarr.json"):  # zarr.json last
+                    txn.adopt(p, f"{name}/{p.relative_to(tree / name).as_posix()}")
             txn.commit()
         finally:
             txn.abort()
@@ -256,7 +296,7 @@ def norms_in_one_pass(root: Path, rows: RowSource, damage):
     why, layout = _mismatch(root, rows)
     if layout is None or why:
         return None
-    norms = ShardSource(root, layout, NORMS_ARRAY)
+    norms = _norms_source(root, layout)
     dt = norms.dtype
 
     def on_rows(a: int, block: np.ndarray) -> None:

@@ -81,7 +81,9 @@ def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | Non
                             f"{name}/zarr.json ({record.name} vectors need their "
                             f"{record.side.called})", url)
         check_side_meta(record, smeta, meta, where, url)
-        side = RemoteShardSource(client, _layout(smeta, url), cache=cache, name=name)
+        srows = RowLayout.from_metadata(smeta) if rows is not None else None
+        side = (RemotePagedSource(client, srows, cache=cache, name=name) if srows is not None
+                else RemoteShardSource(client, _layout(smeta, url), cache=cache, name=name))
         return attrs, CodedSource(codes, record, side), codes
     except BaseException:
         client.close()

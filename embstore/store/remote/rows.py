@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from ...errors import CorruptStoreError
-from ..rows.layout import PAGE, PAGE_CRC, RowLayout
+from ..rows.layout import PAGE, RowLayout, crc_array
 from ..rows.pages import crcs_at, decode_crc_file
 from .chunkcache import ChunkCache
 from .objstore import ObjectClient
@@ -56,7 +56,7 @@ class RemotePagedSource(RemoteShardSource):
         return f"{name}/{self._rows.chunk_key(k)}"
 
     def _load_crcs(self, k: int) -> np.ndarray:
-        obj = self._object(PAGE_CRC, k)
+        obj = self._object(crc_array(self.name), k)
         data = self.client.get(obj)
         if data is None:
             raise CorruptStoreError(f"{self.client.where(obj)}: missing (the page checksums of "

@@ -25,7 +25,7 @@ from ...errors import CorruptStoreError, FormatError, NotATableError
 from .ranged import block_sidecar, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from ..codecs import Layout, check_chunk
-from ..rows.layout import PAGE_CRC, RowLayout
+from ..rows.layout import RowLayout, crc_array
 from ..rows.pages import decode_crc_file, page_crcs
 from .objstore import ObjectClient, is_url
 from ...dtypes import SIDE_ARRAYS
@@ -85,9 +85,9 @@ def _check_rows(client: ObjectClient, meta: dict, report: VerifyReport) -> None:
             m = None if raw is None else _json(raw)
         if m is None:
             continue
-        rows = RowLayout.from_metadata(m) if name == "vectors" else None
-        if rows is not None and client.get(f"{PAGE_CRC}/zarr.json") is not None:
-            _check_pages(client, rows, report)  # format 2
+        rows = RowLayout.from_metadata(m)
+        if rows is not None and client.get(f"{crc_array(name)}/zarr.json") is not None:
+            _check_pages(client, rows, report, name)  # format 2
             continue
         layout = Layout.from_metadata(m)
         if layout is None:
@@ -110,12 +110,13 @@ def _check_rows(client: ObjectClient, meta: dict, report: VerifyReport) -> None:
                 report.unchecked_arrays.append(name)
 
 
-def _check_pages(client: ObjectClient, L: RowLayout, report: VerifyReport) -> None:
-    """Every committed page of every chunk of a format-2 ``vectors`` against ``page_crc``
-    (a chunk's committed bytes in one ranged GET; the chunks side by side)."""
+def _check_pages(client: ObjectClient, L: RowLayout, report: VerifyReport,
+                 name: str = "vectors") -> None:
+    """Every committed page of every chunk of a format-2 row array against its page
+    checksums (a chunk's committed bytes in one ranged GET; the chunks side by side)."""
     def one(k: int) -> list[tuple[str, str]]:
         key = L.chunk_key(k).replace(L.separator, "/")
-        obj, crc_obj = f"vectors/{key}", f"{PAGE_CRC}/{key}"
+        obj, crc_obj = f"{name}/{key}", f"{crc_array(name)}/{key}"
         raw = client.get(crc_obj)
         if raw is None:
             return [(client.where(crc_obj), f"{client.where(crc_obj)}: missing (the page "
@@ -139,7 +140,10 @@ def _check_pages(client: ObjectClient, L: RowLayout, report: VerifyReport) -> No
     for problems in client.map(one, list(range(L.n_chunks))):  # (bounded by the pool)
         for where, message in problems:
             report.add(where, None, message)
-    report.vocab_size, report.shards, report.chunks = L.rows, L.n_chunks, L.n_chunks
+    if name == "vectors":
+        report.vocab_size, report.shards, report.chunks = L.rows, L.n_chunks, L.n_chunks
+    else:
+        report.arrays.append(name)
 
 
 def _json(raw: bytes) -> dict | None:

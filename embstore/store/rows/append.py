@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...fs.checksum import crc32c
+from ..codecs import pool
 from ..commit import Transaction
 from .layout import PAGE, RowLayout, open_chunk
 from .pages import crcs_at, encode_crc_file, page_crcs, read_crc_file
@@ -58,10 +59,10 @@ def _shared_with_live(src: Source, k: int) -> bool:
 def _stage_crcs(src: Source, txn: Transaction, k: int, crcs: np.ndarray) -> None:
     L = src.row_layout
     live = "/".join([src.crc_name, *L.chunk_key(k).split(L.separator)])
-    with open(txn.file(live), "wb") as f:
+    path = txn.file(live)
+    with open(path, "wb") as f:
         f.write(encode_crc_file(crcs))
-        f.flush()
-        os.fsync(f.fileno())
+    txn.sync_later(path)
 
 
 def _in_place(src: Source, txn: Transaction, k: int, lo: int, part: np.ndarray,
@@ -76,7 +77,7 @@ def _in_place(src: Source, txn: Transaction, k: int, lo: int, part: np.ndarray,
         done = 0
         while done < len(view):  # a loop per system call (one, but for signals)
             done += os.pwrite(fd, view[done:], lo + done)
-        os.fsync(fd)
+        txn.sync_later(path)
         q0 = lo // PAGE  # the first page whose checksum changes: it may hold old rows
         head = os.pread(fd, lo - q0 * PAGE, q0 * PAGE)
     finally:
@@ -94,9 +95,10 @@ def _new_chunk(src: Source, txn: Transaction, k: int, part: np.ndarray) -> None:
     L = src.row_layout
     live = "/".join([src.name, *L.chunk_key(k).split(L.separator)])
     data = part.reshape(-1).view(np.uint8)
-    with open(txn.file(live), "wb") as f:
+    path = txn.file(live)
+    crcs = pool().submit(page_crcs, data, data.size, L.pages_per_chunk)  # (while it is written)
+    with open(path, "wb") as f:
         f.write(data.data)
         f.truncate(L.chunk_bytes)  # the padding: a hole, zeros when read
-        f.flush()
-        os.fsync(f.fileno())
-    _stage_crcs(src, txn, k, page_crcs(data, data.size, L.pages_per_chunk))
+    txn.sync_later(path)
+    _stage_crcs(src, txn, k, crcs.result())

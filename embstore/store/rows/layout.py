@@ -21,11 +21,17 @@ from ...fs.files import open_regular
 from ...dtypes import DTYPES
 
 __all__ = ["RowLayout", "PAGE", "CHUNK_TARGET", "choose_chunk_rows", "min_chunk_rows",
-           "PAGE_CRC", "open_chunk"]
+           "PAGE_CRC", "open_chunk", "crc_array"]
 
 PAGE = 4096  # the unit of integrity: one crc32c per aligned 4 KiB page of a chunk file
 CHUNK_TARGET = 64 << 20  # bytes per chunk: what other Zarr readers read (and dask chunks)
 PAGE_CRC = "page_crc"  # the side array of vectors' page checksums
+
+
+def crc_array(name: str) -> str:
+    """The array of the page checksums of row array ``name``: ``page_crc`` for ``vectors``,
+    ``<name>_page_crc`` for the others (``norms``, ``row_scale``)."""
+    return PAGE_CRC if name == "vectors" else f"{name}_{PAGE_CRC}"
 
 
 def _pow2_below(x: float) -> int:

@@ -10,11 +10,14 @@ from typing import Any
 import numpy as np
 
 from ...fs.checksum import crc32c
+from ..codecs import pool
 from ..shard.write import BackgroundSync
-from .layout import PAGE, PAGE_CRC, RowLayout
+from .layout import PAGE, RowLayout, crc_array
 from .pages import encode_crc_file
 
-__all__ = ["PagedStream", "write_file", "create_row_arrays"]
+__all__ = ["PagedStream", "write_file", "create_row_arrays", "create_paged_array"]
+
+_OVERLAP_BYTES = 1 << 20  # blocks from this size have their checksums computed while written
 
 
 def write_file(path: str, data: bytes, sync: BackgroundSync | None = None) -> None:
@@ -95,8 +98,12 @@ class PagedStream:
                 self._open()
             take = min(len(data) - i, L.chunk_bytes - self._in_chunk)
             part = data[i: i + take]
-            self._f.write(part.data)
-            self._feed(part)
+            sums = pool().submit(self._feed, part) if take >= _OVERLAP_BYTES else None
+            self._f.write(part.data)  # (the checksums meanwhile: both release the GIL)
+            if sums is None:
+                self._feed(part)
+            else:
+                sums.result()
             self._in_chunk += take
             i += take
             if self._in_chunk == L.chunk_bytes:
@@ -156,17 +163,27 @@ def create_row_arrays(group, root: str, record, dim: int, chunk_rows: int,
     """Create the empty format-2 ``vectors`` and ``page_crc`` arrays in the zarr ``group``
     (at ``root``) and return the stream their rows are written with.  ``set_data_type``
     renames the stored data type in ``vectors/zarr.json`` where zarr-python lacks it."""
-    from zarr.codecs import BytesCodec, Crc32cCodec
-    layout = RowLayout(rows=0, dim=dim, dtype=record.code, chunk_rows=chunk_rows)
-    group.create_array("vectors", shape=(0, dim), dtype=record.zarr_dtype, chunks=(chunk_rows, dim),
-                       serializer=BytesCodec(endian="little"), compressors=None, filters=None,
-                       fill_value=0, dimension_names=("row", "dim"))
+    stream = create_paged_array(group, root, "vectors", record.zarr_dtype, record.code, dim,
+                                chunk_rows, sync, ("row", "dim"))
     if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
         set_data_type(os.path.join(root, "vectors", "zarr.json"), record.name)
-    ppc = layout.pages_per_chunk
-    group.create_array(PAGE_CRC, shape=(0, ppc), dtype="uint32", chunks=(1, ppc),
+    return stream, stream.layout
+
+
+def create_paged_array(group, root: str, name: str, zarr_dtype, code, dim: int,
+                       chunk_rows: int, sync: BackgroundSync | None,
+                       dimension_names: tuple[str, str]) -> PagedStream:
+    """Create the empty format-2 row array ``name`` (``vectors``, ``norms``, ``row_scale``)
+    and its page checksums (``crc_array(name)``) in the zarr ``group`` at ``root``; return
+    the stream its rows are written with."""
+    from zarr.codecs import BytesCodec, Crc32cCodec
+    layout = RowLayout(rows=0, dim=dim, dtype=np.dtype(code), chunk_rows=chunk_rows)
+    group.create_array(name, shape=(0, dim), dtype=zarr_dtype, chunks=(chunk_rows, dim),
+                       serializer=BytesCodec(endian="little"), compressors=None, filters=None,
+                       fill_value=0, dimension_names=dimension_names)
+    ppc, crc = layout.pages_per_chunk, crc_array(name)
+    dims = ("chunk", "page") if name == "vectors" else (f"{name}_chunk", f"{name}_page")
+    group.create_array(crc, shape=(0, ppc), dtype="uint32", chunks=(1, ppc),
                        serializer=BytesCodec(endian="little"), compressors=[Crc32cCodec()],
-                       fill_value=0, dimension_names=("chunk", "page"))
-    stream = PagedStream(os.path.join(root, "vectors"), os.path.join(root, PAGE_CRC), layout,
-                         sync)
-    return stream, layout
+                       fill_value=0, dimension_names=dims)  # (xarray: one size per name)
+    return PagedStream(os.path.join(root, name), os.path.join(root, crc), layout, sync)

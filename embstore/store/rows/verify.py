@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import CorruptStoreError
 from ...fs.files import open_regular
 from ..codecs import pool
-from .layout import PAGE, PAGE_CRC, RowLayout
+from .layout import PAGE, RowLayout, crc_array
 from .pages import page_crcs, read_crc_file
 
 __all__ = ["verify_rows"]
@@ -24,7 +24,7 @@ Problem = tuple[str, int | None, str]
 def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
            on_rows=None) -> list[Problem]:
     key = Path(*L.chunk_key(k).split(L.separator))
-    path, crc_path = str(root / name / key), str(root / PAGE_CRC / key)
+    path, crc_path = str(root / name / key), str(root / crc_array(name) / key)
     try:
         stored = read_crc_file(crc_path, L.pages_per_chunk)
     except FileNotFoundError:
@@ -58,7 +58,7 @@ def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
         return []
     shown = ", ".join(str(int(p)) for p in bad[:5]) + (" ..." if bad.size > 5 else "")
     return [(path, k, f"{path}: crc32c mismatch in {bad.size} of its {-(-L.chunk_end(k) // PAGE)}"
-                      f" pages ({shown}): the stored rows are damaged")]
+                      f" pages ({shown}): the stored {'rows' if name == 'vectors' else name} are damaged")]
 
 
 def verify_rows(root: Path, layout: RowLayout, name: str = "vectors",

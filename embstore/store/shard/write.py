@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from ...fs.checksum import crc32c
@@ -19,8 +19,7 @@ from ...fs.checksum import crc32c
 from ..codecs import ABSENT, Layout, encode_chunks
 from .read import ShardReader
 
-__all__ = ["RowStream", "ShardStream", "BackgroundSync", "WriteBehind", "rewrite_shard",
-           "write_json", "write_rows"]
+__all__ = ["RowStream", "ShardStream", "BackgroundSync", "rewrite_shard", "write_json"]
 
 STREAM_CHUNKS = 256  # inner chunks encoded per write while streaming a shard
 
@@ -95,47 +94,35 @@ class BackgroundSync:
         self._pending = []
 
 
-class WriteBehind:
-    """Runs one job at a time in a thread of its own, in order: ``submit`` first waits for
-    the job before it (raising that job's error), so the caller's next piece of work (a
-    block's keys) runs beside the job (its rows being written)."""
+class AsyncWrites:
+    """One thread that writes a block of rows to its streams while the caller prepares the
+    next (file writes release the GIL): at most one block in flight; :meth:`wait` raises
+    what the last one raised (a full disk)."""
 
     def __init__(self):
         self._pool: ThreadPoolExecutor | None = None
-        self._job: Future | None = None
+        self._fut = None
 
-    def submit(self, fn, *args) -> None:
+    def submit(self, fn) -> None:
         self.wait()
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="embstore-rows")
-        self._job = self._pool.submit(fn, *args)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="embstore-writer")
+        self._fut = self._pool.submit(fn)
 
     def wait(self) -> None:
-        """The last job is done (raises its error)."""
-        job, self._job = self._job, None
-        if job is not None:
-            job.result()
+        fut, self._fut = self._fut, None
+        if fut is not None:
+            fut.result()
 
     def close(self) -> None:
-        """Wait for the job, ignoring its error (cleanup after a failure), and the thread."""
+        """Wait for the thread, ignoring errors (cleanup after a failure)."""
         try:
             self.wait()
-        except BaseException:  # noqa: BLE001 - the error was (or will be) raised elsewhere
+        except BaseException:  # noqa: BLE001 - the failure being cleaned up is raised already
             pass
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-
-
-def write_rows(streams, blocks, final: bool) -> None:
-    """Add each block's parts (``[codes, (row_scale), norms]``) to ``streams``, in order;
-    with ``final`` close every stream's last chunk."""
-    for parts in blocks:
-        for stream, part in zip(streams, parts):
-            stream.add(part)
-    if final:
-        for stream in streams:
-            stream.add(np.empty((0, stream.layout.dim), stream.layout.dtype), final=True)
 
 
 def write_json(path, doc: dict) -> None:

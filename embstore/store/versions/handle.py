@@ -14,13 +14,16 @@ from typing import Any
 import numpy as np
 
 from ...errors import pin_name
-from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError, ShapeMismatchError
+from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from ...keys.index import DiskVocab
+from ...keys.segments import SegmentedVocab
+from ...ids import refuse_existing
 from ..commit import Transaction, is_versioned, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
 from ..source import open_source, same_array
 from .delta import Overlays, OverlaySource, write_delta
+from .keydelta import fold_keys, key_entries, stage_keys
 from .retain import Lease, vacuum
 from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
 
@@ -39,6 +42,10 @@ COMPACT_FRACTION = 0.05
 COMPACT_BYTES = 128 << 20
 #: more delta files than this in a version (many small writes) are merged into one per array
 MAX_DELTA_FILES = 32
+#: key deltas (appends) are folded into the key index past this many files or this share
+#: of the table's rows
+MAX_KEY_DELTAS = 8
+KEYS_FRACTION = 0.5
 
 
 def check_version(version, mode: str, remote: bool) -> int | None:
@@ -167,28 +174,21 @@ def append_rows(t: ZarrTable, vectors: np.ndarray, keys: list[str] | None) -> in
         if n == 0:
             return n0
         vocab = t._vocab() if keys is not None else None
-        if vocab is not None and not isinstance(vocab, DiskVocab):
+        if vocab is not None and not isinstance(vocab, (DiskVocab, SegmentedVocab)):
             raise ReadOnlyError(f"{t.path}: appending keys needs embstore's key index "
                                 "(this table's keys were written by another tool)")
-        if vocab is not None:  # again, under the lock: another writer may have added them
+        if vocab is not None:  # under the lock: another writer may have added them
             assert keys is not None
-            found = vocab.find(np.array(keys, dtype=object))
-            if (found >= 0).any():
-                i = int(np.argmax(found >= 0))
-                raise ShapeMismatchError(
-                    f"append: key {keys[i]!r} already exists at row {int(found[i])}")
+            refuse_existing(vocab.find, keys)
         txn = Transaction(t.path, versioned=t._versioned)
         txn.change = {"kind": "append", "rows": int(n), "keys": keys is not None}
         try:
             t._source.append(vectors, txn)
             if vocab is not None:
                 assert keys is not None
-                disk = vocab
-                tree = txn.tree("keys")
-                for name, live in disk.stage_append(keys, tree):
-                    txn.adopt(tree / name, live)
-                if not t._versioned:  # (a version: the handle reopens it)
-                    txn.after(lambda: disk.committed(n0 + n))
+                stage_keys(vocab, keys, n0, txn)  # format 2: a key delta (V6)
+                if not t._versioned and isinstance(vocab, DiskVocab):  # (a version: reopened)
+                    txn.after(lambda: vocab.committed(n0 + n))
             t._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
         except BaseException:
             txn.abort()
@@ -209,7 +209,7 @@ def after_version(t: ZarrTable) -> None:
     ov = t._overlays
     try:
         if ov is not None and (ov.pending_rows > COMPACT_FRACTION * max(1, t.vocab_size)
-                               or ov.pending_bytes > COMPACT_BYTES):
+                               or ov.pending_bytes > COMPACT_BYTES or _many_keys(t)):
             compact_locked(t)
         elif ov is not None and len(ov.entries) > MAX_DELTA_FILES:
             merge_deltas(t)
@@ -217,6 +217,18 @@ def after_version(t: ZarrTable) -> None:
     except OSError as exc:
         _log.warning("%s: committed; the compaction or clean-up after it failed (%s): the "
                      "next write or `embstore compact` does it", t.path, exc)
+
+
+def _many_keys(t: ZarrTable) -> bool:
+    """Key deltas past the point where they are folded: more than MAX_KEY_DELTAS files, or
+    more keys than KEYS_FRACTION of the index (each lookup probes every segment; every
+    reader holds them in memory)."""
+    entries = key_entries(t._overlays)
+    if not entries:
+        return False
+    vocab = t._vocab()
+    pending = len(vocab) - len(vocab.base) if isinstance(vocab, SegmentedVocab) else 0
+    return len(entries) > MAX_KEY_DELTAS or pending > KEYS_FRACTION * max(1, t.vocab_size)
 
 
 def merge_deltas(t: ZarrTable) -> None:
@@ -230,6 +242,7 @@ def merge_deltas(t: ZarrTable) -> None:
         for o in ov.made:  # a loop per row array
             if o.ids.size:
                 write_delta(txn.delta(o.name), o.name, o.ids, o.values)
+        fold_keys(t._vocab() if key_entries(ov) else None, txn)  # (the deltas are dropped)
     except BaseException:
         txn.abort()
         raise
@@ -240,7 +253,8 @@ def merge_deltas(t: ZarrTable) -> None:
 def compact_locked(t: ZarrTable) -> int:
     """Fold every delta into the chunks: one commit (the writer lock is held)."""
     ov = t._overlays
-    if ov is None or not any(o.ids.size for o in ov.made):
+    keyed = bool(key_entries(ov))
+    if ov is None or not (keyed or any(o.ids.size for o in ov.made)):
         return t._version
     txn = Transaction(t.path, versioned=True)
     txn.clear_deltas = True
@@ -248,6 +262,7 @@ def compact_locked(t: ZarrTable) -> int:
     try:
         for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
             o.fold(txn)
+        txn.change["keys"] = fold_keys(t._vocab() if keyed else None, txn)
     except BaseException:
         txn.abort()
         raise

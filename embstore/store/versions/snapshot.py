@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ...errors import CorruptStoreError, InvalidOptionError
-from ...fs.beside import fsync_path, remove_quietly
+from ...fs.beside import fsync_all, fsync_path, remove_quietly
 from ...fs.checksum import crc32c
 from ...fs.files import create_new, open_regular, read_small, real_dir
 
@@ -191,7 +191,7 @@ def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_del
         json.dump(doc, f)
         f.flush()
         os.fsync(f.fileno())
-    for d, _, _ in os.walk(tmp):  # the new names are durable before the commit point
-        fsync_path(d, directory=True)
+    # the new names are durable before the commit point (the directories at once)
+    fsync_all([d for d, _, _ in os.walk(tmp)], directory=True)
     fsync_path(vdir, directory=True)
     return tmp_name, n
