@@ -163,11 +163,12 @@ class Source:
             raise self.damaged(exc) from None
 
     def readinto(self, b) -> int:
-        """Fill ``b`` (a writable buffer) with the next bytes: fewer only at the end."""
+        """Fill ``b`` (a writable buffer) with the next bytes: fewer only at the end (``stream``
+        is always a buffered reader)."""
         view, got = memoryview(b).cast("B"), 0
         try:
             while got < len(view):
-                n = self.stream.readinto(view[got:])
+                n = self.stream.readinto(view[got:])  # type: ignore[attr-defined]
                 if not n:
                     break
                 got += n

@@ -38,7 +38,7 @@ SPAN_ROWS = 64  # the least records a vectorised search covers after one it coul
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 
 
-def _text_key(key: bytes) -> bool:
+def _text_key(key: bytes | bytearray) -> bool:
     """Whether ``key`` can be a key holding spaces: UTF-8 text without control bytes (the
     bytes of a vector misread as part of a key are neither)."""
     if _CONTROL.search(key) is not None:
