@@ -125,6 +125,16 @@ def test_reachable_is_the_chain():
     m = 2 * records.MAX_STEPS + 10  # 0 -> m; 1 -> 2 -> ... -> m: all of it false
     succ = np.append(m, np.arange(2, m + 1))
     np.testing.assert_array_equal(records.reachable(succ), [0])
+    succ = np.minimum(np.arange(m) + 2, m)  # 0 -> 2 -> 4 ..., and 1 -> 3 -> 5 ... (false,
+    # more than MAX_STEPS long: the rounds give up, doubling finds the chain)
+    np.testing.assert_array_equal(records.reachable(succ), np.arange(0, m, 2))
+    for m in (1, 2, 3, 1000):
+        succ = np.minimum(np.arange(m) + rng.integers(1, 5, size=m), m)
+        walk, j = [], 0
+        while j < m:
+            walk.append(j)
+            j = int(succ[j])
+        np.testing.assert_array_equal(records._doubling(succ), walk)
 
 
 BAD = [

@@ -32,8 +32,8 @@ def reachable(succ: np.ndarray) -> np.ndarray:
     chain), in order.  Candidates that nothing reachable points at are dropped in rounds
     (those no candidate points at, then those only dropped ones pointed at, ...): a false
     candidate (a space inside a vector) starts a short chain that soon joins the true one,
-    so a few rounds do.  Past ``MAX_STEPS`` rounds (a file built to defeat it) the chain
-    is walked one candidate at a time."""
+    so a few rounds do.  Past ``MAX_STEPS`` rounds (a file built to defeat it), pointer
+    doubling (:func:`_doubling`) finds the chain."""
     m = len(succ)
     indeg = np.bincount(succ, minlength=m + 1)
     indeg[0] += 1  # the start is reachable by definition
@@ -46,11 +46,26 @@ def reachable(succ: np.ndarray) -> np.ndarray:
         targets, counts = np.unique(succ[gone], return_counts=True)
         indeg[targets] -= counts
         gone = targets[(indeg[targets] == 0) & (targets < m)]
-    out, j, nxt = [], 0, succ.tolist()
-    while j < m:
-        out.append(j)
-        j = nxt[j]
-    return np.asarray(out, dtype=np.int64)
+    return _doubling(succ)
+
+
+def _doubling(succ: np.ndarray) -> np.ndarray:
+    """The chain from 0 by pointer doubling: ``log2(m)`` whole-array steps, whatever the
+    candidates (the fallback of :func:`reachable`)."""
+    m = len(succ)
+    jumps = [np.append(succ, m)]  # jumps[b][j]: 2**b steps from j (m stays m)
+    while (1 << len(jumps)) <= m:
+        jumps.append(jumps[-1][jumps[-1]])
+    steps, j = 0, 0  # the most steps that stay inside the buffer
+    for b in range(len(jumps) - 1, -1, -1):
+        if jumps[b][j] < m:
+            j, steps = int(jumps[b][j]), steps + (1 << b)
+    k = np.arange(steps + 1)
+    at = np.zeros(steps + 1, np.int64)
+    for b, jump in enumerate(jumps):
+        sel = ((k >> b) & 1).astype(bool)
+        at[sel] = jump[at[sel]]
+    return at
 
 
 def find_rows(u8: np.ndarray, pos: int, stop: int, vb: int, newline: bool,
