@@ -10,6 +10,12 @@ vector is followed by ``\\n``), where gensim would cut it at its first space
 first space ends the key, as in gensim's files without ``\\n``).  Export refuses such
 keys (gensim and the C tool would read shifted vectors).
 The header's count is checked against the file, and only used as a size hint.
+
+Reading finds the records of a whole buffer at once (:mod:`.records`); the record-by-record
+rule here (:meth:`BinaryReader._split`) decides every record the search leaves (keys holding
+spaces, a ``\n`` before a key, the last record, errors), so both give the same rows, keys
+and messages.  A thread parses one block ahead of the caller (:mod:`.ahead`).  Writing packs
+each block's records into one array (:func:`.records.pack_rows`).
 """
 
 from __future__ import annotations
