@@ -15,7 +15,7 @@ import embstore
 from embstore.errors import FormatError
 from embstore.formats import get
 from embstore.formats.word2vec import binary, records
-from embstore.formats.word2vec.ahead import read_ahead
+from embstore.formats.word2vec.ahead import ReadAhead
 
 # vector bytes drawn from these: spaces and newlines everywhere, every float32 finite
 # (no byte has the exponent bits of a NaN or infinity)
@@ -225,14 +225,14 @@ def test_read_ahead_order_errors_and_early_close():
                 raise FormatError("row 7: broken", path="x.bin")
             yield i
 
-    assert list(read_ahead(gen())) == list(range(10))
-    it = read_ahead(gen(fail_at=7))
+    assert list(ReadAhead(gen())) == list(range(10))
+    it = ReadAhead(gen(fail_at=7))
     got = []
     with pytest.raises(FormatError, match=r"^x.bin: row 7: broken$"):
         for i in it:
             got.append(i)
     assert got == list(range(7))
-    it = read_ahead(gen())
+    it = ReadAhead(gen())
     assert next(it) == 0
     it.close()  # the thread stops and the source generator is closed
     assert _threads() == before
@@ -247,6 +247,26 @@ def test_reader_closed_mid_file_stops_its_thread(tmp_path):
     it = iter(r)
     assert len(next(it)[0]) == 10
     r.close()
+    assert _threads() == before
+    r = binary.BinaryReader(p, block_rows=10)
+    iter(r)  # the thread starts parsing at once; closing before a block is taken stops it
+    r.close()
+    assert _threads() == before
+
+
+def test_import_whose_table_cannot_be_set_up_stops_the_parser(tmp_path, monkeypatch):
+    import embstore.convert as convert
+
+    def broken(*a, **k):
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(convert, "TableWriter", broken)
+    p = tmp_path / "v.bin"
+    p.write_bytes(_file([f"k{i}" for i in range(3000)], np.ones((3000, 4), np.float32),
+                        newline=True))
+    before = _threads()
+    with pytest.raises(OSError, match="Permission denied"):
+        embstore.import_file(p, tmp_path / "t.emb", block_rows=100)
     assert _threads() == before
 
 

@@ -30,7 +30,7 @@ from .. import DEFAULT_BLOCK_ROWS, open_output, Reader, check_finite
 from .._textparse import decode_keys
 from ..source import open_source, stream_row_bound
 from . import MAX_LINE_BYTES, _show, fasttext_bin_error, is_fasttext_bin
-from .ahead import read_ahead
+from .ahead import ReadAhead
 from .records import find_rows, pack_rows, take_vectors
 
 __all__ = ["read", "write", "BinaryReader"]
@@ -99,7 +99,7 @@ class BinaryReader(Reader):
         self.progress_done = len(first)
         self._chunk = max(int(chunk_bytes), 4 * self.dim + MAX_KEY_BYTES + 2)
         self._newline: bool | None = None  # rows end with "\n" (C tool) or not (gensim)
-        self._ahead: Generator | None = None
+        self._ahead: ReadAhead | None = None
 
     def size_hint(self) -> int | None:
         most = stream_row_bound(self._src, 4 * self.dim + 2)
@@ -154,8 +154,9 @@ class BinaryReader(Reader):
         return sp, end
 
     def blocks(self) -> Iterator[tuple[np.ndarray, list[str]]]:
-        """The blocks, parsed one ahead by a thread of their own (:mod:`.ahead`)."""
-        self._ahead = read_ahead(self._parse())
+        """The blocks, parsed one ahead by a thread of their own (:mod:`.ahead`), which
+        starts at once."""
+        self._ahead = ReadAhead(self._parse())
         return self._ahead
 
     def _parse(self) -> Generator[tuple[np.ndarray, list[str]], None, None]:
