@@ -228,16 +228,22 @@ def evict(paths) -> None:
     drop_page_cache(paths)
 
 
-def read_bytes() -> int | None:
-    """Bytes this process has caused to be read from storage (``/proc/self/io``)."""
+def read_bytes(field: str = "read_bytes") -> int | None:
+    """Bytes this process has caused to be read from storage (``/proc/self/io``; ``field``
+    ``write_bytes``: written)."""
     try:
         with open("/proc/self/io") as fh:
             for line in fh:
-                if line.startswith("read_bytes:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
     return None
+
+
+def written_bytes() -> int:
+    """Bytes this process has caused to be written to storage (0 where not readable)."""
+    return read_bytes("write_bytes") or 0
 
 
 class Warmer:

@@ -6,6 +6,7 @@ renamed, so a file that exists is complete and is reused by later runs.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -56,14 +57,75 @@ def load_in_ram(path: Path) -> np.ndarray:
 
 
 def ids(rows: int, shape, dist: str, *, seed: int) -> np.ndarray:
-    """int64 ids: ``uniform`` over the table, or ``zipf`` (rank = id, exponent 1.1)."""
+    """int64 ids: ``uniform`` over the table, or ``zipf<a>`` (``zipf1.1``): a truncated Zipf(a)
+    over ranks 1..rows (:func:`zipf_ranks`, exact), rank r being row ``zipf_order(rows)[r - 1]``
+    (a fixed random permutation, so the hot rows are scattered over the table)."""
     rng = np.random.default_rng([seed, rows, 7])
     if dist == "uniform":
         return rng.integers(0, rows, size=shape, dtype=np.int64)
     if dist.startswith("zipf"):
         a = float(dist[4:] or 1.1)
-        return ((rng.zipf(a, size=shape) - 1) % rows).astype(np.int64)
+        return zipf_order(rows)[zipf_ranks(rng, rows, a, shape) - 1]
     raise ValueError(f"unknown id distribution {dist!r}")
+
+
+def zipf_pmf(rows: int, a: float) -> np.ndarray:
+    """P(rank r) for r = 1..rows of the truncated Zipf(a): ``r ** -a / sum(k ** -a)``."""
+    w = np.arange(1, rows + 1, dtype=np.float64) ** -a
+    return w / w.sum()
+
+
+@functools.lru_cache(maxsize=2)
+def zipf_order(rows: int) -> np.ndarray:
+    """Row id of each Zipf rank (``[0]``: the hottest row), a fixed random permutation."""
+    order = np.random.default_rng([rows, 11]).permutation(rows)
+    order.flags.writeable = False
+    return order
+
+
+def _log1p_x(x):  # log1p(x) / x, also near 0
+    small = np.abs(x) <= 1e-8
+    return np.where(small, 1 - x * (0.5 - x * (1 / 3 - 0.25 * x)),
+                    np.log1p(x) / np.where(small, 1.0, x))
+
+
+def _expm1_x(x):  # expm1(x) / x, also near 0
+    small = np.abs(x) <= 1e-8
+    return np.where(small, 1 + x * 0.5 * (1 + x / 3 * (1 + 0.25 * x)),
+                    np.expm1(x) / np.where(small, 1.0, x))
+
+
+def zipf_ranks(rng, rows: int, a: float, shape) -> np.ndarray:
+    """int64 ranks 1..rows drawn from the truncated Zipf(a), P(r) = r ** -a / H(rows, a).
+
+    Rejection-inversion (Hormann & Derflinger 1996, as Apache Commons RNG samples a bounded
+    Zipf): exact for any ``rows``, O(1) memory, vectorised (about 1 draw in 50 is
+    rejected and drawn again).  Nothing folds back over the table, unlike
+    ``(rng.zipf(a) - 1) % rows``, which at a = 1.1 puts 15-19% of its draws past 90M rows.
+    """
+    if not (a > 0 and rows >= 1):
+        raise ValueError(f"zipf needs a > 0 and rows >= 1, got a={a}, rows={rows}")
+
+    def hint(x):  # integral of x ** -a from 1 to x
+        lx = np.log(x)
+        return _expm1_x((1 - a) * lx) * lx
+
+    def hinv(y):
+        return np.exp(_log1p_x(np.maximum(y * (1 - a), -1.0)) * y)
+
+    hx1, hn = hint(1.5) - 1.0, hint(rows + 0.5)
+    s = 2.0 - hinv(hint(2.5) - 2.0 ** -a)
+    n = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(n, dtype=np.int64)
+    todo = np.arange(n)
+    while todo.size:
+        u = hn + rng.random(todo.size) * (hx1 - hn)
+        x = hinv(u)
+        k = np.clip((x + 0.5).astype(np.int64), 1, rows)
+        ok = (k - x <= s) | (u >= hint(k + 0.5) - np.exp(-a * np.log(k)))
+        out[todo[ok]] = k[ok]
+        todo = todo[~ok]
+    return out.reshape(shape)
 
 
 def ids_npy(data_dir: Path, rows: int, n: int, dist: str, *, seed: int = 0, width: int = 512) -> Path:

@@ -36,7 +36,8 @@ except ImportError:  # (Windows)
 from .errors import (InvalidIdError, InvalidOptionError, KeyNotFoundError, ResultTooLargeError,
                      ShapeMismatchError)
 
-__all__ = ["unique_ints", "as_ids", "position_of", "check_result_size", "alloc_result", "memory_refused",
+__all__ = ["unique_ints", "as_ids", "position_of", "check_result_size", "alloc_result", "check_out",
+           "memory_refused",
            "result_refused", "parse_bytes", "positive_int", "non_negative_int", "one_of",
            "is_int", "check_like_ids", "as_key_array"]
 
@@ -172,6 +173,22 @@ def alloc_result(shape, dtype) -> np.ndarray:
         raise result_refused(shape, dtype) from None
 
 
+def check_out(out, want: tuple[int, ...], dtype) -> np.ndarray:
+    """A lookup's result buffer: ``out`` checked (shape ``want``, ``dtype``, writeable,
+    C-contiguous), or a new one when ``out`` is None."""
+    if out is None:
+        return alloc_result(want, dtype)
+    if not isinstance(out, np.ndarray):
+        raise ShapeMismatchError(f"out must be a NumPy array, got {type(out).__name__}")
+    if out.shape != want or out.dtype != dtype:
+        raise ShapeMismatchError(
+            f"out must have shape {want} and dtype {dtype}, got shape {out.shape} "
+            f"and dtype {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ShapeMismatchError("out must be a writeable C-contiguous array")
+    return out
+
+
 @contextmanager
 def memory_refused(shape, dtype) -> Iterator[None]:
     """NumPy's ``MemoryError`` inside as :func:`result_refused` for a result of ``shape``."""
@@ -278,6 +295,14 @@ def as_key_array(keys) -> np.ndarray:
                 raise KeyNotFoundError(f"keys must be strings, got {type(v).__name__} {v!r}"
                                        f"{at_position(pos, arr.shape)}", key=v, position=pos)
     return arr
+
+
+def key_list(keys) -> list[str]:
+    """Keys of any shape as a flat list of plain ``str`` (as :func:`as_key_array` checks
+    them); a list or tuple of plain strings is taken as it is (one C-level type check)."""
+    if isinstance(keys, (list, tuple)) and keys and set(map(type, keys)) == {str}:
+        return list(keys)
+    return list(map(str, as_key_array(keys).reshape(-1)))
 
 
 def as_ids(ids, vocab_size: int, *, row_bytes: int = 0) -> np.ndarray:

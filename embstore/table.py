@@ -21,8 +21,10 @@ from .dasktable import to_dask, to_xarray
 from .dtypes.bfloat16 import widen
 from .errors import (ClosedTableError, InvalidOptionError, KeyNotFoundError, ReadOnlyError,
                      ShapeMismatchError, table_label)
-from .ids import (alloc_result, as_ids, as_key_array, at_position, check_result_size,
-                  memory_refused, position_of, positive_int, refuse_existing)
+from .ids import (alloc_result, as_ids, as_key_array, at_position, check_out,
+                  check_result_size, memory_refused, position_of, positive_int,
+                  refuse_existing)
+from .ids import key_list as ids_key_list
 from .oov import KEY_OOV_MODES, OOV, NgramMatrix, check_oov, map_oov, subword_rows
 
 __all__ = ["Table", "Vocab"]
@@ -211,18 +213,7 @@ class Table(abc.ABC):
         return self.dim * self.dtype.itemsize
 
     def _check_out(self, out, shape) -> np.ndarray:
-        want = tuple(shape) + (self.dim,)
-        if out is None:
-            return alloc_result(want, self.dtype)
-        if not isinstance(out, np.ndarray):
-            raise ShapeMismatchError(f"out must be a NumPy array, got {type(out).__name__}")
-        if out.shape != want or out.dtype != self.dtype:
-            raise ShapeMismatchError(
-                f"out must have shape {want} and dtype {self.dtype}, got shape {out.shape} "
-                f"and dtype {out.dtype}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ShapeMismatchError("out must be a writeable C-contiguous array")
-        return out
+        return check_out(out, tuple(shape) + (self.dim,), self.dtype)
 
     def __call__(self, ids: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
         return self.lookup(ids, out=out)
@@ -384,8 +375,7 @@ class Table(abc.ABC):
             if keys is None:
                 raise KeyNotFoundError("this table has keys: append needs one key per row",
                                        key=None, position=None)
-            key_list = list(map(str, as_key_array(keys).reshape(-1))) if not isinstance(
-                keys, str) else [keys]
+            key_list = ids_key_list(keys) if not isinstance(keys, str) else [keys]
             if len(key_list) != n:
                 raise ShapeMismatchError(f"append: got {n} vectors but {len(key_list)} keys")
             if len(set(key_list)) != n:
@@ -405,6 +395,16 @@ class Table(abc.ABC):
 
     def cache_clear(self) -> None:  # (backends with a cache override it)
         return None
+
+    def warm(self, ids: ArrayLike) -> int:
+        """Load rows ``ids`` (any shape: distinct ids hottest first, or a sample of traffic,
+        ranked by count) into the row cache up to its capacity, held there (traffic does
+        not evict them); returns the rows held.  Without a row cache (``MemoryTable``,
+        ``cache_bytes=0``, or ``"auto"`` on an uncompressed local table) it only checks
+        the ids and returns 0."""
+        self._check_open()
+        as_ids(ids, self.vocab_size)
+        return 0
 
     def close(self) -> None:
         """Release the table; later calls raise ClosedTableError (but ``close``,

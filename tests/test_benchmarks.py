@@ -87,10 +87,13 @@ def test_runner_smoke_every_scenario(tmp_path):
 
 @pytest.mark.slow
 def test_runner_smoke_ooc(tmp_path):
-    run, md = _run(tmp_path, "--only", "ooc")
+    run, md = _run(tmp_path, "--only", "ooc,ooc-zipf")
+    s, methods = _methods(run, "ooc-zipf")
+    assert {"embstore, no row cache", "embstore, row cache filled by traffic",
+            "embstore, row cache after warm(hottest rows)"} <= methods
+    assert any("warm() vs no cache, bytes read" in c["label"] for c in s["comparisons"])
     s, methods = _methods(run, "ooc")
-    assert {"embstore on-disk, no row cache", "np.load(mmap_mode='r')[ids]",
-            "embstore on-disk, row cache"} <= methods
+    assert {"embstore on-disk, no row cache", "np.load(mmap_mode='r')[ids]"} <= methods
     labels = {c["label"] for c in s["comparisons"]}
     assert any("cold: MiB read <= 1.5 x ids" in x for x in labels)
     assert any("cold: embstore vs np.memmap" in x for x in labels)
@@ -143,12 +146,47 @@ def test_word2vec_file_holds_exactly_its_values(tmp_path):
 def test_ids_are_deterministic_and_in_range():
     a = data.ids(1000, (4, 8), "zipf1.1", seed=1)
     np.testing.assert_array_equal(a, data.ids(1000, (4, 8), "zipf1.1", seed=1))
-    assert a.dtype == np.int64 and a.min() >= 0 and a.max() < 1000
+    assert a.dtype == np.int64 and a.shape == (4, 8) and a.min() >= 0 and a.max() < 1000
     z = data.ids(1000, 50_000, "zipf1.1", seed=2)
-    assert abs((z == 0).mean() - 1 / 10.5844) < 0.01  # P(rank 1) = 1 / zeta(1.1)
-    assert (z == 0).mean() > 1.8 * (z == 1).mean()  # 2 ** 1.1 = 2.14
+    hot = data.zipf_order(1000)  # rank r is row hot[r - 1], scattered over the table
+    assert abs((z == hot[0]).mean() - data.zipf_pmf(1000, 1.1)[0]) < 0.01
+    assert (z == hot[0]).mean() > 1.8 * (z == hot[1]).mean()  # 2 ** 1.1 = 2.14
+    assert sorted(hot.tolist()) == list(range(1000)) and hot[0] != 0
     u = data.ids(1000, 50_000, "uniform", seed=2)
     assert abs((u < 500).mean() - 0.5) < 0.02
+
+
+def _chi2_limit(df: int, z: float = 3.09) -> float:
+    """The 99.9% quantile of chi-square(df) (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("rows, a", [(1000, 1.1), (20, 1.1), (200, 2.0), (500, 0.8), (300, 1.0)])
+def test_truncated_zipf_matches_its_exact_pmf(rows, a):
+    n = 1_000_000
+    r = data.zipf_ranks(np.random.default_rng([rows, 5]), rows, a, n)
+    assert r.dtype == np.int64 and r.min() >= 1 and r.max() <= rows
+    f = np.bincount(r, minlength=rows + 1)[1:]
+    p = np.arange(1, rows + 1, dtype=np.float64) ** -a
+    p /= p.sum()  # the exact pmf, computed here independently
+    chi2 = float(((f - n * p) ** 2 / (n * p)).sum())
+    assert chi2 < _chi2_limit(rows - 1), chi2
+    assert np.abs(f / n - p).max() < 5 * math.sqrt(p[0] * (1 - p[0]) / n)
+
+
+def test_truncated_zipf_over_a_big_table_never_folds_back():
+    """90M rows: P(rank > 1M) is the exact tail mass (the old ``zipf % rows`` put 15-19% of
+    its draws past 90M and folded them back over the table)."""
+    rows, n = 90_000_000, 400_000
+    r = data.zipf_ranks(np.random.default_rng(3), rows, 1.1, n)
+    assert r.min() >= 1 and r.max() <= rows
+    k = np.arange(1, 10_000_001, dtype=np.float64) ** -1.1
+    head, mid = k[:1_000_000].sum(), k.sum()
+    tail = sum((np.arange(s, min(s + 10_000_000, rows + 1), dtype=np.float64) ** -1.1).sum()
+               for s in range(10_000_001, rows + 1, 10_000_000))
+    over = (mid + tail - head) / (mid + tail)
+    got = float((r > 1_000_000).mean())
+    assert abs(got - over) < 5 * math.sqrt(over * (1 - over) / n), (got, over)
 
 
 def test_comparisons_compute_ratios_the_right_way_round():

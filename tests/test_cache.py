@@ -90,7 +90,7 @@ def test_evicts_past_budget_and_results_match(table, rng):
 def test_lru_order(table):
     path, E = table
     t = embstore.open(path, cache_bytes=0)
-    cache = RowCache(3 * (16 * 4 + 16) + 16 * 8 + 2 * 8, 16, np.float32)  # exactly 3 slots
+    cache = RowCache(3 * (16 * 4 + 17) + 16 * 8 + 2 * 8, 16, np.float32)  # exactly 3 slots
     assert cache.slots == 3
     out = np.empty((1, 16), np.float32)
     for i in (1, 2, 3, 1, 4):  # 4 evicts 2, the least recently used

@@ -389,3 +389,25 @@ def test_both_uncompressed_read_paths(tmp_path, rng, monkeypatch, joined):
     t.close()
     with pytest.raises(embstore.EmbstoreError, match="closed"):
         t[0]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "int8", "float16"])
+def test_save_refuses_non_finite_rows_and_keeps_huge_finite_ones(tmp_path, dtype):
+    """Rows are checked through their norms, then exactly where a norm is not finite: a
+    float64 row of 1e200 (its squares overflow, its norm is inf) is legal data."""
+    big = 1e200 if dtype == "float64" else 6e4 if dtype == "float16" else 3e38
+    rows = np.ones((300, 4), dtype="float64" if dtype == "float64" else "float32")
+    rows[7] = big
+    if dtype in ("float64", "float32", "int8"):
+        with embstore.save(tmp_path / "ok", rows, dtype=dtype) as t:
+            assert np.isfinite(t[7]).all() and t[7][0] == rows[7][0].astype(t.dtype) or \
+                dtype == "int8"
+    for bad in (np.nan, np.inf, -np.inf):
+        r = rows.copy()
+        r[7] = 1.0
+        r[123, 2] = bad
+        with pytest.raises(embstore.ShapeMismatchError, match=r"input row 123 \(row 123 of "
+                                                              r"this block\) holds NaN or "
+                                                              r"infinity"):
+            embstore.save(tmp_path / f"bad{bad}", r, dtype=dtype)
+        assert not (tmp_path / f"bad{bad}").exists()

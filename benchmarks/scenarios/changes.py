@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import data
-from ..common import Measurement, Skip, compare, drop_page_cache, log, read_through
+from ..common import (Measurement, Skip, compare, drop_page_cache, log, read_through,
+                      written_bytes)
 
 NAME = "changes"
 TITLE = "Tables that change: updates, appends and lookups over deltas"
@@ -35,23 +36,15 @@ TITLE = "Tables that change: updates, appends and lookups over deltas"
 EMB = "embstore format 2"
 
 
-def _written() -> int:
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    return 0
-
-
 def _timed(fn) -> tuple[float, int]:
     gc.collect()
     os.sync()
-    w0 = _written()
+    w0 = written_bytes()
     t0 = time.perf_counter()
     fn()
     dt = time.perf_counter() - t0
     os.sync()  # (what the call left for the kernel to write counts too)
-    return dt, _written() - w0
+    return dt, written_bytes() - w0
 
 
 def _copy_tree(src: Path, dest: Path) -> None:

@@ -78,7 +78,20 @@ def run(ctx, res) -> None:
                reps=cfg.get("slow_reps", reps), check=check_rows),
         Method("np.load (a copy of the same bytes)", "peer", lambda: np.load(npy), unit="s"),
     ]
+    try:
+        import tensorstore as ts
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file",
+                                               "path": str(data.vectors_path(two))}}
+        methods.append(Method("tensorstore read() of format 2", "peer",
+                              lambda: ts.open(spec, read=True).result().read().result(),
+                              unit="s", check=check_rows))
+    except ImportError:
+        res.notes.append("tensorstore: skipped: not installed")
     found = interleave(res, scan, methods, reps=reps, warmer=warmer)
+    compare(res, "tensorstore reading a whole format-2 table vs np.load",
+            found.get("tensorstore read() of format 2"), found.get(
+                "np.load (a copy of the same bytes)"), target=("within", 2.0))
+    _dask_chunks(res, two, values.nbytes)
     limit = found.get("np.load (a copy of the same bytes)")
     compare(res, "to_numpy: format 2 vs np.load", found.get(f"{V2} to_numpy"), limit,
             target=("within", 1.5))
@@ -91,6 +104,22 @@ def run(ctx, res) -> None:
     compare(res, "zarr-python: format 2 vs format 1", found.get("zarr-python arr[:] of format 2"),
             found.get("zarr-python arr[:] of format 1"), target=("faster", None))
     _open_and_one_id(ctx, res, cfg, reps)
+
+
+def _dask_chunks(res, path, nbytes: int) -> None:
+    """``xr.open_zarr`` of a format-2 table: its dask chunks of ``vectors`` against the
+    bound of one per 64 MiB (a note: a count, not a time)."""
+    try:
+        import xarray as xr
+    except ImportError:
+        res.notes.append("xarray: skipped: not installed")
+        return
+    ds = xr.open_zarr(str(path), consolidated=False)
+    chunks = ds["vectors"].data.npartitions
+    bound = -(-nbytes // (64 << 20))
+    res.notes.append(f"xr.open_zarr: vectors in {chunks} dask chunks for {nbytes / 2**20:.0f} "
+                     f"MiB (bound: one per 64 MiB, {bound}): "
+                     f"{'met' if chunks <= bound else 'NOT met'}")
 
 
 def _open_and_one_id(ctx, res, cfg, reps) -> None:

@@ -1,8 +1,9 @@
 """lookup: (32, 512) ids on a 1,000,000 x 256 float32 table, uniform and Zipf(1.1) ids.
 
 embstore: MemoryTable; the on-disk table (default layout) with its row cache
-cold (cleared before every call), off (``cache_bytes=0``) and warm (every
-batch looked up before timing); the zstd layout, cold.  Peers: ``np.take`` in
+cold (cleared before every call), off (``cache_bytes=0``), as ``open()`` gives it
+(``cache_bytes`` not given: ``"auto"``) and warm (every batch looked up before timing);
+the zstd layout, cold.  Peers: ``np.take`` in
 RAM (the reference), ``E[ids]``, ``np.load(mmap_mode="r")[ids]``, zarr-python
 ``oindex`` and tensorstore on the very same stores.  The page cache is warm.
 """
@@ -23,6 +24,7 @@ TITLE = "Row lookup by id"
 MEM = "MemoryTable.lookup"
 COLD = "embstore on-disk, cold row cache"
 OFF = "embstore on-disk, no row cache"
+DEFAULT = "embstore on-disk, default open()"
 WARM = "embstore on-disk, warm row cache"
 ZSTD = "embstore on-disk zstd, cold row cache"
 TAKE = "np.take in RAM"
@@ -55,6 +57,9 @@ def run(ctx, res) -> None:
                               (WARM, stores["none"], warm_bytes), (ZSTD, stores["zstd"], "256MiB")):
         tables[name] = embstore.open(path, mode="r", cache_bytes=cache)
         opened.append(tables[name])
+    tables[DEFAULT] = embstore.open(stores["none"])  # what a user gets
+    opened.append(tables[DEFAULT])
+    res.params["default_cache_bytes"] = tables[DEFAULT].cache_info().capacity_bytes
     res.params["warm_cache_bytes"] = warm_bytes
 
     warmer = Warmer([npy, *stores.values()])
@@ -92,6 +97,7 @@ def _one(ctx, res, dist, E, npy, tables, stores, batches, reps, slow, ts_reps, w
         methods += [
             method(COLD, "embstore", cold.lookup, before=cold.cache_clear),
             method(OFF, "embstore", off.lookup),
+            method(DEFAULT, "embstore", tables[DEFAULT].lookup),
             method(WARM, "embstore", warm.lookup,
                    extra=lambda: _hit_rate(hits0, warm.cache_info())),
             method(ZSTD, "embstore", zstd.lookup, before=zstd.cache_clear),
@@ -113,6 +119,10 @@ def _one(ctx, res, dist, E, npy, tables, stores, batches, reps, slow, ts_reps, w
     found = interleave(res, dist, methods, reps=reps, warmer=warmer, on_rep=on_rep)
     g = found.get
     label = f"lookup {dist}"
+    compare(res, f"{label}: default open() vs cache_bytes=0", g(DEFAULT), g(OFF),
+            target=("within", 1.05))
+    compare(res, f"{label}: default open() vs memmap", g(DEFAULT), g(MMAP),
+            target=("within", 1.1))
     if dist == "uniform":
         compare(res, f"{label}: MemoryTable vs np.take", g(MEM), g(TAKE), target=("within", 1.1))
         compare(res, f"{label}: on-disk (row cache empty) vs memmap", g(COLD), g(MMAP),

@@ -21,7 +21,7 @@ import embstore
 from embstore.store.codecs import choose_layout
 
 from .. import data
-from ..common import Skip, absolute, compare, evict, log
+from ..common import Skip, absolute, compare, log
 from . import peers
 
 EMB = "embstore zstd, no decoded cache (row cache cleared)"

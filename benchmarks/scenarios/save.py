@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import data
-from ..common import Measurement, Skip, compare, log
+from ..common import Measurement, Skip, compare, log, written_bytes
 
 NAME = "save"
 TITLE = "Saving a table with keys, durable"
@@ -34,14 +34,6 @@ NPY = "np.save + fsync (no keys)"
 H5C = "HDF5 contiguous (h5py)"
 H5K = "HDF5 chunked (h5py)"
 LANCE = "Lance write_dataset"
-
-
-def _written() -> int:
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    return 0
 
 
 def _embstore(path: Path, E: np.ndarray, keys: list[str]) -> None:
@@ -105,11 +97,11 @@ def _measure(res, case: str, name: str, kind: str, fn, work: Path, E, keys, reps
         dest = work / f"r{r}"
         gc.collect()
         os.sync()
-        w0, t0 = _written(), time.perf_counter()
+        w0, t0 = written_bytes(), time.perf_counter()
         fn(dest, E, keys)
         os.sync()
         times.append(time.perf_counter() - t0)
-        written.append((_written() - w0) / 2**20)
+        written.append((written_bytes() - w0) / 2**20)
         for p in work.iterdir():
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     m = Measurement(case, name, kind, "s", times, {"written_MiB": written,

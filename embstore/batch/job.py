@@ -31,6 +31,7 @@ from .io import (DEFAULT_CACHE_BYTES, FilledIds, Job, KeyLines, NpyIds, NpySink,
                  open_sink, open_source, open_table, output_kind, read_block, table_location)
 from .._types import Bytes, PathLike
 from ..fs.atomic import check_dest, remove, replace, temp_path
+from ..cache.hotfile import hot_ids
 from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError, table_label
 from ..ids import as_ids, one_of, positive_int
 from ..oov import KEY_OOV_MODES, OOV
@@ -69,7 +70,7 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
                 overwrite: bool = False, resume: bool = False, lengths: PathLike | None = None,
                 cache_bytes: Bytes = DEFAULT_CACHE_BYTES, n_workers: int = 2,
                 threads: bool = True, on_progress: Progress | None = None,
-                column: str | None = None, keep=()) -> dict:
+                column: str | None = None, keep=(), warm=None) -> dict:
     """Look up every id of ``input`` in ``table`` and write the vectors to ``output``.
 
     ``table`` is a :class:`Table` or a path (a store, or a 2-D ``.npy``); with a
@@ -98,7 +99,32 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
     ``column`` and writes a Parquet ``output`` with the vectors and the input columns
     named in ``keep``; see :mod:`embstore.batch.parquet` (on Dask the output is a
     directory of part files).
+
+    ``warm``: the hot rows, loaded into the table's row cache before the first block and
+    held there (:meth:`Table.warm`): a hot file (:mod:`embstore.cache.hotfile`: ids
+    hottest first, a sample of traffic, or ``(id, count)`` rows; ``.npy`` or text) or an
+    array of ids.  It needs a row cache (``cache_bytes``; ``"auto"`` gives an uncompressed
+    local store none) and a job run here (no ``scheduler``).  The summary then has
+    ``warmed_rows``.
     """
+    if warm is not None:
+        if scheduler is not None:
+            raise InvalidOptionError("warm= loads the row cache of this process's table; "
+                                     "with a scheduler the workers open their own: run "
+                                     "without one")
+        if not isinstance(table, Table):
+            with open_table(table_location(table), cache_bytes=cache_bytes) as tab:
+                return lookup_file(tab, input, output, keys=keys, oov=oov, unk_id=unk_id,
+                                   batch_rows=batch_rows, overwrite=overwrite, resume=resume,
+                                   lengths=lengths, cache_bytes=cache_bytes,
+                                   threads=threads, on_progress=on_progress, column=column,
+                                   keep=keep, warm=warm)
+        held = _warm(table, warm, cache_bytes)
+        summary = lookup_file(table, input, output, keys=keys, oov=oov, unk_id=unk_id,
+                              batch_rows=batch_rows, overwrite=overwrite, resume=resume,
+                              lengths=lengths, cache_bytes=cache_bytes, threads=threads,
+                              on_progress=on_progress, column=column, keep=keep)
+        return {**summary, "warmed_rows": held}
     if oov == "subword" and (is_parquet(input) or not keys):
         raise ValueError("oov='subword' composes vectors of unknown keys: it needs keys=True "
                          "and a text input (not ids, not Parquet)")
@@ -149,6 +175,18 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
     finally:
         if owned:
             tab.close()
+
+
+def _warm(tab: Table, warm, cache_bytes) -> int:
+    """Load the hot rows ``warm`` (a hot file or ids) into ``tab``'s row cache."""
+    if tab.cache_info().capacity_bytes == 0:
+        raise InvalidOptionError(
+            f"warm= needs a row cache, and {table_label(tab)} has none with cache_bytes="
+            f"{str(cache_bytes)!r} ('auto' gives an uncompressed local store none); give it "
+            "one, e.g. cache_bytes='2GiB'")
+    if isinstance(warm, (str, os.PathLike)):
+        warm = hot_ids(warm, tab.vocab_size)
+    return tab.warm(warm)
 
 
 def _parquet(table, input, output, *, column, keep, scheduler, resume, lengths,

@@ -18,7 +18,7 @@ from ..store.remote.transfer import staged
 
 # The library names parameters (overwrite=True, oov='zero'); the CLI shows flags instead.
 _FLAGS = ("overwrite tensor vocab vocab_out format resume keys oov unicode_errors scheduler "
-          "encoding member column").split()
+          "encoding member column warm cache_bytes").split()
 _PARAM_RE = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|'[^']*')?")
 
 

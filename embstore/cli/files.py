@@ -206,6 +206,10 @@ def _stdin_file(output: str, keys: bool) -> Iterator[str]:
 @click.option("--cache-bytes", default="auto", show_default=True,
               help="Row cache of the table in each process, e.g. 256MiB; 'auto': none for "
                    "an uncompressed store, 64MiB for a compressed one.")
+@click.option("--warm", type=click.Path(exists=True, dir_okay=False), default=None,
+              metavar="FILE", help="Load these hot rows into the row cache first (needs "
+              "--cache-bytes on an uncompressed store): a .npy or text file of ids, hottest "
+              "first or a sample of traffic, or of 'id count' rows.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT (and --lengths) if they exist.")
 @click.option("--resume", is_flag=True,
               help="Continue a killed job from the blocks already written (Zarr OUTPUT).")
@@ -217,7 +221,7 @@ def _stdin_file(output: str, keys: bool) -> Iterator[str]:
 @version_option
 @options
 def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, scheduler, workers,
-           cache_bytes, overwrite, resume, column, keep, version, as_json, quiet):
+           cache_bytes, warm, overwrite, resume, column, keep, version, as_json, quiet):
     """Write the vectors of every id in INPUT to OUTPUT.
 
     INPUT is a .npy of integer ids of any shape (or, with --keys, a text file
@@ -245,10 +249,13 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
                                    "version (export the version first, or run without it)")
         with open_store(table, version=version, cache_bytes=cache_bytes) as t:
             return lookup.callback(t, input, output, keys, oov, unk_id, lengths, batch_rows,
-                                   None, workers, cache_bytes, overwrite, resume, column,
-                                   keep, None, as_json, quiet)
+                                   None, workers, cache_bytes, warm, overwrite, resume,
+                                   column, keep, None, as_json, quiet)
     if oov == "unk" and unk_id is None:
         raise click.UsageError("--oov unk needs --unk-id")
+    if warm is not None and scheduler is not None:
+        raise click.UsageError("--warm with --scheduler: the workers open the table with "
+                               "their own row caches (run the job here to warm one)")
     if unk_id is not None and oov != "unk":
         raise click.UsageError("--unk-id is used only with --oov unk")
     if is_parquet(input):
@@ -262,7 +269,7 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
             summary = lookup_file(table, input, output, column=column, keep=keep, oov=oov,
                                   unk_id=unk_id, batch_rows=batch_rows, overwrite=overwrite,
                                   cache_bytes=cache_bytes, scheduler=scheduler,
-                                  n_workers=workers, on_progress=on_progress)
+                                  n_workers=workers, on_progress=on_progress, warm=warm)
         if as_json:
             print_json(summary)
         else:
@@ -287,7 +294,7 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
         summary = lookup_file(table, input, output, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, scheduler=scheduler, overwrite=overwrite,
                               resume=resume, lengths=lengths, cache_bytes=cache_bytes,
-                              n_workers=workers, on_progress=on_progress)
+                              n_workers=workers, on_progress=on_progress, warm=warm)
     if as_json:
         print_json(summary)
     elif not quiet:

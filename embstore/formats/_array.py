@@ -11,16 +11,25 @@ from . import DEFAULT_BLOCK_ROWS, Reader, check_finite
 
 __all__ = ["ArrayReader", "write_rows"]
 
+#: bytes of rows read and written at a time: a block stays in cache between its read (and
+#: checks) and its write, its memory reused block after block (1M x 256 float32 to .npy,
+#: warm: 64 MiB blocks written through ``tobytes`` 1.3-2.1 s; 4 MiB blocks written as they
+#: are 0.35-0.48 s, where ``np.save`` of the mapped ``.npy`` took 0.52-0.82 s)
+WRITE_BLOCK_BYTES = 4 << 20
+
 
 def write_rows(f, table, n: int, dtype, *, block_rows: int, progress=None,
                encode=None) -> None:
     """Write rows ``0..n-1`` of ``table`` to the open file ``f`` as raw ``dtype`` bytes,
-    one block at a time (the body of the ``.npy`` and safetensors writers); ``encode``
-    turns a block into those bytes' array when a cast cannot (bfloat16)."""
-    for start in range(0, n, block_rows):
-        stop = min(n, start + block_rows)
+    one block of at most ``block_rows`` rows and about ``WRITE_BLOCK_BYTES`` at a time (the
+    body of the ``.npy`` and safetensors writers); ``encode`` turns a block into those
+    bytes' array when a cast cannot (bfloat16)."""
+    dtype = np.dtype(dtype)
+    step = max(1, min(block_rows, WRITE_BLOCK_BYTES // max(1, table.dim * dtype.itemsize)))
+    for start in range(0, n, step):
+        stop = min(n, start + step)
         block = table[start:stop] if encode is None else encode(table[start:stop])
-        f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+        f.write(np.ascontiguousarray(block, dtype=dtype).reshape(-1).view(np.uint8).data)
         if progress is not None:
             progress(stop - start)
 

@@ -44,7 +44,7 @@ from .siphash import siphash13, word_view
 
 __all__ = ["EncodedKeys", "encode_keys", "hash_encoded", "hash_keys", "keys_equal", "word_view",
            "words_from_bytes", "decode_keys", "segment_index", "probe", "first_occurrences",
-           "merge_runs", "HASH_NAME", "SIP_NAME", "KEY_PAD", "MAX_KEY_BYTES", "new_hash_key",
+           "merge_runs", "sorted_first_occurrences", "HASH_NAME", "SIP_NAME", "KEY_PAD", "MAX_KEY_BYTES", "new_hash_key",
            "hash_key_attrs", "hash_key_from_attrs", "siphash13"]
 
 HASH_NAME = "emb64-v1"  # the legacy hash (tables written before siphash-1-3)
@@ -333,15 +333,20 @@ def probe(q: EncodedKeys, qh: np.ndarray, *, size: int, search: Callable, hash_a
 
 def first_occurrences(enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
     """Bool mask: True for the first occurrence of each distinct key of ``enc`` (exact bytes)."""
+    return sorted_first_occurrences(enc, h)[0]
+
+
+def sorted_first_occurrences(enc: EncodedKeys, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`first_occurrences` and the stable order of ``h`` it sorted by."""
     n = len(enc)
     keep = np.ones(n, dtype=bool)
     if n < 2:
-        return keep
+        return keep, np.arange(n)
     perm = np.argsort(h, kind="stable")  # equal hashes: ascending positions
     hs = h[perm]
     dup = hs[1:] == hs[:-1]
     if not dup.any():
-        return keep
+        return keep, perm
     multi = np.zeros(n, dtype=bool)
     multi[1:] |= dup
     multi[:-1] |= dup
@@ -356,7 +361,7 @@ def first_occurrences(enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
                         enc.lengths[heads])
         keep[active[eq & ~head_flag]] = False
         active, ha = active[~eq], ha[~eq]
-    return keep
+    return keep, perm
 
 
 def merge_runs(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):

@@ -9,6 +9,7 @@ group until ``finish`` writes them as Zarr arrays.
 from __future__ import annotations
 
 import tempfile
+from itertools import chain
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,8 +18,9 @@ import numpy as np
 
 from .vlen import plain_keys_codecs, write_keys_chunks
 from .mapped import concat_reader, write_mapped
-from .hashing import (KEY_PAD, encode_keys, first_occurrences, hash_encoded, hash_key_attrs,
-                      merge_runs, new_hash_key, probe, segment_index, words_from_bytes)
+from .hashing import (KEY_PAD, encode_keys, hash_encoded, hash_key_attrs, merge_runs,
+                      new_hash_key, probe, segment_index, sorted_first_occurrences,
+                      words_from_bytes)
 
 if TYPE_CHECKING:
     import zarr
@@ -101,7 +103,7 @@ class KeyIndexWriter:
         self._keys_dir = None if self._dir is None or not plain_keys_codecs(
             self._keys.metadata.to_dict()) else self._dir / "keys"
         self._keys_written = 0
-        self._pending: list[np.ndarray] = []
+        self._pending: list[list[str]] = []
         self._pending_n = 0
         self._done = False
         self.hash_key = new_hash_key()  # siphash-1-3 with a key of this table's own
@@ -114,7 +116,7 @@ class KeyIndexWriter:
         enc = encode_keys(key_list, strict=True, first_row=self._offered)
         self._offered += len(enc)
         h = hash_encoded(enc, self.hash_key)
-        keep = first_occurrences(enc, h)
+        keep, perm = sorted_first_occurrences(enc, h)
         cand = np.flatnonzero(keep)
         if self._runs and cand.size:
             utf8, offsets = self._utf8.view(), self._offsets.view()
@@ -144,16 +146,17 @@ class KeyIndexWriter:
         self._utf8.append(flat)
         self._offsets.append(self._utf8.n - len(flat) + np.cumsum(lengths))
         rows = np.arange(self._n, self._n + kept.size, dtype=np.int64)
-        order = np.argsort(h[kept], kind="stable")
+        order = perm if kept.size == len(enc) else np.argsort(h[kept], kind="stable")
         self._runs.append((h[kept][order], rows[order]))
         while len(self._runs) >= 2 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
             b = self._runs.pop()
             self._runs[-1] = merge_runs(self._runs[-1], b)
         self._n += kept.size
-        self._queue_keys(np.array(key_list, dtype=object)[kept])
+        self._queue_keys(key_list if kept.size == len(enc) else
+                         [key_list[i] for i in kept.tolist()])
         return keep
 
-    def _queue_keys(self, keys: np.ndarray) -> None:
+    def _queue_keys(self, keys: list[str]) -> None:
         self._pending.append(keys)
         self._pending_n += len(keys)
         if self._pending_n >= self._keys_chunk:
@@ -162,15 +165,16 @@ class KeyIndexWriter:
     def _flush_keys(self, *, final: bool) -> None:
         if not self._pending_n:
             return
-        pending = np.concatenate(self._pending)
+        pending = list(chain.from_iterable(self._pending)) if len(self._pending) > 1 \
+            else self._pending[0]
         take = len(pending) if final else len(pending) // self._keys_chunk * self._keys_chunk
         start = self._keys_written
         self._keys.resize((start + take,))
         if self._keys_dir is not None and self._keys_dir.is_dir():
             write_keys_chunks(self._keys_dir, self._keys_chunk, start // self._keys_chunk,
-                              pending[:take].tolist())
+                              pending[:take])
         else:
-            self._keys[start:start + take] = pending[:take]
+            self._keys[start:start + take] = np.array(pending[:take], dtype=object)
         self._keys_written += take
         rest = pending[take:]
         self._pending = [rest] if len(rest) else []

@@ -15,7 +15,7 @@ from .._types import Bytes, KeysLike, PathLike
 from ..dtypes import check_storage
 from ..errors import ReadOnlyError, ShapeMismatchError
 from ..memory import check_table_array
-from ..ids import as_key_array
+from ..ids import key_list
 from ..table import Table
 from .codecs import Compression
 from .subword.ngrams import subword_attrs
@@ -47,16 +47,16 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
         raise ShapeMismatchError(f"shape must be (vocab_size, dim), got {shape!r}") from None
     if rows < 0:
         raise ShapeMismatchError(f"vocab_size must be >= 0, got {rows}")
-    key_list = None
+    names = None
     if keys is not None:
-        key_list = list(map(str, as_key_array(list(keys)).reshape(-1)))
-        if len(key_list) != rows:
-            raise ShapeMismatchError(f"got {len(key_list)} keys for a table of {rows} rows")
-    with TableWriter(path, dim=dim, dtype=dtype, has_keys=key_list is not None,
+        names = key_list(list(keys))
+        if len(names) != rows:
+            raise ShapeMismatchError(f"got {len(names)} keys for a table of {rows} rows")
+    with TableWriter(path, dim=dim, dtype=dtype, has_keys=names is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
                      overwrite=overwrite, expected_rows=rows, duplicate_keys="error",
                      format_version=format_version) as w:
-        w.add_zeros(rows, key_list)
+        w.add_zeros(rows, names)
     return ZarrTable(path, mode="r+", cache_bytes=cache_bytes, lock_timeout=lock_timeout)
 
 
@@ -126,7 +126,7 @@ def _write(path: PathLike, src: ArrayLike | Table, keys: KeysLike | None, *,
             if keys is None:
                 w.add(part)
                 continue
-            kb = list(map(str, as_key_array(list(keys[start: start + part.shape[0]]))))
+            kb = key_list(list(keys[start: start + part.shape[0]]))
             w.add(part, kb)
         if staging is not None:
             staging(w.staging)

@@ -10,7 +10,9 @@ dimension larger than ``dim``), or ``(chunks, chunk_rows, dim)`` copied into one
 otherwise (into one buffer reused from block to block with ``reuse=True``: no fresh pages
 to fault in per block).  Each chunk's crc32c is checked on its first touch, as lookups do.
 Anything else (compressed, quantised, another tool's layout, remote, in memory) reads its
-blocks through :meth:`Table.iter_blocks` (a copy).
+blocks through :meth:`Table.iter_blocks` (a copy).  :func:`scan_unread` leaves the format-2
+blocks this handle has not checked yet to its caller, to read them checked in pieces that
+stay in cache for what it computes (:func:`read_checked`, then :func:`rows_view`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from .rows.source import PagedSource
 from .source import ShardSource
 from .table import ZarrTable
 
-__all__ = ["scan_blocks", "rows_in_place"]
+__all__ = ["scan_blocks", "scan_unread", "rows_in_place", "read_checked", "rows_view",
+           "prefetch_rows"]
 
 
 def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
@@ -120,9 +123,53 @@ def scan_blocks(table: Table, block_rows: int, *, reuse: bool = False
         for start, rows in table.iter_blocks(block_rows):
             yield start, rows, None
         return
+    for start, _, got, norms in _blocks(table, block_rows, reuse, False):
+        assert got is not None
+        yield start, got, norms
+
+
+def scan_unread(table: Table, block_rows: int, *, reuse: bool = False
+                ) -> Iterator[tuple[int, int, np.ndarray | None, np.ndarray | None]]:
+    """``(start, stop, rows, norms)`` as :func:`scan_blocks` gives them, except that a block
+    of format-2 rows with stored norms whose pages this handle has not checked yet comes as
+    ``rows = None``: the caller reads it, checked, with :func:`read_checked` (in pieces that
+    stay in cache for what it computes from them: a first scan reads the rows once, where
+    checking the mapped pages and then computing read them twice, through page faults),
+    then may take the view with :func:`rows_view`."""
+    assert isinstance(table, ZarrTable)
+    return _blocks(table, block_rows, reuse, True)
+
+
+def _blocks(table: ZarrTable, block_rows: int, reuse: bool, unread: bool
+            ) -> Iterator[tuple[int, int, np.ndarray | None, np.ndarray | None]]:
     src, norms = table.row_source, table.norms_source
     rbuf: list | None = [None] if reuse else None
     for start, stop in _bounds(table.vocab_size, block_rows, src, norms):
-        rows = _read(src, start, stop, rbuf) if type(src) in (ShardSource, PagedSource) else \
-            table[start:stop]
-        yield start, rows, None if norms is None else _read(norms, start, stop)[:, 0]
+        rows: np.ndarray | None = None
+        if not (unread and norms is not None and type(src) is PagedSource and
+                not src.checked(start, stop)):
+            rows = _read(src, start, stop, rbuf) if type(src) in (ShardSource, PagedSource) \
+                else table[start:stop]
+        yield start, stop, rows, None if norms is None else _read(norms, start, stop)[:, 0]
+
+
+def prefetch_rows(table: Table, start: int, stop: int) -> None:
+    """Ask for the pages of format-2 rows ``start..stop-1`` at once when they are cold (a
+    block :func:`scan_unread` gave as ``None``, before reading it piece by piece)."""
+    assert isinstance(table, ZarrTable)
+    table.row_source.prefetch(start, stop)
+
+
+def read_checked(table: Table, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+    """Rows ``start..stop-1`` of the format-2 ``table`` read into ``out`` (``(stop - start,
+    dim)``), their pages checked and marked so (a block ``scan_blocks(unread=True)`` gave
+    as ``None``)."""
+    assert isinstance(table, ZarrTable)
+    return table.row_source.read(start, stop, out=out)
+
+
+def rows_view(table: Table, start: int, stop: int) -> np.ndarray:
+    """Rows ``start..stop-1`` of the format-2 ``table`` as a view of its mapped files (their
+    pages checked first if they are not: nothing to do after :func:`read_checked`)."""
+    assert isinstance(table, ZarrTable)
+    return table.row_source.rows_view(start, stop)

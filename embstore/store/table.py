@@ -223,7 +223,11 @@ class ZarrTable(Table):
         return self._source.read(start, max(start, stop))
 
     def warm(self, ids) -> int:
-        """Load rows ``ids`` (most important first) into the row cache; returns rows loaded."""
+        """Load rows ``ids`` into the row cache and hold them (:meth:`Table.warm`: ranked
+        by count; traffic, cached LRU in the other slots, never evicts them; the next
+        ``warm`` releases them, a write or ``cache_clear`` drops them).  Returns the rows
+        held: 0 without a row cache (``cache_bytes=0``, or ``"auto"`` on an uncompressed
+        local table)."""
         self._check_open()
         ids = as_ids(ids, self.vocab_size).reshape(-1)
         return self._cache.warm(ids, self._source.gather)

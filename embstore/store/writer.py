@@ -247,8 +247,14 @@ class TableWriter:
                                      f"shape {vec.shape} and dtype {vec.dtype}")
         with np.errstate(over="ignore"):  # overflow becomes inf, refused just below
             vec = np.ascontiguousarray(vec, dtype=self.dtype)
-        finite = np.isfinite(vec).all(axis=1)
         codes, scales = self.record.encode(vec)
+        norms = decoded_norms(self.record, codes, scales)  # (NaN or inf: a row that is, or
+        finite = np.isfinite(norms[:, 0])  # a float64 one whose squares overflow: rechecked)
+        if self.record.side is not None:  # int8 codes a non-finite row as zeros: the input
+            finite = np.isfinite(vec).all(axis=1)
+        elif not finite.all():
+            bad = np.flatnonzero(~finite)
+            finite[bad] = np.isfinite(vec[bad]).all(axis=1)
         coded_finite = self.record.finite(codes)  # bfloat16: the largest float32 round to inf
         if coded_finite is not None:
             finite &= coded_finite
@@ -266,14 +272,13 @@ class TableWriter:
                                          f"rows, got {'none' if keys is None else len(keys)}")
             mask = self._add_keys(keys)
             if not mask.all():
-                codes = codes[mask]
+                codes, norms = codes[mask], norms[mask]
                 scales = None if scales is None else scales[mask]
         elif keys is not None:
             raise ShapeMismatchError("this writer has no keys (has_keys=False), got keys")
         self._seen += len(finite)
         if codes.shape[0]:
-            self._pending.append([codes] + ([] if scales is None else [scales])
-                                 + [decoded_norms(self.record, codes, scales)])
+            self._pending.append([codes] + ([] if scales is None else [scales]) + [norms])
             self._pending_rows += codes.shape[0]
             self.rows += codes.shape[0]
             self._flush(final=False)

@@ -93,3 +93,30 @@ def test_verify_finds_a_damaged_page_of_a_remote_format_2_table(s3, E, tmp_path)
         client.close()
     report = embstore.verify(url)
     assert not report.ok and "vectors/c/2/0" in str(report) and "crc32c" in str(report)
+
+
+@pytest.mark.parametrize("change", ["write", "append keys"])
+def test_a_table_with_pending_deltas_is_uploaded_after_compact(s3, tmp_path, E, change):
+    """Remote readers read chunks and the key index: rows written (and keys appended)
+    since the last compaction are refused by an upload, which works once compacted."""
+    keys = [f"w{i}" for i in range(E.shape[0])]
+    path = tmp_path / "t"
+    embstore.save(path, E, keys=keys).close()
+    extra = np.full((3, E.shape[1]), 2.5, np.float32)
+    with embstore.open(path, "r+") as t:
+        if change == "write":
+            t.write([4, 5000], extra[:2])
+        else:
+            t.append(extra, keys=["x", "y", "z"])
+        want = t.to_numpy()
+    url = f"s3://{s3.bucket}/pending-{change.replace(' ', '-')}.emb"
+    res = CliRunner().invoke(cli, ["copy", str(path), url])
+    assert res.exit_code == 1 and "delta file(s), which tables on object storage do not " \
+        "read: run `embstore compact` on it first" in res.output, res.output
+    assert CliRunner().invoke(cli, ["compact", str(path)]).exit_code == 0
+    res = CliRunner().invoke(cli, ["copy", str(path), url])
+    assert res.exit_code == 0, res.output
+    with embstore.open(url) as t:
+        np.testing.assert_array_equal(t.to_numpy(), want)
+        if change != "write":
+            np.testing.assert_array_equal(t.lookup_keys(["y", "w7"]), want[[E.shape[0] + 1, 7]])

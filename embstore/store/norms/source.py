@@ -13,6 +13,7 @@ Tables without ``norms`` still search: their norms are computed on the fly per b
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -284,6 +285,9 @@ def compare_norms(root: Path, a: int, block: np.ndarray, stored: np.ndarray, dt,
                f"({int(bad.sum())} wrong in rows {a}..{a + block.shape[0] - 1})")
 
 
+_WINDOW = 1 << 18  # rows of stored norms verify reads at a time (1 MiB of float32)
+
+
 def norms_in_one_pass(root: Path, rows: RowSource, damage):
     """For ``verify`` of a format-2 table of float rows whose newest version has no deltas:
     ``on_rows(start, block)``, comparing the stored norms of each block of rows as it is
@@ -298,11 +302,31 @@ def norms_in_one_pass(root: Path, rows: RowSource, damage):
         return None
     norms = _norms_source(root, layout)
     dt = norms.dtype
+    total = int(norms.shape[0])
+    windows: dict[int, np.ndarray | None] = {}  # stored norms read _WINDOW rows at a time
+    lock = threading.Lock()
+
+    def stored_of(a: int, b: int) -> np.ndarray | None:
+        w = a // _WINDOW
+        if b > (w + 1) * _WINDOW:  # (a block across two windows: read as it is)
+            return norms.read(a, b)[:, 0]
+        if w not in windows:
+            try:  # one read a window (its pages asked for at once): no fault per page, cold
+                got = norms.read(w * _WINDOW, min(total, (w + 1) * _WINDOW))[:, 0]
+            except CorruptStoreError:
+                got = None  # the norms' own damage: verify's check of the array reports it
+            with lock:
+                windows[w] = got
+                for old in [x for x in windows if x < w - 4]:
+                    del windows[old]
+        got = windows.get(w)
+        return None if got is None else got[a - w * _WINDOW: b - w * _WINDOW]
 
     def on_rows(a: int, block: np.ndarray) -> None:
         try:
-            stored = norms.read(a, a + block.shape[0])[:, 0]
+            stored = stored_of(a, a + block.shape[0])
         except CorruptStoreError:
             return  # the norms' own damage: verify's check of the array reports it
-        compare_norms(root, a, block, stored, dt, damage)
+        if stored is not None:
+            compare_norms(root, a, block, stored, dt, damage)
     return on_rows

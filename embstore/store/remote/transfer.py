@@ -47,9 +47,10 @@ def _local_files(root: Path) -> list[tuple[str, Path, int]]:
     if n is not None:
         pending = read_manifest(snap)["deltas"]
         if pending:
-            raise FormatError(f"{root}: rows written since its last compaction are in "
-                              f"{len(pending)} delta file(s), which tables on object storage "
-                              "do not read: run `embstore compact` on it first", path=str(root))
+            raise FormatError(f"{root}: rows written (or keys appended) since its last "
+                              f"compaction are in {len(pending)} delta file(s), which tables on "
+                              "object storage do not read: run `embstore compact` on it first",
+                              path=str(root))
     out = []
     for base, skip in ((snap, n is not None), (root / "vectors" / ".embstore" / "ann", False)):
         for d, dirs, files in os.walk(base):

@@ -21,9 +21,10 @@ from ...fs.checksum import as_bytes_array, crc32c, value
 from ...fs.files import open_regular, read_small
 from ..codecs import pool
 from .layout import PAGE, RowLayout
+from .runs import check_groups
 
 __all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks", "PageMismatch",
-           "crcs_at", "read_crc_file"]
+           "crcs_at", "read_crc_file", "bad_pages"]
 
 _PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling thread
 
@@ -41,6 +42,16 @@ def crcs_at(raw: np.ndarray, offsets: np.ndarray, end: int) -> np.ndarray:
     if short:
         got.append(value(raw[offs[-1]: end]))
     return np.array(got, dtype="<u4")
+
+
+def bad_pages(raw: np.ndarray, base: int, qs: np.ndarray, end: int,
+              stored: np.ndarray) -> np.ndarray:
+    """The pages among ``qs`` (sorted, unique, below ``end``) of the chunk whose bytes start
+    at ``raw[base]`` whose crc32c is not ``stored[q]``: whole groups of pages with one call
+    each (:mod:`.runs`), the others (and the pages of a group that fails) a call each."""
+    _, rest = check_groups(raw, base, qs, end, stored)
+    got = crcs_at(raw, base + rest * PAGE, base + end)
+    return rest[got != stored[rest]]
 
 
 def page_crcs(data, end: int, pages: int) -> np.ndarray:
@@ -171,10 +182,9 @@ class PageChecks:
             base = k * L.chunk_bytes
             qs = pages[a:b] - k * ppc
             qs = qs[qs * PAGE < end]  # pages of padding only: never read, never checksummed
-            got = crcs_at(raw, base + qs * PAGE, base + end)
-            bad = np.flatnonzero(got != stored[qs])
+            bad = bad_pages(raw, base, qs, end, stored)
             if bad.size:
-                q = int(qs[bad[0]])
+                q = int(bad[0])
                 lo = q * PAGE
                 path = self.chunk_path(k)
                 raise PageMismatch(k, q, f"{path}: crc32c mismatch in page {q} (bytes "

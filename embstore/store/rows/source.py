@@ -29,10 +29,13 @@ from ..writer import set_rows
 from .append import append_rows
 from .layout import PAGE, PAGE_CRC, RowLayout, open_chunk
 from ..meta import read_json
-from .pages import PageChecks, PageMismatch, crcs_at, encode_crc_file, page_crcs, read_crc_file
+from .pages import (PageChecks, PageMismatch, bad_pages, crcs_at, encode_crc_file, page_crcs,
+                    read_crc_file)
 from ...ids import unique_ints
 
 __all__ = ["PagedSource"]
+
+_HUGE = 2 << 20  # the range's alignment
 
 
 class _Unmap:
@@ -54,9 +57,13 @@ class _Range:
         self.layout, self.chunk_path = layout, chunk_path
         n = max(1, layout.n_chunks)
         self.total = -(-n * layout.chunk_bytes // PAGE) * PAGE
-        self.base = arena.reserve(self.total)
+        # 2 MiB-aligned (chunks are whole 2 MiB units when large): the page cache's 2 MiB
+        # folios of the chunk files can then be mapped as such, a page table entry each
+        whole = self.total + _HUGE
+        start = arena.reserve(whole)
+        self.base = start + -start % _HUGE
         cells = (ctypes.c_uint8 * self.total).from_address(self.base)
-        cells._unmap = _Unmap(self.base, self.total)  # type: ignore[attr-defined]
+        cells._unmap = _Unmap(start, whole)  # type: ignore[attr-defined]
         raw = np.ctypeslib.as_array(cells)
         self.raw = raw
         self.view = raw[: n * layout.chunk_bytes].view(layout.dtype).reshape(
@@ -209,7 +216,14 @@ class PagedSource(LayoutSource):
         pages = np.arange(p0, p1)
         pages = pages[~checks.checked[pages]]
         if pages.size:
-            prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
+            lo, hi = int(pages[0]), int(pages[-1]) + 1
+            if hi - lo == pages.size:  # one run (a first scan): asked for whole if it is cold
+                at = np.array([r.base + lo * PAGE])
+                if prefetch.is_cold(at + (np.arange(prefetch.SAMPLES) * (hi - lo) //
+                                          prefetch.SAMPLES) * PAGE):
+                    prefetch.willneed(at, at + (hi - lo) * PAGE)
+            else:
+                prefetch.willneed(r.base + pages * PAGE, r.base + pages * PAGE + PAGE)
             self._check_pages(pages, r, checks)
         return r.view
 
@@ -223,12 +237,14 @@ class PagedSource(LayoutSource):
         self.gather(ids, out)
         return out
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start..stop-1`` read from the chunk files into a new array (``preadv``: the
-        kernel fills the fresh pages as ``np.load`` does, 4-5x faster here than copying from
-        the mapping into them), each page checked in that array the first time."""
+    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``start..stop-1`` read from the chunk files into a new array (or into ``out``,
+        C-contiguous ``(stop - start, dim)``) (``preadv``: the kernel fills the fresh pages as
+        ``np.load`` does, 4-5x faster here than copying from the mapping into them), each
+        page checked in that array the first time."""
         L = self._rl
-        out = np.empty((max(0, stop - start), L.dim), dtype=self.dtype)
+        if out is None:
+            out = np.empty((max(0, stop - start), L.dim), dtype=self.dtype)
         if stop <= start:
             return out
         dst = out.reshape(-1).view(np.uint8)
@@ -279,16 +295,33 @@ class PagedSource(LayoutSource):
         if edge.size:
             r.ensure(np.array([k]))
             self._check_pages(edge, r, checks)
-        qi = qs[inside]
-        got = crcs_at(part, qi * PAGE - lo, min(hi, end) - lo)
-        bad = np.flatnonzero(got != checks.crcs(k)[qi])
+        bad = bad_pages(part, -lo, qs[inside], min(hi, end), checks.crcs(k))
         if bad.size:
-            q = int(qi[bad[0]])
+            q = int(bad[0])
             path = self.chunk_path(k)
             raise CorruptStoreError(f"{path}: crc32c mismatch in page {q} (bytes {q * PAGE}.."
                                     f"{min((q + 1) * PAGE, end) - 1}): the stored rows are "
                                     "damaged", path=path)
         checks.checked[g[inside]] = True
+
+    def prefetch(self, start: int, stop: int) -> None:
+        """Ask for the pages of rows ``start..stop-1`` all at once if a sample of them is not
+        in memory (a block a scan is about to read: its reads then find them arriving)."""
+        r, _ = self._state()
+        L = self._rl
+        if stop <= start:
+            return
+        r.ensure(np.arange(start // L.chunk_rows, (stop - 1) // L.chunk_rows + 1))
+        lo, hi = r.base + start * L.row_bytes, r.base + stop * L.row_bytes
+        if prefetch.is_cold(lo + (np.arange(prefetch.SAMPLES) * (hi - lo)) // prefetch.SAMPLES):
+            prefetch.willneed(np.array([lo]), np.array([hi]))
+
+    def checked(self, start: int, stop: int) -> bool:
+        """Whether every page of rows ``start..stop-1`` is checked (by this handle)."""
+        _, checks = self._state()
+        rb = self._rl.row_bytes
+        return stop <= start or bool(checks.checked[start * rb // PAGE:
+                                                    (stop * rb - 1) // PAGE + 1].all())
 
     def rows_view(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` as a read-only view of the mapped files (checked); valid

@@ -34,25 +34,20 @@ from ..base import RowSource
 from ..commit import Transaction
 from .snapshot import DELTAS
 
-__all__ = ["write_delta", "read_delta", "check_delta", "OverlaySource", "Overlays", "MAGIC"]
+__all__ = ["write_delta", "read_delta", "check_delta", "OverlaySource", "Overlays", "MAGIC",
+           "write_framed", "read_framed"]
 
 MAGIC = b"EMBDELTA"
 MAX_HEADER = 1 << 16
 
 
-def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray) -> int:
-    """Write (and fsync) the delta file ``path`` of rows ``ids`` (sorted, unique) of
-    ``array``; returns its size."""
-    values = np.ascontiguousarray(values)
-    if values.ndim == 1:
-        values = values[:, None]
-    dt = values.dtype.newbyteorder("<")
-    header = json.dumps({"array": array, "rows": int(ids.size), "cols": int(values.shape[1]),
-                         "dtype": dt.str}).encode()
-    head = MAGIC + struct.pack("<I", len(header)) + header
-    head += b"\0" * (-len(head) % 8)
-    parts = [head, np.ascontiguousarray(ids, dtype="<i8").tobytes(),
-             values.astype(dt, copy=False).tobytes()]
+def write_framed(path: Path, magic: bytes, header: dict, parts: list[bytes]) -> int:
+    """Write (and fsync) the new file ``path``: ``magic`` (8 bytes), the JSON ``header``
+    with its length, zero padding to 8, ``parts``, then the crc32c of all of it; returns its
+    size (the frame of delta files and key delta files)."""
+    head = json.dumps(header).encode()
+    head = magic + struct.pack("<I", len(head)) + head
+    parts = [head + b"\0" * (-len(head) % 8), *parts]
     crc = 0
     for p in parts:
         crc = crc32c(p, crc)
@@ -66,36 +61,35 @@ def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray) -> 
     return sum(len(p) for p in parts) + 4
 
 
-def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
-    """``(header, ids, values)`` of the delta file ``path``: its checksum, sizes and order
-    checked (:class:`CorruptStoreError` naming the file)."""
+def read_framed(path: Path, magic: bytes, what: str, body_size) -> tuple[dict, bytes, int]:
+    """``(header, data, start)`` of a file written by :func:`write_framed`: the magic, the
+    header (``body_size(header)``: the bytes after it it announces, checked against the
+    file's size before the rest is read) and the crc32c checked; :class:`CorruptStoreError`
+    naming the file (``what``: "delta", "key delta")."""
+    def bad(why: str) -> CorruptStoreError:
+        return CorruptStoreError(f"{path}: {why}: the {what} is damaged", path=str(path))
     try:
         fd = open_regular(path, nofollow=True)
     except FileNotFoundError:
-        raise CorruptStoreError(f"{path}: missing (a delta of this version; the table was "
+        raise CorruptStoreError(f"{path}: missing (a {what} of this version; the table was "
                                 "removed or vacuumed under this reader: reopen it)",
                                 path=str(path)) from None
-    def bad(why: str) -> CorruptStoreError:
-        return CorruptStoreError(f"{path}: {why}: the delta is damaged", path=str(path))
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, 12 + MAX_HEADER, 0)
-        if size < 16 or head[:8] != MAGIC:
-            raise bad("not a delta file (magic)")
+        if size < 16 or head[:8] != magic:
+            raise bad(f"not a {what} file (magic)")
         (hlen,) = struct.unpack_from("<I", head, 8)
         if hlen > MAX_HEADER or 12 + hlen > size:
             raise bad(f"header length {hlen}")
         try:  # the header, checked before the rest is read (its size the file's)
             h = json.loads(head[12: 12 + hlen].decode("utf-8"))
-            n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
-            if dt.hasobject or c < 1 or n < 0 or (limit_rows is not None and n > limit_rows):
-                raise ValueError(f"{n} rows of {c} x {dt}")
-        except (ValueError, KeyError, TypeError, OverflowError) as exc:
+            body = int(body_size(h))
+        except (ValueError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as exc:
             raise bad(f"header ({exc})") from None
         start = 12 + hlen + (-(12 + hlen) % 8)
-        claim = start + n * 8 + n * c * dt.itemsize + 4
-        if claim != size:
-            raise bad(f"{size} bytes, the header says {claim}")
+        if start + body + 4 != size:
+            raise bad(f"{size} bytes, the header says {start + body + 4}")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read()
     finally:
@@ -105,10 +99,37 @@ def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray,
     (stored,) = struct.unpack_from("<I", data, size - 4)
     if crc32c(memoryview(data)[: size - 4]) != stored:
         raise bad("crc32c mismatch")
+    return h, data, start
+
+
+def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray) -> int:
+    """Write (and fsync) the delta file ``path`` of rows ``ids`` (sorted, unique) of
+    ``array``; returns its size."""
+    values = np.ascontiguousarray(values)
+    if values.ndim == 1:
+        values = values[:, None]
+    dt = values.dtype.newbyteorder("<")
+    return write_framed(path, MAGIC, {"array": array, "rows": int(ids.size),
+                                      "cols": int(values.shape[1]), "dtype": dt.str},
+                        [np.ascontiguousarray(ids, dtype="<i8").tobytes(),
+                         values.astype(dt, copy=False).tobytes()])
+
+
+def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
+    """``(header, ids, values)`` of the delta file ``path``: its checksum, sizes and order
+    checked (:class:`CorruptStoreError` naming the file)."""
+    def body(h: dict) -> int:
+        n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
+        if dt.hasobject or c < 1 or n < 0 or (limit_rows is not None and n > limit_rows):
+            raise ValueError(f"{n} rows of {c} x {dt}")
+        return n * 8 + n * c * dt.itemsize
+    h, data, start = read_framed(path, MAGIC, "delta", body)
+    n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
     ids = np.frombuffer(data, dtype="<i8", count=n, offset=start).astype(np.int64)
     values = np.frombuffer(data, dtype=dt, count=n * c, offset=start + n * 8).reshape(n, c)
     if n and (ids[0] < 0 or (np.diff(ids) <= 0).any()):
-        raise bad("ids not sorted and unique")
+        raise CorruptStoreError(f"{path}: ids not sorted and unique: the delta is damaged",
+                                path=str(path))
     return h, ids, values
 
 

@@ -15,21 +15,17 @@ is grown by every append as before.
 
 from __future__ import annotations
 
-import json
-import os
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import CorruptStoreError
-from ...fs.checksum import crc32c
-from ...fs.files import create_new, open_regular
 from ...keys.hashing import EncodedKeys, encode_keys, hash_encoded
 from ...keys.index import DiskVocab, MemoryKeyIndex
 from ...keys.mapped import stage_keys_array
 from ...keys.segments import KeySegment, SegmentedVocab
 from ..commit import Transaction
+from .delta import read_framed, write_framed
 from .snapshot import DELTAS
 
 __all__ = ["write_key_delta", "read_key_delta", "check_key_delta", "open_vocab", "KEYS",
@@ -37,11 +33,6 @@ __all__ = ["write_key_delta", "read_key_delta", "check_key_delta", "open_vocab",
 
 MAGIC = b"EMBKEYS1"
 KEYS = "keys"  # the ``array`` of a key delta's manifest entry
-_MAX_HEADER = 1 << 16
-
-
-def _pad(b: bytes) -> bytes:
-    return b + b"\0" * (-len(b) % 8)
 
 
 def write_key_delta(path: Path, first_row: int, enc: EncodedKeys, hashes: np.ndarray) -> int:
@@ -51,72 +42,36 @@ def write_key_delta(path: Path, first_row: int, enc: EncodedKeys, hashes: np.nda
     order = np.argsort(hashes, kind="stable")
     offsets = np.zeros(m + 1, dtype="<i8")
     np.cumsum(enc.lengths, out=offsets[1:])
-    header = json.dumps({"array": KEYS, "first_row": int(first_row), "rows": m,
-                         "bytes": int(offsets[-1])}).encode()
-    parts = [_pad(MAGIC + struct.pack("<I", len(header)) + header),
-             hashes[order].astype("<u8").tobytes(),
-             (order + first_row).astype("<i8").tobytes(), offsets.tobytes(),
-             _pad(enc.buf[: int(offsets[-1])].tobytes() + bytes(8))]
-    crc = 0
-    for p in parts:
-        crc = crc32c(p, crc)
-    fd = create_new(path)
-    with os.fdopen(fd, "wb") as f:
-        for p in parts:
-            f.write(p)
-        f.write(struct.pack("<I", crc))
-        f.flush()
-        os.fsync(f.fileno())
-    return sum(len(p) for p in parts) + 4
+    nb = int(offsets[-1])
+    utf8 = enc.buf[:nb].tobytes() + bytes(8)
+    return write_framed(path, MAGIC, {"array": KEYS, "first_row": int(first_row), "rows": m,
+                                      "bytes": nb},
+                        [hashes[order].astype("<u8").tobytes(),
+                         (order + first_row).astype("<i8").tobytes(), offsets.tobytes(),
+                         utf8 + bytes(-len(utf8) % 8)])
+
+
+def _utf8_len(nb: int) -> int:
+    return nb + 8 + (-(nb + 8) % 8)  # the keys' bytes, 8 zero bytes, padding to 8
+
+
+def _body(h: dict) -> int:
+    first, m, nb = int(h["first_row"]), int(h["rows"]), int(h["bytes"])
+    if h.get("array") != KEYS or first < 0 or m < 0 or nb < 0:
+        raise ValueError(f"array {h.get('array')!r}, {m} rows from {first}")
+    return 24 * m + 8 + _utf8_len(nb)
 
 
 def read_key_delta(path: Path) -> KeySegment:
     """The segment of the key delta file ``path``, everything checked
     (:class:`CorruptStoreError` naming the file)."""
-    where = str(path)
-
-    def bad(why: str) -> CorruptStoreError:
-        return CorruptStoreError(f"{where}: {why}: the key delta is damaged", path=where)
-    try:
-        fd = open_regular(path, nofollow=True)
-    except FileNotFoundError:
-        raise CorruptStoreError(f"{where}: missing (a key delta of this version; the table "
-                                "was removed or vacuumed under this reader: reopen it)",
-                                path=where) from None
-    try:
-        size = os.fstat(fd).st_size
-        head = os.pread(fd, 12 + _MAX_HEADER, 0)
-        if size < 16 or head[:8] != MAGIC:
-            raise bad("not a key delta file (magic)")
-        (hlen,) = struct.unpack_from("<I", head, 8)
-        if hlen > _MAX_HEADER or 12 + hlen > size:
-            raise bad(f"header length {hlen}")
-        try:
-            h = json.loads(head[12: 12 + hlen].decode("utf-8"))
-            first, m, nb = int(h["first_row"]), int(h["rows"]), int(h["bytes"])
-            if h.get("array") != KEYS or first < 0 or m < 0 or nb < 0:
-                raise ValueError(f"array {h.get('array')!r}, {m} rows from {first}")
-        except (ValueError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as exc:
-            raise bad(f"header ({exc})") from None
-        start = 12 + hlen + (-(12 + hlen) % 8)
-        utf8_len = nb + 8 + (-(nb + 8) % 8)
-        claim = start + 8 * m + 8 * m + 8 * (m + 1) + utf8_len + 4
-        if claim != size:
-            raise bad(f"{size} bytes, the header says {claim}")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
-    finally:
-        os.close(fd)
-    if len(data) != size:
-        raise bad("changed while read")
-    (stored,) = struct.unpack_from("<I", data, size - 4)
-    if crc32c(memoryview(data)[: size - 4]) != stored:
-        raise bad("crc32c mismatch")
+    h, data, start = read_framed(path, MAGIC, "key delta", _body)
+    first, m, nb = int(h["first_row"]), int(h["rows"]), int(h["bytes"])
     hashes = np.frombuffer(data, "<u8", m, start).astype(np.uint64)
     rows = np.frombuffer(data, "<i8", m, start + 8 * m).astype(np.int64)
     offsets = np.frombuffer(data, "<i8", m + 1, start + 16 * m).astype(np.int64)
-    utf8 = np.frombuffer(data, np.uint8, utf8_len, start + 24 * m + 8).copy()
-    return KeySegment(first, hashes, rows, offsets, utf8, where)
+    utf8 = np.frombuffer(data, np.uint8, _utf8_len(nb), start + 24 * m + 8).copy()
+    return KeySegment(first, hashes, rows, offsets, utf8, str(path))
 
 
 def check_key_delta(path: Path) -> None:
