@@ -96,15 +96,19 @@ class SegmentedVocab(Vocab):
         short = np.flatnonzero(enc.lengths <= MAX_KEY_BYTES)  # longer: never stored
         if short.size != len(enc):
             enc = enc.subset(short)
-        h = hash_encoded(enc, self.base.hash_key)
+        out[short] = self.probe_hashed(enc, hash_encoded(enc, self.base.hash_key))
+        return out
+
+    def probe_hashed(self, enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
+        """Rows of the keys ``enc`` (hashes ``h`` under the index's hash key), -1 where
+        absent: the index, then each segment for the keys still missing."""
         found = self.base.probe_hashed(enc, h)
         for seg in self.segments:  # a loop per segment (a few: compaction folds them)
             miss = np.flatnonzero(found < 0)
             if not miss.size:
                 break
             found[miss] = seg.find(enc.subset(miss), h[miss])
-        out[short] = found
-        return out
+        return found
 
     def key_at(self, ids: np.ndarray) -> list[str]:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)

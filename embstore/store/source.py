@@ -93,7 +93,7 @@ class ShardSource(LayoutSource):
         txn.after(lambda: self.reader.forget(ks))
 
     def publish_rows(self, rows: int, txn: Transaction) -> None:
-        set_rows(str(self.root), rows, self.name, txn.file(f"{self.name}/zarr.json"))
+        set_rows(str(self.root), rows, self.name, txn)
 
         def publish():
             self.reader.layout = replace(self._layout, rows=rows)

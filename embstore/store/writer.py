@@ -69,20 +69,22 @@ def default_format(row_bytes: int, chunk_rows: int | None, shard_rows: int | Non
     return 2 if row_bytes > 0 else 1
 
 
-def set_rows(root: str, rows: int, name: str = "vectors", dest=None) -> None:
-    """Set the row count of the array ``name`` at ``root``: write its zarr.json with ``rows``
-    rows to ``dest`` (a transaction's staged file, fsynced), or without ``dest`` replace it
-    in place (temporary file + rename: a table being built, which nobody reads yet)."""
+def set_rows(root: str, rows: int, name: str = "vectors", txn=None) -> None:
+    """Set the row count of the array ``name`` at ``root``: stage its zarr.json with ``rows``
+    rows in the transaction ``txn`` (fsynced with its other files), or without ``txn``
+    replace it in place (temporary file + rename: a table being built, nobody reads it)."""
     def upd(doc):
         doc["shape"][0] = int(rows)
     live = os.path.join(root, name, "zarr.json")
-    if dest is None:
+    if txn is None:
         _replace_json(live, upd)
         return
     with open(live, encoding="utf-8") as f:
         doc = json.load(f)
     upd(doc)
-    write_json(dest, doc)
+    dest = txn.file(f"{name}/zarr.json")
+    write_json(dest, doc, fsync=False)
+    txn.sync_later(dest)
 
 
 class TableWriter:

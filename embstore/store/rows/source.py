@@ -371,8 +371,8 @@ class PagedSource(LayoutSource):
 
     def publish_rows(self, rows: int, txn: Transaction) -> None:
         n_chunks = -(-rows // self._rl.chunk_rows)
-        set_rows(str(self.root), n_chunks, self.crc_name, txn.file(f"{self.crc_name}/zarr.json"))
-        set_rows(str(self.root), rows, self.name, txn.file(f"{self.name}/zarr.json"))
+        set_rows(str(self.root), n_chunks, self.crc_name, txn)
+        set_rows(str(self.root), rows, self.name, txn)
 
         def publish() -> None:
             self._rl = replace(self._rl, rows=rows)

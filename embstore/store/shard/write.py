@@ -125,12 +125,13 @@ class AsyncWrites:
             self._pool = None
 
 
-def write_json(path, doc: dict) -> None:
-    """Write ``doc`` to the new file ``path`` (fsynced)."""
+def write_json(path, doc: dict, *, fsync: bool = True) -> None:
+    """Write ``doc`` to the new file ``path`` (fsynced, unless the caller does it)."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 class RowStream:

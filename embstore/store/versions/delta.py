@@ -41,10 +41,11 @@ MAGIC = b"EMBDELTA"
 MAX_HEADER = 1 << 16
 
 
-def write_framed(path: Path, magic: bytes, header: dict, parts: list[bytes]) -> int:
-    """Write (and fsync) the new file ``path``: ``magic`` (8 bytes), the JSON ``header``
-    with its length, zero padding to 8, ``parts``, then the crc32c of all of it; returns its
-    size (the frame of delta files and key delta files)."""
+def write_framed(path: Path, magic: bytes, header: dict, parts: list[bytes], *,
+                 fsync: bool = True) -> int:
+    """Write (and fsync, unless the caller does) the new file ``path``: ``magic`` (8
+    bytes), the JSON ``header`` with its length, zero padding to 8, ``parts``, then the
+    crc32c of all of it; returns its size (the frame of delta files and key delta files)."""
     head = json.dumps(header).encode()
     head = magic + struct.pack("<I", len(head)) + head
     parts = [head + b"\0" * (-len(head) % 8), *parts]
@@ -56,8 +57,9 @@ def write_framed(path: Path, magic: bytes, header: dict, parts: list[bytes]) -> 
         for p in parts:
             f.write(p)
         f.write(struct.pack("<I", crc))
-        f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     return sum(len(p) for p in parts) + 4
 
 

@@ -17,13 +17,12 @@ from ...errors import pin_name
 from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from ...keys.index import DiskVocab
 from ...keys.segments import SegmentedVocab
-from ...ids import refuse_existing
 from ..commit import Transaction, is_versioned, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
 from ..source import open_source, same_array
 from .delta import Overlays, OverlaySource, write_delta
-from .keydelta import fold_keys, key_entries, stage_keys
+from .keydelta import encoded_new_keys, fold_keys, key_entries, refuse_held, stage_keys
 from .retain import Lease, vacuum
 from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
 
@@ -179,14 +178,15 @@ def append_rows(t: ZarrTable, vectors: np.ndarray, keys: list[str] | None) -> in
                                 "(this table's keys were written by another tool)")
         if vocab is not None:  # under the lock: another writer may have added them
             assert keys is not None
-            refuse_existing(vocab.find, keys)
+            enc, h = encoded_new_keys(vocab, keys, n0)
+            refuse_held(vocab, keys, enc, h)
         txn = Transaction(t.path, versioned=t._versioned)
         txn.change = {"kind": "append", "rows": int(n), "keys": keys is not None}
         try:
             t._source.append(vectors, txn)
             if vocab is not None:
                 assert keys is not None
-                stage_keys(vocab, keys, n0, txn)  # format 2: a key delta (V6)
+                stage_keys(vocab, keys, n0, txn, enc, h)  # format 2: a key delta (V6)
                 if not t._versioned and isinstance(vocab, DiskVocab):  # (a version: reopened)
                     txn.after(lambda: vocab.committed(n0 + n))
             t._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last

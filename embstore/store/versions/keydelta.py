@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import CorruptStoreError
+from ...errors import CorruptStoreError, ShapeMismatchError
 from ...keys.hashing import EncodedKeys, encode_keys, hash_encoded
 from ...keys.index import DiskVocab, MemoryKeyIndex
 from ...keys.mapped import stage_keys_array
@@ -29,15 +29,17 @@ from .delta import read_framed, write_framed
 from .snapshot import DELTAS
 
 __all__ = ["write_key_delta", "read_key_delta", "check_key_delta", "open_vocab", "KEYS",
-           "key_entries", "stage_keys", "fold_keys"]
+           "key_entries", "stage_keys", "fold_keys", "encoded_new_keys", "refuse_held"]
 
 MAGIC = b"EMBKEYS1"
 KEYS = "keys"  # the ``array`` of a key delta's manifest entry
 
 
-def write_key_delta(path: Path, first_row: int, enc: EncodedKeys, hashes: np.ndarray) -> int:
-    """Write (and fsync) the key delta ``path`` of the keys ``enc`` (rows ``first_row``..,
-    contiguous in ``enc.buf``) with their hashes ``hashes``; returns its size."""
+def write_key_delta(path: Path, first_row: int, enc: EncodedKeys, hashes: np.ndarray, *,
+                    fsync: bool = True) -> int:
+    """Write (and fsync, unless the caller does) the key delta ``path`` of the keys ``enc``
+    (rows ``first_row``.., contiguous in ``enc.buf``) with their hashes ``hashes``; returns
+    its size."""
     m = len(enc)
     order = np.argsort(hashes, kind="stable")
     offsets = np.zeros(m + 1, dtype="<i8")
@@ -48,7 +50,7 @@ def write_key_delta(path: Path, first_row: int, enc: EncodedKeys, hashes: np.nda
                                       "bytes": nb},
                         [hashes[order].astype("<u8").tobytes(),
                          (order + first_row).astype("<i8").tobytes(), offsets.tobytes(),
-                         utf8 + bytes(-len(utf8) % 8)])
+                         utf8 + bytes(-len(utf8) % 8)], fsync=fsync)
 
 
 def _utf8_len(nb: int) -> int:
@@ -107,16 +109,35 @@ def open_vocab(root: Path, rows: int, entries: list[dict], *, writable: bool = F
     return SegmentedVocab(vocab, segs)
 
 
+def encoded_new_keys(vocab, keys: list[str], n0: int) -> tuple[EncodedKeys, np.ndarray]:
+    """The keys an append adds (rows ``n0``..) encoded (refused: not valid Unicode, too
+    long) and hashed with the hash of the table's key index: done once for the check that
+    they are new and for their key delta."""
+    base = vocab.base if isinstance(vocab, SegmentedVocab) else vocab
+    enc = encode_keys(keys, strict=True, first_row=n0)
+    return enc, hash_encoded(enc, base.hash_key)
+
+
+def refuse_held(vocab, keys: list[str], enc: EncodedKeys, h: np.ndarray) -> None:
+    """ShapeMismatchError naming the first of the new ``keys`` the table holds already."""
+    found = vocab.probe_hashed(enc, h)
+    if (found >= 0).any():
+        i = int(np.argmax(found >= 0))
+        raise ShapeMismatchError(f"append: key {keys[i]!r} already exists at row {int(found[i])}")
+
+
 def stage_keys(vocab: DiskVocab | SegmentedVocab, keys: list[str], n0: int,
-               txn: Transaction) -> None:
-    """Stage the keys of an append of rows ``n0..`` (new and unique: checked): on a
-    format-2 table a key delta and the grown ``keys`` array; else (format 1, or an index of
-    the legacy hash, re-keyed) the whole key index rewritten (section 2b)."""
+               txn: Transaction, enc: EncodedKeys, h: np.ndarray) -> None:
+    """Stage the keys of an append of rows ``n0..`` (``enc``, ``h``: from
+    :func:`encoded_new_keys`; new and unique: checked): on a format-2 table a key delta and
+    the grown ``keys`` array; else (format 1, or an index of the legacy hash, re-keyed)
+    the whole key index rewritten (section 2b)."""
     base = vocab.base if isinstance(vocab, SegmentedVocab) else vocab
     tree = txn.tree(KEYS)
     if txn.versioned and base.hash_key is not None:
-        enc = encode_keys(keys, strict=True, first_row=n0)
-        write_key_delta(txn.delta(KEYS), n0, enc, hash_encoded(enc, base.hash_key))
+        path = txn.delta(KEYS)
+        write_key_delta(path, n0, enc, h, fsync=False)
+        txn.sync_later(path)
         moves = stage_keys_array(vocab.path, tree, n0, vocab.keys_between, keys)
     else:
         assert isinstance(vocab, DiskVocab)  # (segments are made on format 2 only)
