@@ -53,18 +53,34 @@ def cli(*args):
     return {"seconds": seconds, "cpu_seconds": cpu}
 
 
-def gensim_w2v(path, *keys):
+def gensim_w2v(path, *keys, binary=False):
     try:
         from gensim.models import KeyedVectors
     except ImportError:
         return {"skip": "gensim not installed"}
     t0 = time.perf_counter()
-    kv = KeyedVectors.load_word2vec_format(path, binary=False)
+    kv = KeyedVectors.load_word2vec_format(path, binary=binary)
     out = {"rows": len(kv.index_to_key)}
     if keys:
         out["checksum"] = _checksum(kv[list(keys)])
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def gensim_w2v_bin(path, *keys):
+    return gensim_w2v(path, *keys, binary=True)
+
+
+def gensim_save(src, binary, dest):
+    """gensim's ``save_word2vec_format`` of the word2vec file ``src`` (loaded untimed)."""
+    try:
+        from gensim.models import KeyedVectors
+    except ImportError:
+        return {"skip": "gensim not installed"}
+    kv = KeyedVectors.load_word2vec_format(src, binary=src.endswith(".bin"))
+    t0 = time.perf_counter()
+    kv.save_word2vec_format(dest, binary=binary == "binary")
+    return {"seconds": time.perf_counter() - t0, "rows": len(kv.index_to_key)}
 
 
 def gensim_native(path, *keys):
@@ -232,7 +248,8 @@ def fresh_keys(what, path, keys_npy, batch_npy):
             "checksum": _checksum(first) + 0 * _checksum(again)}
 
 
-KINDS = {"fresh-lookup": fresh_lookup, "fresh-keys": fresh_keys, "cli": cli, "gensim-w2v": gensim_w2v, "gensim-native": gensim_native,
+KINDS = {"fresh-lookup": fresh_lookup, "fresh-keys": fresh_keys, "cli": cli, "gensim-w2v": gensim_w2v,
+         "gensim-w2v-bin": gensim_w2v_bin, "gensim-save": gensim_save, "gensim-native": gensim_native,
          "embstore-open": embstore_open, "batch-ram": batch_ram, "batch-embstore": batch_embstore,
          "batch-parquet": batch_parquet}
 

@@ -205,6 +205,38 @@ def w2v_text(data_dir: Path, rows: int, dim: int, *, seed: int = 0) -> tuple[Pat
     return txt, npy
 
 
+def w2v_binary(data_dir: Path, rows: int, dim: int, *, newline: bool = True,
+               seed: int = 0) -> Path:
+    """The vectors and keys of :func:`w2v_text` as a word2vec binary file: ``rows dim``
+    header, then ``key b" " float32 x dim`` per row, followed by ``b"\\n"`` as the C tool
+    writes it (``newline``) or not, as gensim's ``save_word2vec_format(binary=True)`` does
+    (byte for byte)."""
+    path = Path(data_dir) / f"w2v-{rows}x{dim}-s{seed}-{'c' if newline else 'gensim'}.bin"
+    if path.exists():
+        return path
+    _, npy = w2v_text(data_dir, rows, dim, seed=seed)
+    values = np.load(npy, mmap_mode="r", allow_pickle=False)
+    kw = key_width(rows)
+    fields = [("key", f"S{kw}"), ("space", "S1"), ("vec", "<f4", (dim,))]
+    record = np.dtype(fields + ([("newline", "S1")] if newline else []))
+    log(f"generating {path.name} ({rows * record.itemsize / 1e9:.2f} GB)")
+    tmp = _fresh(path)
+    step = _block_rows(record.itemsize)
+    with open(tmp, "wb") as fh:
+        fh.write(f"{rows} {dim}\n".encode())
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            block = np.empty(stop - start, record)
+            block["key"] = keys(rows, start, stop).astype(f"S{kw}")
+            block["space"] = b" "
+            block["vec"] = values[start:stop]
+            if newline:
+                block["newline"] = b"\n"
+            fh.write(block.tobytes())
+    os.replace(tmp, path)
+    return path
+
+
 def gensim_native(data_dir: Path, rows: int, dim: int, *, seed: int = 0) -> Path:
     """The same vectors and keys saved by gensim's native ``KeyedVectors.save``."""
     try:

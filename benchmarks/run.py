@@ -49,7 +49,7 @@ CONFIGS = {
                   "(2.6 GB) fits in RAM for the np.take reference and in the page cache"},
         "open": {"rows": 1_000_000, "dim": 100, "reps": 5, "slow_reps": 2},
         "keys": {"rows": 1_000_000, "dim": 100, "n": 100_000, "reps": 11},
-        "import": {"rows": 1_000_000, "dim": 100, "reps": 2},
+        "import": {"rows": 1_000_000, "dim": 100, "reps": 2, "gensim_text_export_reps": 1},
         "import-compressed": {"rows": 1_000_000, "dim": 100, "reps": 2},
         "batch": {"rows": 1_000_000, "dim": 64, "ids": 8192 * 512, "reps": 2, "workers": [1, 2]},
         "parquet": {"rows": 1_000_000, "dim": 64, "ids": 20_000_000, "reps": 2, "workers": [2],

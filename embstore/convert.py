@@ -236,6 +236,7 @@ def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_
                 keys_file = TokenKeys(load_tokens(vocab), path=os.fspath(vocab))
             else:
                 keys_file = VocabReader(vocab, unicode_errors=unicode_errors)
+        blocks = iter(reader)  # (a reader that parses in a thread starts now, beside the setup)
         name = os.path.basename(reader.path)
         attrs = {"source": {"format": fmt, "file": name}}
         if reader.tensor:
@@ -246,7 +247,7 @@ def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_
                              compression=compression, overwrite=overwrite,
                              expected_rows=reader.size_hint(), attrs=attrs)
         with writer:
-            for block, keys in reader:
+            for block, keys in blocks:
                 if keys_file is not None:
                     keys = keys_file.take(len(block), rows_of=name, expected=reader.count)
                 writer.add(block, keys)

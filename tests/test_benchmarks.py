@@ -100,6 +100,28 @@ def test_runner_smoke_ooc(tmp_path):
     assert "cold: embstore vs np.memmap" in md
 
 
+@pytest.mark.slow
+def test_import_scenario_measures_binary_and_export_against_gensim(tmp_path):
+    """One run: text and binary (both layouts) imports and binary and text exports, each
+    side by side with gensim on the same file, the binary ones against the 2x bar."""
+    pytest.importorskip("gensim.models")
+    run, md = _run(tmp_path, "--only", "import")
+    s, methods = _methods(run, "import")
+    assert {"embstore import", "gensim load_word2vec_format", "embstore export",
+            "gensim save_word2vec_format"} <= methods
+    cases = {m["case"] for m in s["measurements"]}
+    assert cases == {"2,000 x 16 text", "2,000 x 16 binary, C tool layout",
+                     "2,000 x 16 binary, gensim layout", "2,000 x 16 binary export",
+                     "2,000 x 16 text export"}
+    targets = {c["label"]: c["target"] for c in s["comparisons"]}
+    for label in ("import word2vec binary (C tool layout): embstore vs gensim",
+                  "import word2vec binary (gensim layout): embstore vs gensim",
+                  "export word2vec binary: embstore vs gensim"):
+        assert targets[label] == ">= 2x faster", label
+        assert f"| {label} |" in md
+    assert "export word2vec text: embstore vs gensim" in targets
+
+
 def test_unknown_scenario_is_a_usage_error(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--only", "nope",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)

@@ -282,6 +282,24 @@ def test_write_text_and_binary_read_by_gensim(tmp_path, table, fmt, binary, no_h
     np.testing.assert_array_equal(vecs, table.to_numpy().astype(vecs.dtype))
 
 
+def test_text_export_formats_a_bounded_number_of_values_at_once(tmp_path, monkeypatch, rng):
+    """Each value is a Python object while its row is formatted: 65,536 rows of 100 values
+    held 1.1 GB.  The export formats at most TEXT_VALUES values at once, whatever
+    ``block_rows``, and writes the same bytes."""
+    import embstore.formats.word2vec as w2v
+
+    vals = rng.standard_normal((50, 6)).astype(np.float32)
+    t = embstore.MemoryTable(vals, keys=[f"w{i}" for i in range(50)])
+    get("word2vec").write(tmp_path / "all.txt", t, block_rows=65536)
+    seen = []
+    real = w2v.shortest_digits
+    monkeypatch.setattr(w2v, "shortest_digits", lambda x: seen.append(x.size) or real(x))
+    monkeypatch.setattr(w2v, "TEXT_VALUES", 24)  # 4 rows of 6
+    get("word2vec").write(tmp_path / "few.txt", t, block_rows=65536)
+    assert max(seen) == 24 and sum(seen) == vals.size
+    assert (tmp_path / "few.txt").read_bytes() == (tmp_path / "all.txt").read_bytes()
+
+
 def test_text_writers_refuse_unwritable_keys(tmp_path):
     t = embstore.MemoryTable(np.ones((2, 2), np.float32), keys=["a", "b c"])
     with pytest.raises(FormatError, match="row 1: key 'b c' is empty or holds whitespace"):

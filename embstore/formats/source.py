@@ -162,6 +162,20 @@ class Source:
         except _ERRORS as exc:
             raise self.damaged(exc) from None
 
+    def readinto(self, b) -> int:
+        """Fill ``b`` (a writable buffer) with the next bytes: fewer only at the end (``stream``
+        is always a buffered reader)."""
+        view, got = memoryview(b).cast("B"), 0
+        try:
+            while got < len(view):
+                n = self.stream.readinto(view[got:])  # type: ignore[attr-defined]
+                if not n:
+                    break
+                got += n
+        except _ERRORS as exc:
+            raise self.damaged(exc) from None
+        return got
+
     def readline(self, limit: int = -1) -> bytes:
         try:
             return self.stream.readline(limit)

@@ -10,12 +10,18 @@ vector is followed by ``\\n``), where gensim would cut it at its first space
 first space ends the key, as in gensim's files without ``\\n``).  Export refuses such
 keys (gensim and the C tool would read shifted vectors).
 The header's count is checked against the file, and only used as a size hint.
+
+Reading finds the records of a whole buffer at once (:mod:`.records`); the record-by-record
+rule here (:meth:`BinaryReader._split`) decides every record the search leaves (keys holding
+spaces, a ``\n`` before a key, the last record, errors), so both give the same rows, keys
+and messages.  A thread parses one block ahead of the caller (:mod:`.ahead`).  Writing packs
+each block's records into one array (:func:`.records.pack_rows`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import numpy as np
 
@@ -24,17 +30,21 @@ from .. import DEFAULT_BLOCK_ROWS, open_output, Reader, check_finite
 from .._textparse import decode_keys
 from ..source import open_source, stream_row_bound
 from . import MAX_LINE_BYTES, _show, fasttext_bin_error, is_fasttext_bin
+from .ahead import ReadAhead
+from .records import find_rows, pack_rows, take_vectors
 
 __all__ = ["read", "write", "BinaryReader"]
 
 CHUNK_BYTES = 8 << 20
+BLOCK_BYTES = 16 << 20  # vectors a block holds at most (several blocks are in flight)
 MAX_KEY_BYTES = 1 << 16
+SPAN_ROWS = 64  # the least records a vectorised search covers after one it could not take
 
 
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 
 
-def _text_key(key: bytes) -> bool:
+def _text_key(key: bytes | bytearray) -> bool:
     """Whether ``key`` can be a key holding spaces: UTF-8 text without control bytes (the
     bytes of a vector misread as part of a key are neither)."""
     if _CONTROL.search(key) is not None:
@@ -89,6 +99,7 @@ class BinaryReader(Reader):
         self.progress_done = len(first)
         self._chunk = max(int(chunk_bytes), 4 * self.dim + MAX_KEY_BYTES + 2)
         self._newline: bool | None = None  # rows end with "\n" (C tool) or not (gensim)
+        self._ahead: ReadAhead | None = None
 
     def size_hint(self) -> int | None:
         most = stream_row_bound(self._src, 4 * self.dim + 2)
@@ -97,21 +108,23 @@ class BinaryReader(Reader):
         n = min(self.count, most)
         return n if self.limit is None else min(n, self.limit)
 
-    def _split(self, buf: bytes, pos: int, eof: bool, row: int) -> tuple[int, int] | None:
-        """``(space, end)`` of the record at ``pos``, or ``None`` if ``buf`` holds only part of it."""
+    def _split(self, buf: bytearray, n: int, pos: int, eof: bool,
+               row: int) -> tuple[int, int] | None:
+        """``(space, end)`` of the record at ``pos``, or ``None`` if the bytes ``buf[:n]``
+        hold only part of it."""
         vb = 4 * self.dim
-        n = len(buf)
-        sp = buf.find(b" ", pos, pos + MAX_KEY_BYTES)
+        lim = min(n, pos + MAX_KEY_BYTES)
+        sp = buf.find(b" ", pos, lim)
         if sp < 0:
             if not eof and n - pos < MAX_KEY_BYTES:
                 return None
             raise self.error(f"row {row + 1}: expected a key and a space, got "
-                             f"{_show(buf[pos:pos + 40])}")
+                             f"{_show(bytes(buf[pos:min(n, pos + 40)]))}")
         if self._newline is not False:
             # "\n"-terminated rows: the right space is the one whose vector ends in "\n";
             # a key holds no "\n", so candidates stop at the first one
-            stop = buf.find(b"\n", pos, pos + MAX_KEY_BYTES)
-            stop = pos + MAX_KEY_BYTES if stop < 0 else stop
+            stop = buf.find(b"\n", pos, lim)
+            stop = lim if stop < 0 else stop
             cand = sp
             while 0 <= cand < stop:
                 if cand != sp and not _text_key(buf[pos:cand]):
@@ -141,47 +154,97 @@ class BinaryReader(Reader):
         return sp, end
 
     def blocks(self) -> Iterator[tuple[np.ndarray, list[str]]]:
-        f = self._f
-        buf, pos, eof = b"", 0, False
+        """The blocks, parsed one ahead by a thread of their own (:mod:`.ahead`), which
+        starts at once."""
+        self._ahead = ReadAhead(self._parse())
+        return self._ahead
+
+    def _parse(self) -> Generator[tuple[np.ndarray, list[str]], None, None]:
+        # the bytes buf[:n] (read into the same buffer each time: no fresh pages per chunk)
+        buf, n, pos, eof = bytearray(2 * self._chunk), 0, 0, False
+        u8 = np.frombuffer(buf, np.uint8)[:0]
+        vb = 4 * self.dim
+        span = self._chunk  # bytes one vectorised search covers (shrinks where it fails)
+        size = vb + 2  # the largest mean record size seen (to size a search for n rows)
         row = 0
         target = self.count if self.limit is None else min(self.count, self.limit)
         while row < target:
-            keys: list[bytes] = []
-            vecs: list[bytes] = []
-            want = min(self.block_rows, target - row)
-            while len(keys) < want:
-                while pos < len(buf) and buf[pos] == 10:  # "\n" before a key (gensim lstrips it)
+            want = min(self.block_rows, max(1, BLOCK_BYTES // vb), target - row)
+            raw = np.empty((want, vb), np.uint8)
+            keys: list[tuple[bytes, bool]] = []  # (keys each ending in "\n", from one record)
+            got = 0
+            while got < want:
+                if self._newline is not None:  # whole runs of records at once
+                    # (no further than the rows wanted need, at the record size seen so far)
+                    stop = min(n, pos + span, pos + (want - got) * size + size // 2 + 64)
+                    spaces, run = find_rows(u8, pos, stop, vb, self._newline, want - got,
+                                            MAX_KEY_BYTES)
+                    if len(spaces):
+                        take_vectors(u8, spaces, vb, raw[got:got + len(spaces)])
+                        keys.append((run, False))
+                        got += len(spaces)
+                        end = int(spaces[-1]) + 1 + vb + self._newline
+                        size = max(size, -(-(end - pos) // len(spaces)))
+                        pos = end
+                        span = min(2 * span, self._chunk)
+                        continue
+                # one record by the rules in _split (a record the search left, or cut short)
+                while pos < n and buf[pos] == 10:  # "\n" before a key (gensim lstrips)
                     pos += 1
-                rec = self._split(buf, pos, eof, row + len(keys)) if pos < len(buf) else None
+                rec = self._split(buf, n, pos, eof, row + got) if pos < n else None
                 if rec is None:
                     if eof:
                         raise self.error(f"the header promises {self.count} rows, the file "
-                                         f"has {row + len(keys)}")
-                    more = f.read(self._chunk)
-                    eof = not more
-                    buf, pos = buf[pos:] + more, 0
+                                         f"has {row + got}")
+                    tail = n - pos  # the record cut short, moved to the front
+                    if tail + self._chunk > len(buf):
+                        buf = bytearray(buf[pos:n]) + bytearray(self._chunk)
+                    else:
+                        buf[:tail] = buf[pos:n]
+                    more = self._src.readinto(memoryview(buf)[tail:tail + self._chunk])
+                    eof, n, pos = not more, tail + more, 0
+                    u8 = np.frombuffer(buf, np.uint8)[:n]
                     continue
                 sp, end = rec
-                keys.append(buf[pos:sp])
-                vecs.append(buf[sp + 1:sp + 1 + 4 * self.dim])
+                keys.append((bytes(buf[pos:sp]), True))
+                raw[got] = u8[sp + 1:sp + 1 + vb]
+                got += 1
                 pos = end
-            block = np.frombuffer(b"".join(vecs), dtype="<f4").reshape(len(keys), self.dim)
+                span = max(span // 8, SPAN_ROWS * (vb + 64))
+            block = raw.view("<f4")
             check_finite(self, block, row)
-            out = block.astype(self.dtype)  # a writable, native-order copy
+            out = block if block.dtype == self.dtype else block.astype(self.dtype)
             if self.dtype != np.float32:
                 check_finite(self, out, row)
-            names = decode_keys(keys, path=self.path, first_line=row + 1,
-                                unicode_errors=self.unicode_errors, unit="row")
-            row += len(keys)
-            self.progress_done = self._src.consumed(len(buf) - pos)
+            names = self._decode(keys, row, want)
+            row += want
+            self.progress_done = self._src.consumed(n - pos)
             yield out, names
         if self.limit is None or self.limit > self.count:
-            rest = buf[pos:] + f.read(1 << 16)
+            rest = bytes(buf[pos:n]) + self._src.read(1 << 16)
             if rest.strip():
                 raise self.error(f"the header promises {self.count} rows, the file has more "
                                  f"(bytes after row {self.count})")
 
+    def _decode(self, parts: list[tuple[bytes, bool]], row: int, n: int) -> list[str]:
+        """The ``n`` keys of ``parts`` (runs of keys each ending in ``\\n``, or one key read
+        record by record), decoded in one call; a bad key raises naming its row."""
+        joined = b"".join(k + b"\n" if one else k for k, one in parts)
+        if joined.count(b"\n") == n:
+            try:
+                names = joined.decode("utf-8", self.unicode_errors).split("\n")
+            except UnicodeDecodeError:
+                pass
+            else:
+                names.pop()
+                return names
+        raw = [x for k, one in parts for x in ([k] if one else k.split(b"\n")[:-1])]
+        return decode_keys(raw, path=self.path, first_line=row + 1,
+                           unicode_errors=self.unicode_errors, unit="row")
+
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()  # the parsing thread stops before its file closes
         self._src.close()
 
 
@@ -220,13 +283,10 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
         f.write(f"{n} {dim}\n".encode())
         for start in range(0, n, block_rows):
             stop = min(n, start + block_rows)
-            data = np.ascontiguousarray(table[start:stop], dtype="<f4").tobytes()
+            data = np.ascontiguousarray(table[start:stop], dtype="<f4").view(np.uint8)
             ks = list(keys[start:stop])
             _check_keys(ks, start)
-            parts: list[bytes] = []
-            for i, k in enumerate(ks):
-                parts += (k.encode("utf-8"), b" ", data[i * vb:(i + 1) * vb], b"\n")
-            f.write(b"".join(parts))
+            f.write(pack_rows((" ".join(ks) + " ").encode("utf-8"), data.reshape(-1, vb)).data)
             if progress is not None:
                 progress(stop - start)
     return n
