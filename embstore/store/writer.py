@@ -21,8 +21,7 @@ from ..errors import InvalidOptionError, ShapeMismatchError
 from ..ids import non_negative_int, one_of, positive_int
 from ..keys.writer import KeyIndexWriter
 
-from ..fs.beside import fsync_path as _fsync
-from ..fs.beside import fsync_tree
+from ..fs.beside import fsync_path as _fsync, fsync_tree
 from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_layout,
                      make_codec, pow2_below)
 from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side, decoded_norms
@@ -198,8 +197,7 @@ class TableWriter:
         meta = arr.metadata.to_dict()
         if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
             meta["data_type"] = record.name
-            _replace_json(os.path.join(self._tmp, "vectors", "zarr.json"),
-                          lambda doc: doc.update(data_type=record.name))
+            _set_data_type(os.path.join(self._tmp, "vectors", "zarr.json"), record.name)
         layout = Layout.from_metadata(meta)
         assert layout is not None and layout.has_crc
         self._layout = layout
