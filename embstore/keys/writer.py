@@ -169,11 +169,11 @@ class KeyIndexWriter:
             else self._pending[0]
         take = len(pending) if final else len(pending) // self._keys_chunk * self._keys_chunk
         start = self._keys_written
-        self._keys.resize((start + take,))
-        if self._keys_dir is not None and self._keys_dir.is_dir():
+        if self._keys_dir is not None and self._keys_dir.is_dir():  # (its shape: at finish)
             write_keys_chunks(self._keys_dir, self._keys_chunk, start // self._keys_chunk,
                               pending[:take])
         else:
+            self._keys.resize((start + take,))
             self._keys[start:start + take] = np.array(pending[:take], dtype=object)
         self._keys_written += take
         rest = pending[take:]
@@ -189,6 +189,8 @@ class KeyIndexWriter:
             return
         try:
             self._flush_keys(final=True)
+            if self._keys.shape[0] != self._keys_written:
+                self._keys.resize((self._keys_written,))
             h, rows = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
             for run in self._runs:  # oldest (largest) first
                 h, rows = merge_runs((h, rows), run)
