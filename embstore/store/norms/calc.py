@@ -43,9 +43,11 @@ def row_norms(rows: np.ndarray, dtype=np.float32) -> np.ndarray:
     n, dim = rows.shape
     out = np.empty((n, 1), dtype=dtype)
     step = max(1, _BLOCK_ELEMENTS // max(1, dim))
-    with np.errstate(over="ignore"):
+    buf = np.empty((min(step, n), dim), dtype=np.float64)  # one buffer, reused: a fresh
+    with np.errstate(over="ignore"):  # 2 MiB block each time faulted its pages in anew
         for a in range(0, n, step):  # a loop per block of rows
-            r = np.asarray(rows[a: a + step], dtype=np.float64)
+            r = buf[: min(n, a + step) - a]
+            np.copyto(r, rows[a: a + step], casting="unsafe")
             out[a: a + step, 0] = np.sqrt(np.einsum("ij,ij->i", r, r))
     return out
 
