@@ -389,10 +389,9 @@ def unique_ints(a: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-def refuse_existing(find, keys: list[str]) -> None:
+def refuse_existing(found: np.ndarray, keys: list[str]) -> None:
     """ShapeMismatchError naming the first of the keys an append adds that the table holds
-    already (``find``: its vocabulary's, rows or -1)."""
-    found = find(np.array(keys, dtype=object))
+    already (``found``: their rows in its vocabulary, -1 where absent)."""
     if (found >= 0).any():
         i = int(np.argmax(found >= 0))
         raise ShapeMismatchError(f"append: key {keys[i]!r} already exists at row {int(found[i])}")

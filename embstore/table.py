@@ -381,7 +381,7 @@ class Table(abc.ABC):
             if len(set(key_list)) != n:
                 raise ShapeMismatchError("append: the new keys hold duplicates")
             if not self._appends_check_keys:  # (else: under the writer's lock, once)
-                refuse_existing(vocab.find, key_list)
+                refuse_existing(vocab.find(np.array(key_list, dtype=object)), key_list)
         elif keys is not None:
             raise ShapeMismatchError("append: this table has no keys, so keys cannot be given")
         start = self.vocab_size

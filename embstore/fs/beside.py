@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -90,10 +91,31 @@ def fsync_all(paths, *, directory: bool = False) -> None:
         for p in paths:
             fsync_path(p, directory=directory)
         return
-    with ThreadPoolExecutor(max_workers=min(16, len(paths)),
-                            thread_name_prefix="embstore-fsync") as ex:
-        for f in [ex.submit(fsync_path, p, directory=directory) for p in paths]:
-            f.result()
+    ex = _sync_pool()
+    for f in [ex.submit(fsync_path, p, directory=directory) for p in paths]:
+        f.result()
+
+
+_SYNC: list[ThreadPoolExecutor] = []  # one pool per process (threads made on demand)
+_SYNC_LOCK = threading.Lock()
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    with _SYNC_LOCK:
+        if not _SYNC:
+            _SYNC.append(ThreadPoolExecutor(max_workers=16, thread_name_prefix="embstore-fsync"))
+        return _SYNC[0]
+
+
+def _forget_sync_pool() -> None:
+    """A forked child has none of the parent's pool threads: it makes its own."""
+    global _SYNC_LOCK
+    _SYNC.clear()
+    _SYNC_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_sync_pool)
 
 
 def fsync_tree(root) -> None:

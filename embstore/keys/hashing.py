@@ -44,7 +44,8 @@ from .siphash import siphash13, word_view
 
 __all__ = ["EncodedKeys", "encode_keys", "hash_encoded", "hash_keys", "keys_equal", "word_view",
            "words_from_bytes", "decode_keys", "segment_index", "probe", "first_occurrences",
-           "merge_runs", "sorted_first_occurrences", "HASH_NAME", "SIP_NAME", "KEY_PAD", "MAX_KEY_BYTES", "new_hash_key",
+           "merge_runs", "sorted_first_occurrences", "find_keys", "HASH_NAME", "SIP_NAME",
+           "KEY_PAD", "MAX_KEY_BYTES", "new_hash_key",
            "hash_key_attrs", "hash_key_from_attrs", "siphash13"]
 
 HASH_NAME = "emb64-v1"  # the legacy hash (tables written before siphash-1-3)
@@ -329,6 +330,25 @@ def probe(q: EncodedKeys, qh: np.ndarray, *, size: int, search: Callable, hash_a
         active = active[~eq]
         step += 1
     return result
+
+
+def find_keys(keys, probe_hashed: Callable, hash_of: Callable) -> np.ndarray:
+    """Rows (int64, -1 where absent) of a 1-D sequence of ``str`` keys through
+    ``probe_hashed(encoded, hash_of(encoded))`` (an index's probe and hash): encoded and
+    hashed once; keys longer than ``MAX_KEY_BYTES`` (never stored) miss without hashing
+    megabytes."""
+    key_list = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
+    out = np.full(len(key_list), -1, dtype=np.int64)
+    if not key_list:
+        return out
+    enc = encode_keys(key_list, strict=False)
+    short = np.flatnonzero(enc.lengths <= MAX_KEY_BYTES)
+    if not short.size:
+        return out
+    if short.size != len(enc):
+        enc = enc.subset(short)
+    out[short] = probe_hashed(enc, hash_of(enc))
+    return out
 
 
 def first_occurrences(enc: EncodedKeys, h: np.ndarray) -> np.ndarray:

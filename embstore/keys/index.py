@@ -47,7 +47,7 @@ from ..fs.atomic import replace
 from .foreign import MemoryKeyIndex, build_key_index, has_key_index
 from .mapped import (Head, MappedArray, concat_reader, read_array_meta, stage_keys_array,
                      write_mapped)
-from .hashing import (KEY_PAD, MAX_KEY_BYTES, EncodedKeys, decode_keys, encode_keys,
+from .hashing import (KEY_PAD, EncodedKeys, decode_keys, encode_keys, find_keys,
                       hash_encoded, hash_key_from_attrs, merge_runs, probe, segment_index,
                       new_hash_key, word_view, words_from_bytes)
 from .writer import INDEX_ARRAYS, INDEX_ATTR, KEYS_CHUNK, KeyIndexWriter, index_attrs
@@ -175,25 +175,14 @@ class DiskVocab(Vocab):
         return CorruptStoreError(f"{self.path}: the key index is damaged ({exc})", path=self.path)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
-        key_list = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
-        if not key_list or not self._n:
-            return np.full(len(key_list), -1, dtype=np.int64)
-        enc = encode_keys(key_list, strict=False)
-        long = enc.lengths > MAX_KEY_BYTES
-        if long.any():  # never stored: they miss, without hashing megabytes
-            out = np.full(len(enc), -1, dtype=np.int64)
-            short = np.flatnonzero(~long)
-            if short.size:
-                out[short] = self._probe(enc.subset(short))
-            return out
-        return self._probe(enc)
+        if not self._n:
+            return np.full(len(keys), -1, dtype=np.int64)
+        return find_keys(keys, self.probe_hashed,
+                         lambda enc: hash_encoded(enc, self._hash_key))
 
     @property
     def hash_key(self) -> tuple[int, int] | None:
         return self._hash_key
-
-    def _probe(self, enc: EncodedKeys) -> np.ndarray:
-        return self.probe_hashed(enc, hash_encoded(enc, self._hash_key))
 
     def probe_hashed(self, enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
         """Rows of the keys ``enc`` (hashes ``h`` under :attr:`hash_key`), -1 where absent."""

@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import CorruptStoreError
 from ..table import Vocab
-from .hashing import (MAX_KEY_BYTES, EncodedKeys, decode_keys, encode_keys, hash_encoded,
-                      probe, segment_index, word_view)
+from .hashing import (EncodedKeys, decode_keys, find_keys, hash_encoded, probe,
+                      segment_index, word_view)
 from .index import DiskVocab
 
 __all__ = ["KeySegment", "SegmentedVocab"]
@@ -88,16 +88,8 @@ class SegmentedVocab(Vocab):
         return len(self.base) + sum(s.n for s in self.segments)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
-        key_list = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
-        out = np.full(len(key_list), -1, dtype=np.int64)
-        if not key_list:
-            return out
-        enc = encode_keys(key_list, strict=False)
-        short = np.flatnonzero(enc.lengths <= MAX_KEY_BYTES)  # longer: never stored
-        if short.size != len(enc):
-            enc = enc.subset(short)
-        out[short] = self.probe_hashed(enc, hash_encoded(enc, self.base.hash_key))
-        return out
+        return find_keys(keys, self.probe_hashed,
+                         lambda enc: hash_encoded(enc, self.base.hash_key))
 
     def probe_hashed(self, enc: EncodedKeys, h: np.ndarray) -> np.ndarray:
         """Rows of the keys ``enc`` (hashes ``h`` under the index's hash key), -1 where

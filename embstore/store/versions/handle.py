@@ -15,6 +15,7 @@ import numpy as np
 
 from ...errors import pin_name
 from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError
+from ...ids import refuse_existing
 from ...keys.index import DiskVocab
 from ...keys.segments import SegmentedVocab
 from ..commit import Transaction, is_versioned, last_commit
@@ -22,7 +23,7 @@ from ..meta import read_table_meta
 from ..norms.source import attach_norms
 from ..source import open_source, same_array
 from .delta import Overlays, OverlaySource, write_delta
-from .keydelta import encoded_new_keys, fold_keys, key_entries, refuse_held, stage_keys
+from .keydelta import encoded_new_keys, fold_keys, key_entries, stage_keys
 from .retain import Lease, vacuum
 from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
 
@@ -179,7 +180,7 @@ def append_rows(t: ZarrTable, vectors: np.ndarray, keys: list[str] | None) -> in
         if vocab is not None:  # under the lock: another writer may have added them
             assert keys is not None
             enc, h = encoded_new_keys(vocab, keys, n0)
-            refuse_held(vocab, keys, enc, h)
+            refuse_existing(vocab.probe_hashed(enc, h), keys)
         txn = Transaction(t.path, versioned=t._versioned)
         txn.change = {"kind": "append", "rows": int(n), "keys": keys is not None}
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import CorruptStoreError, ShapeMismatchError
+from ...errors import CorruptStoreError
 from ...keys.hashing import EncodedKeys, encode_keys, hash_encoded
 from ...keys.index import DiskVocab, MemoryKeyIndex
 from ...keys.mapped import stage_keys_array
@@ -29,7 +29,7 @@ from .delta import read_framed, write_framed
 from .snapshot import DELTAS
 
 __all__ = ["write_key_delta", "read_key_delta", "check_key_delta", "open_vocab", "KEYS",
-           "key_entries", "stage_keys", "fold_keys", "encoded_new_keys", "refuse_held"]
+           "key_entries", "stage_keys", "fold_keys", "encoded_new_keys"]
 
 MAGIC = b"EMBKEYS1"
 KEYS = "keys"  # the ``array`` of a key delta's manifest entry
@@ -116,14 +116,6 @@ def encoded_new_keys(vocab, keys: list[str], n0: int) -> tuple[EncodedKeys, np.n
     base = vocab.base if isinstance(vocab, SegmentedVocab) else vocab
     enc = encode_keys(keys, strict=True, first_row=n0)
     return enc, hash_encoded(enc, base.hash_key)
-
-
-def refuse_held(vocab, keys: list[str], enc: EncodedKeys, h: np.ndarray) -> None:
-    """ShapeMismatchError naming the first of the new ``keys`` the table holds already."""
-    found = vocab.probe_hashed(enc, h)
-    if (found >= 0).any():
-        i = int(np.argmax(found >= 0))
-        raise ShapeMismatchError(f"append: key {keys[i]!r} already exists at row {int(found[i])}")
 
 
 def stage_keys(vocab: DiskVocab | SegmentedVocab, keys: list[str], n0: int,
