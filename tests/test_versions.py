@@ -166,6 +166,44 @@ def test_vacuum_keeps_what_readers_hold(t2, E):
         assert t.version == 5 and (t[[3]] == 3).all()
 
 
+def test_what_a_refresh_left_to_a_reader_keeps_its_version(t2, E):
+    """A scan holding the rows' source of version 1 while the handle refreshes past more
+    commits than the retention keeps: version 1 stays (its files are read when first
+    needed) until that source is dropped; then the next vacuum removes it."""
+    import gc
+    with embstore.open(t2) as t:
+        rows = t.row_source  # nothing read yet: its chunk files are opened on first read
+        with embstore.open(t2, "r+") as w:
+            w.write([0], np.zeros((1, D), np.float32))
+            t.refresh()  # the handle reads version 2 now; `rows` still version 1
+            for i in range(1, 10):  # 9 more versions: past the 8 kept
+                w.write([i], np.full((1, D), i, np.float32))
+        t.refresh()
+        assert t.version == 11
+        with embstore.open(t2, version=1) as old:  # kept: a source still reads it
+            assert (old[[9]] == E[9]).all()
+        np.testing.assert_array_equal(rows.read(0, V), E)  # version 1's rows, whole
+        assert (t[[9]] == 9).all()
+        del rows
+        gc.collect()
+        with embstore.open(t2, "r+") as w:
+            assert 1 in w.vacuum()
+            assert w.vacuum() == []
+
+
+def test_a_refresh_with_nothing_new_keeps_the_row_cache(t2, E):
+    with embstore.open(t2, cache_bytes="1MB") as t:
+        np.testing.assert_array_equal(t[[5, 6]], E[[5, 6]])
+        misses = t.cache_info().misses
+        t.refresh()
+        np.testing.assert_array_equal(t[[5, 6]], E[[5, 6]])
+        assert t.cache_info().misses == misses
+        with embstore.open(t2, "r+") as w:
+            w.write([5], np.zeros((1, D), np.float32))
+        t.refresh()
+        np.testing.assert_array_equal(t[[5, 6]], np.r_[np.zeros((1, D)), E[[6]]])
+
+
 def test_a_killed_readers_lease_does_not_hold_its_version(t2):
     code = (f"import os, embstore; t = embstore.open({str(t2)!r}); os.kill(os.getpid(), 9)")
     subprocess.run([sys.executable, "-c", code])

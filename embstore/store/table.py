@@ -39,7 +39,7 @@ from ..table import Table
 from .versions import handle as history
 from .versions.delta import Overlays
 from .versions.keydelta import key_entries, open_vocab
-from .versions.retain import Lease, vacuum
+from .versions.retain import vacuum
 
 __all__ = ["ZarrTable", "open"]
 
@@ -65,7 +65,7 @@ class ZarrTable(Table):
         self._version = 0  # tables without versions (format 1) read as version 0
         self._root: Any = None  # the directory rows are read from (a version's snapshot)
         self._overlays: Overlays | None = None
-        self._lease: Lease | None = None
+        self._pin: Any = None  # the version's directory held open, and its lease
         # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
         self._remote = remote if is_url(path) else None
         if remote and self._remote is None:
@@ -245,6 +245,8 @@ class ZarrTable(Table):
                 self._subwords = (Subwords(self._root, info, self.dim, self.mode)
                                   if self._remote is None else
                                   open_remote_ngrams(self._objects, info, self.dim))
+                if self._pin is not None:
+                    setattr(self._subwords, "_pin", self._pin)
             return self._subwords
 
     def _drop_subwords(self) -> None:
@@ -256,15 +258,12 @@ class ZarrTable(Table):
     def _vocab(self) -> DiskVocab | MemoryKeyIndex | SegmentedVocab | None:
         if not self._has_keys or (self._closed and self._vocab_obj is None):
             return None if not self._has_keys else self._vocab_obj
-            return None
         if self._vocab_obj is None:
             with self._lock:
                 if self._vocab_obj is None:
-                    # no zarr import on the read path: DiskVocab opens the group when it writes
-                    # rows: keys past the committed row count belong to an append in flight
-                    # writable: keys another tool wrote get their index stored, a write
-                    # to the table: under the writer lock (unless this call holds it); a
-                    # remote table: its key index read by ranges
+                    # rows: keys past the committed row count belong to an append in flight;
+                    # writable: keys another tool wrote get their index stored, a write to
+                    # the table: under the writer lock (unless this call holds it)
                     if self._remote is not None:
                         vocab = self._objects.vocab(self.vocab_size)
                     else:
@@ -279,6 +278,8 @@ class ZarrTable(Table):
                             f"{self.path}: expected {self.vocab_size} keys (has_keys), got "
                             f"{'no keys array' if vocab is None else len(vocab)}",
                             path=str(self.path))
+                    if self._pin is not None:  # (read from the pinned version's files)
+                        setattr(vocab, "_pin", self._pin)
                     self._vocab_obj = vocab
         return self._vocab_obj
 
@@ -358,7 +359,8 @@ class ZarrTable(Table):
             return  # pinned to the version asked for
         with self._lock:
             self._check_open()
-            self._reload()
+            if not history.is_current(self):  # (nothing new: the row cache stays warm)
+                self._reload()
 
     # -- housekeeping -----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:  # statistics stay readable after close()
@@ -372,8 +374,8 @@ class ZarrTable(Table):
             return
         with self._lock:
             self._closed = True
-            if self._lease is not None:
-                self._lease.release()
+            if self._pin is not None:  # (threads still reading keep the pin, not the lease)
+                self._pin.release()
             self._source.close()
             self._drop_subwords()
             self._cache.clear(keep_stats=True)

@@ -21,6 +21,7 @@ from ...keys.segments import SegmentedVocab
 from ..commit import Transaction, is_versioned, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
+from ..base import RowSource
 from ..source import open_source, same_array
 from .delta import Overlays, OverlaySource, write_delta
 from .keydelta import encoded_new_keys, fold_keys, key_entries, stage_keys
@@ -79,7 +80,7 @@ def open_version(t: ZarrTable) -> None:
 def _open_version(t: ZarrTable) -> None:
     seen = last_commit(t.path)  # before the metadata: never newer
     n = newest(t.path) if t._want_version is None else t._want_version
-    overlays = None
+    overlays, pin = None, None
     if n is None:
         root, version = t.path, 0
     else:
@@ -88,38 +89,64 @@ def _open_version(t: ZarrTable) -> None:
             raise VersionNotFoundError(
                 f"{t.path}: no version {n} (the table holds versions "
                 f"{list_versions(t.path) or 'none'}; `embstore log` lists them)")
+        pin = _Pin(root, t.path, n)  # held open and leased before anything is read
+        root = pin.path
         manifest = read_manifest(root)
         seen = manifest.get("txn")
         overlays = Overlays(root, manifest, writable=t.mode == "r+")
-    pin = None if n is None else _Pin(root)  # the version's directory, held open
-    if pin is not None:
-        root = pin.path
     attrs, meta = read_table_meta(root)
     wrap = overlays.wrap if overlays is not None else same_array
     source = attach_norms(root, open_source(root, meta, t.mode, wrap), wrap)
     if pin is not None:
-        setattr(source, "_pin", pin)  # the directory is held as long as the source lives
+        hold(source, pin)
     has_keys = bool(attrs.get("has_keys", (root / "keys").is_dir()))
     # one step: threads sharing the handle see the old state or the new one (the old
     # one's files stay readable: a version's files never change)
     (t._root, t._version, t._overlays, t._seen_commit, t._attrs, t._source, t._has_keys,
-     t._vocab_obj) = (root, version, overlays, seen, attrs, source, has_keys, None)
+     t._vocab_obj, t._pin) = (root, version, overlays, seen, attrs, source, has_keys, None,
+                              pin)
     t.version = version  # (Table.version: what the handle reads)
     t._versioned = n is not None or is_versioned(t.path)
-    if n is not None:
-        if t._lease is None:
-            t._lease = Lease(t.path, n)
-        else:
-            t._lease.move(n)
+
+
+def is_current(t: ZarrTable) -> bool:
+    """Whether the version a handle reads is still the newest (``refresh`` has nothing to
+    do): the same number and the same commit (a table replaced at the same path starts
+    its numbers again)."""
+    if t._version == 0 or not t._versioned:
+        return False
+    n = newest(t.path)
+    if n is None or n != t._version:
+        return False
+    try:
+        return read_manifest(snapshot_root(t.path, n)).get("txn") == t._seen_commit
+    except (OSError, ValueError):
+        return False
+
+
+def hold(source: RowSource, pin: _Pin) -> None:
+    """``source`` and every source it wraps (norms, overlays, int8 scales, the rows) hold
+    ``pin``: whichever of them a reader keeps (a scan keeps the rows' source, a gather the
+    whole), the version's directory stays open and leased while it reads (a source opens
+    chunk files when first read)."""
+    todo = [source]
+    while todo:  # a loop per wrapped source (a few)
+        obj = todo.pop()
+        setattr(obj, "_pin", pin)
+        todo.extend(v for v in getattr(obj, "__dict__", {}).values()
+                    if isinstance(v, RowSource))
 
 
 class _Pin:
     """A version's snapshot directory held open, read as ``/proc/self/fd/<n>``: files the
     handle opens later come from this directory even if the table is replaced or removed
-    under it meanwhile (then: the old files, or a clear error; never the new table's)."""
+    under it meanwhile (then: the old files, or a clear error; never the new table's).
+    It holds the version's lease too: ``vacuum`` keeps the version while anything in this
+    process still reads through the pin (a thread still reading what a ``refresh`` left)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, table: Path, n: int):
         self.fd, self.path = None, Path(root)
+        self.lease = Lease(table, n)
         if os.path.isdir("/proc/self/fd"):
             try:
                 fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) |
@@ -129,6 +156,9 @@ class _Pin:
             self.fd, self.path = fd, Path(f"/proc/self/fd/{fd}")
             pin_name(str(self.path), str(root))
             weakref.finalize(self, _unpin, fd, str(self.path), os.getpid())
+
+    def release(self) -> None:
+        self.lease.release()
 
 
 def _unpin(fd: int, path: str, pid: int) -> None:
