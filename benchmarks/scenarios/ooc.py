@@ -23,6 +23,7 @@ import embstore
 from .. import data
 from ..common import Measurement, Skip, absolute, compare, evict, fmt, log, read_bytes
 from . import ooc_zstd, peers
+from .devlimit import DeviceReader
 
 NAME = "ooc"
 TITLE = "Out of core: cold batches (pages evicted), bytes read"
@@ -31,6 +32,7 @@ EMB = "embstore on-disk, no row cache"
 MMAP = "np.load(mmap_mode='r')[ids]"
 TS = "tensorstore"
 ZARR = "zarr-python oindex"
+DEV = "the device's limit: the same pages, O_DIRECT, 64 threads (C)"
 
 
 def run(ctx, res) -> None:
@@ -66,6 +68,23 @@ def _first_after_open(res, es, store, files, ids, tag, n, rb) -> None:
              "MiB", [mib])
     absolute(res, f"{tag}, {n:,} uniform ids, first batch after open: MiB read <= 1.2 x ids x "
              "max(row, 4 KiB)", m, at_most=1.2 * n * max(rb, 4096) / 2**20)
+
+
+def _device(res, npy, batches, tag):
+    """The device's limit on the same batches (:mod:`.devlimit`), or None (skipped)."""
+    try:
+        reader = DeviceReader()
+    except Skip as exc:
+        res.notes.append(f"{tag}: {DEV}: skipped: {exc}")
+        return None
+    try:
+        ms = [reader.ms(npy, ids) for ids in batches]  # (O_DIRECT: no page cache to evict)
+    except Skip as exc:
+        res.notes.append(f"{tag}: {DEV}: skipped: {exc}")
+        return None
+    finally:
+        reader.close()
+    return _add(res, f"cold uniform, {tag}", DEV, "limit", "ms", ms)
 
 
 def _load() -> str:
@@ -148,6 +167,11 @@ def _table(ctx, res, cfg, es, npy, store, rows, dim, *, first: bool) -> None:
                 target=("faster", 10))
         compare(res, f"{label}, cold: embstore vs zarr-python", cold[EMB], cold.get(ZARR),
                 target=("faster", None))
+        dev = _device(res, npy, batches, tag)
+        if dev is not None:
+            compare(res, f"{label}, cold: embstore vs the device's limit", cold[EMB], dev)
+            compare(res, f"{label}, cold: the device's limit vs np.memmap (the largest "
+                    "speed-up the disk allows)", dev, cold[MMAP], target=("faster", None))
         compare(res, f"{label}, warm: embstore vs np.memmap", warm[EMB], warm[MMAP])
         compare(res, f"{label}, warm: embstore vs tensorstore", warm[EMB], warm.get(TS),
                 target=("faster", None))

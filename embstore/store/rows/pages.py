@@ -111,11 +111,34 @@ class PageChecks:
         self.ends: dict[int, int] = {}  # chunks checked against a later commit's checksums
         self._lock = threading.Lock()
 
+    def _crc_path(self, k: int) -> str:
+        return os.path.join(self.crc_root, *self.layout.chunk_key(k).split(
+            self.layout.separator))
+
+    def prefetch(self, pages: np.ndarray) -> None:
+        """Start reading the checksum files of the chunks of ``pages`` (sorted) not loaded
+        yet, without waiting: a cold batch asks for them before its rows, so the check does
+        not wait for them one by one afterwards (2 GiB table, 16,384 cold ids: 32 files
+        read in turn took 19 of 200 ms)."""
+        if not pages.size or not hasattr(os, "posix_fadvise"):
+            return
+        ks = pages // self.ppc
+        for k in ks[np.r_[True, ks[1:] != ks[:-1]]].tolist():  # a loop per chunk
+            if k in self._crcs:
+                continue
+            try:
+                fd = open_regular(self._crc_path(k))
+            except OSError:
+                continue  # (the check reports it)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
     def crcs(self, k: int) -> np.ndarray:
         got = self._crcs.get(k)
         if got is None:
-            path = os.path.join(self.crc_root, *self.layout.chunk_key(k).split(
-                self.layout.separator))
+            path = self._crc_path(k)
             try:
                 got = read_crc_file(path, self.ppc)
             except FileNotFoundError:
