@@ -4,7 +4,8 @@ The chunk files are mapped side by side in one reserved address range, each the 
 a read reaches it, so rows are one ``(rows, dim)`` view and a gather is one ``np.take``:
 no index, no per-chunk grouping.  Before rows are returned, the pages they lie on that this
 process has not checked yet are checked against ``page_crc`` (:mod:`.pages`); cold pages are
-asked for all at once first (:mod:`embstore.store.shard.prefetch`).  A write stages new chunk files
+asked for all at once (:mod:`embstore.store.shard.prefetch`), by a pool thread a slice at a
+time while the caller checks the slices already asked for.  A write stages new chunk files
 (copies of the touched chunks with the rows patched in, their page checksums updated)
 through the table's transaction, as format 1 stages shards.
 """
