@@ -105,8 +105,8 @@ class RowLayout:
                     (chunk[0] * dim * record.code.itemsize) % PAGE and rows > chunk[0]:
                 return None  # several chunks must sit on whole pages to be mapped as one
             sep = cke.get("configuration", {}).get("separator", "/")
-            if float(meta.get("fill_value") or 0.0) != 0.0:
-                return None
+            if sep != "/" or float(meta.get("fill_value") or 0.0) != 0.0:
+                return None  # ("." keys: the generic Zarr reader reads them)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError):
             return None
         return cls(rows=rows, dim=dim, dtype=record.code, chunk_rows=int(chunk[0]),

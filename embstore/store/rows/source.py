@@ -16,6 +16,7 @@ import ctypes
 import os
 import threading
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,10 @@ __all__ = ["PagedSource"]
 
 _HUGE = 2 << 20  # the range's alignment
 _ASK_SLICE = 1024  # cold pages asked for at a time while the ones before are checked
+
+
+def _chunk_file(array: Path, k: int) -> str:
+    return str(array / "c" / str(k) / "0")  # (RowLayout.from_metadata: separator "/" only)
 
 
 class _Unmap:
@@ -132,8 +137,7 @@ class PagedSource(LayoutSource):
         return self._rl
 
     def chunk_path(self, k: int) -> str:
-        L = self._rl
-        return str(self.root / self.name / Path(*L.chunk_key(k).split(L.separator)))
+        return _chunk_file(self.root / self.name, k)
 
     def crc_path(self, k: int) -> str:
         L = self._rl
@@ -144,9 +148,11 @@ class PagedSource(LayoutSource):
         if r is None or c is None:
             with self._lock:
                 if self._range is None or self._checks is None:
-                    self._range = _Range(self._rl, self.chunk_path)
-                    self._checks = PageChecks(self._rl, str(self.root / self.crc_name),
-                                              self.chunk_path)
+                    # (a function of the path, not a bound method: no cycle, so a source
+                    # a refresh left goes, and its version's lease with it, when unused)
+                    where = partial(_chunk_file, self.root / self.name)
+                    self._range = _Range(self._rl, where)
+                    self._checks = PageChecks(self._rl, str(self.root / self.crc_name), where)
                 r, c = self._range, self._checks
         return r, c
 
