@@ -38,7 +38,6 @@ from ...ids import unique_ints
 __all__ = ["PagedSource"]
 
 _HUGE = 2 << 20  # the range's alignment
-_ASK_SLICE = 1024  # cold pages asked for at a time while the ones before are checked
 
 
 def _chunk_file(array: Path, k: int) -> str:
@@ -170,7 +169,9 @@ class PagedSource(LayoutSource):
         if pages.size >= prefetch.MIN_PAGES:  # pages read for the first time: ask for all
             checks.prefetch(pages)  # (their checksums first)
             self.cold_hint = True
-            self._ask_and_check(pages, r, checks)
+            # (asked for by a pool thread a slice at a time, each checked once asked for)
+            prefetch.willneed_and(r.base + pages * PAGE, PAGE,
+                                  lambda a, b: self._check_pages(pages[a:b], r, checks))
             return r.view
         if ids.size >= 512:
             k = min(prefetch.SAMPLES, ids.size // 512)
@@ -181,34 +182,6 @@ class PagedSource(LayoutSource):
         self.cold_hint = cold
         self._check_pages(pages, r, checks)
         return r.view
-
-    def _ask_and_check(self, pages: np.ndarray, r: _Range, checks: PageChecks) -> None:
-        """Ask for ``pages`` (sorted) and check them, overlapped: a pool thread asks for them
-        a slice at a time (the call returns when the device has taken the slice's reads:
-        2 GiB table, 16,384 cold ids, 150 of 200 ms) while this one checks each slice once
-        it is asked for (its faults then wait for reads in flight, never start their own)."""
-        at = r.base + pages * PAGE
-        n = pages.size
-        if n < 2 * _ASK_SLICE or threading.current_thread().name.startswith("embstore-codec"):
-            prefetch.willneed(at, at + PAGE)
-            self._check_pages(pages, r, checks)
-            return
-        cuts = [*range(0, n, _ASK_SLICE), n]
-        asked = [threading.Event() for _ in cuts[1:]]
-
-        def ask() -> None:
-            for j, ev in enumerate(asked):  # a loop per slice (a few)
-                try:
-                    prefetch.willneed(at[cuts[j]:cuts[j + 1]], at[cuts[j]:cuts[j + 1]] + PAGE)
-                finally:
-                    ev.set()
-        fut = pool().submit(ask)
-        try:
-            for j, ev in enumerate(asked):
-                ev.wait()
-                self._check_pages(pages[cuts[j]:cuts[j + 1]], r, checks)
-        finally:
-            fut.result()
 
     def _check_pages(self, pages: np.ndarray, r: _Range, checks: PageChecks) -> None:
         """``checks.check``, with a mismatch confirmed before it is called damage: a commit

@@ -50,11 +50,15 @@ import os
 import platform
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from ..codecs import pool
+
 __all__ = ["available", "advise_random", "advise_sequential", "is_cold", "willneed",
-           "PAGE", "SAMPLES"]
+           "willneed_and", "PAGE", "SAMPLES"]
 
 PAGE = mmap.PAGESIZE
 #: pages per advice at most (4 MiB): the kernel caps one WILLNEED at its read-ahead window
@@ -67,6 +71,8 @@ SAMPLES = 16
 MIN_PAGES = 8
 _MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_WILLNEED = 1, 2, 3
 _IOV_MAX = 1024
+#: ranges asked for at a time by :func:`willneed_and` while the ones before are used
+ASK_SLICE = 1024
 _NR_PROCESS_MADVISE = {"x86_64": 440, "aarch64": 440, "arm64": 440}
 
 
@@ -183,3 +189,35 @@ def willneed(starts: np.ndarray, stops: np.ndarray) -> int:
     for a, n in iov.tolist():
         s.madvise(a, n, _MADV_WILLNEED)
     return total
+
+
+def willneed_and(starts: np.ndarray, size: int, use: Callable[[int, int], Any]) -> None:
+    """Ask for the ranges ``[starts, starts + size)`` (sorted addresses) and call
+    ``use(a, b)`` on ``starts[a:b]``, slice after slice, overlapped: a pool thread asks for
+    them :data:`ASK_SLICE` at a time (the call returns only when the device has taken the
+    slice's reads: a 2 GiB table's 16,384 cold pages, 150 of 200 ms) while this thread uses
+    each slice once it is asked for (its faults then wait for reads in flight, never start
+    their own).  Slices of 1,024 / 2,048 / 4,096 pages: 178 / 185 / 190 ms a batch there,
+    all asked for before any use 200 ms.  Few ranges, or a call from the pool itself: ask,
+    then use, in this thread."""
+    n = starts.size
+    if n < 2 * ASK_SLICE or threading.current_thread().name.startswith("embstore-codec"):
+        willneed(starts, starts + size)
+        use(0, n)
+        return
+    cuts = [*range(0, n, ASK_SLICE), n]
+    asked = [threading.Event() for _ in cuts[1:]]
+
+    def ask() -> None:
+        for j, ev in enumerate(asked):  # a loop per slice (a few)
+            try:
+                willneed(starts[cuts[j]:cuts[j + 1]], starts[cuts[j]:cuts[j + 1]] + size)
+            finally:
+                ev.set()
+    fut = pool().submit(ask)
+    try:
+        for j, ev in enumerate(asked):
+            ev.wait()
+            use(cuts[j], cuts[j + 1])
+    finally:
+        fut.result()
