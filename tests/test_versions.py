@@ -366,6 +366,48 @@ def test_readers_never_see_part_of_a_commit(tmp_path):
     assert len(models) > 3  # the readers saw the table change
 
 
+def test_a_row_cache_never_mixes_versions_under_a_refreshing_handle(tmp_path):
+    """Threads look rows up through a row cache while another refreshes the handle and a
+    process rewrites the whole table (value k at commit k): every lookup holds one value
+    (rows cached from one version never join rows read from another)."""
+    p = tmp_path / "t"
+    n, d = 4096, 8
+    embstore.save(p, np.zeros((n, d), np.float32), format_version=2).close()
+    code = ("import numpy as np, embstore\n"
+            f"t = embstore.open({str(p)!r}, mode='r+')\n"
+            "for k in range(1, 61):\n"
+            f"    t.write(np.arange({n}), np.full(({n}, {d}), k, np.float32))\n")
+    writer = subprocess.Popen([sys.executable, "-c", code])
+    mixed, lookups, errors = [0], [0], []
+    done = threading.Event()
+    with embstore.open(p, cache_bytes="16MB") as t:
+        def read(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            while not done.is_set():
+                try:
+                    rows = t[rng.integers(0, n, 64)]
+                except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                    errors.append(repr(exc))
+                    continue
+                mixed[0] += int(rows.min() != rows.max())
+                lookups[0] += 1
+
+        def refresh() -> None:
+            while not done.is_set():
+                t.refresh()
+        threads = [threading.Thread(target=read, args=(s,)) for s in range(3)]
+        threads.append(threading.Thread(target=refresh))
+        for th in threads:
+            th.start()
+        assert writer.wait(timeout=300) == 0
+        done.set()
+        for th in threads:
+            th.join()
+        t.refresh()
+        assert (t[np.arange(n)] == 60).all() and t.cache_info().hits > 0
+    assert errors == [] and lookups[0] > 100 and mixed[0] == 0
+
+
 def test_threads_sharing_a_refreshing_handle(t2, E):
     """One thread refreshes a handle in a loop while three look rows up through it and a
     writer commits: no error, and every lookup is one version's rows."""

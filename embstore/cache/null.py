@@ -21,7 +21,8 @@ class NullCache:
 
     def gather(self, ids: np.ndarray, out: np.ndarray | None,
                fetch: Callable[[np.ndarray, np.ndarray], None],
-               take: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+               take: Callable[[np.ndarray], np.ndarray] | None = None,
+               owner: object = None) -> np.ndarray:
         """As :meth:`RowCache.gather` with nothing cached: ``take(ids)`` or ``fetch``."""
         if out is None and take is not None:
             return take(ids)
@@ -31,8 +32,11 @@ class NullCache:
             fetch(ids, out)
         return out
 
-    def warm(self, ids: np.ndarray, fetch, *, block: int = 65536) -> int:
+    def warm(self, ids: np.ndarray, fetch, *, block: int = 65536, owner: object = None) -> int:
         return 0
+
+    def bind(self, owner: object) -> None:
+        pass
 
     def invalidate(self, ids: np.ndarray) -> None:
         pass

@@ -6,9 +6,8 @@ cells) goes with it.  The number of slots is chosen so that rows plus bookkeepin
 ``capacity_bytes`` (the cache never holds more than its budget), and never exceeds the
 table's row count: a small table gets a small cache whatever the budget.  Nothing is
 allocated when a table opens; the slot matrix and the bookkeeping start small on first use
-and double as rows come in (2,000 open tables cost nothing; a 128 KB table's cache is
-never more than 128 KB of rows).
-A batch costs a handful of NumPy operations over its ids: a vectorised hash probe (one
+and double as rows come in.  It holds the rows of one source (:meth:`RowCache.bind`: a
+table's current version).  A batch costs a handful of NumPy operations over its ids: a vectorised hash probe (one
 round per step of linear probing), one gather of the hits, one fetch of all the batch's
 misses through the read path, and eviction of the least recently used slots by
 ``np.argpartition`` of their stamps (slots never used are filled first, with no scan).
@@ -21,16 +20,15 @@ while a large cold batch (a scan, uniformly random ids) copies little into the c
 so costs about what the read path costs; rows that recur (the head of a Zipf
 distribution) enter on their second use at the latest.
 
-``warm(ids)`` loads the given rows (hottest first) and holds them: traffic never evicts a
-held row, it is cached in the other slots (LRU); with as many ids as slots the cache is a
-fixed cache of the hottest rows, which an LRU filled by Zipf traffic does not reach (it
-reads 1.26-1.33x the rows of one in steady state).
+``warm(ids)`` loads the given rows (hottest first) and holds them: traffic, cached LRU in
+the other slots, never evicts them; with as many ids as slots the cache is a fixed cache
+of the hottest rows (an LRU under Zipf traffic reads 1.26-1.33x its rows).
 
 Counting (``cache_info``): every requested id counts once (duplicates in a batch included):
 a *hit* if its row was cached when the batch started, a *miss* otherwise.  ``evictions``
-counts rows dropped to make room (not rows dropped because they were written).  ``bytes``
-is ``entries * row_bytes`` (the row data held; rows plus bookkeeping stay <= capacity).  ``warm``
-and ``cache_clear`` do not count hits or misses; ``cache_clear`` resets all counters.
+counts rows dropped to make room (not rows written).  ``bytes`` is ``entries * row_bytes``
+(rows plus bookkeeping stay <= capacity).  ``warm`` and ``cache_clear`` count no hits or
+misses; ``cache_clear`` resets all counters.
 """
 
 from __future__ import annotations
@@ -48,10 +46,9 @@ from .slots import EMPTY as _EMPTY, MULT as _MULT, TOMB as _TOMB, SlotIndex
 
 __all__ = ["CacheInfo", "RowCache", "parse_bytes"]
 
-#: A batch caches at most this many of its first-time misses (all of them in a small
-#: batch, as a plain LRU does), plus every row missed before (see ``RowCache._admit``).
-ADMIT_ALL_BELOW = 2048
+ADMIT_ALL_BELOW = 2048  # first-time misses a batch caches at most (``RowCache._admit``)
 _FIRST_SLOTS = 4096  # slots allocated on first use; doubled as they fill
+
 
 class CacheInfo(NamedTuple):
     hits: int = 0
@@ -141,6 +138,7 @@ class RowCache(SlotIndex):
         self._seen_count = 0
         self._clock = 0
         self._gen = 0
+        self._owner: Any = None  # the source whose rows are held (bind)
         self.hits = self.misses = self.evictions = 0
 
     def _after_fork(self) -> None:
@@ -198,10 +196,14 @@ class RowCache(SlotIndex):
     # -- lookups ----------------------------------------------------------------------
     def gather(self, ids: np.ndarray, out: np.ndarray | None,
                fetch: Callable[[np.ndarray, np.ndarray], None],
-               take: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+               take: Callable[[np.ndarray], np.ndarray] | None = None,
+               owner: Any = None) -> np.ndarray:
         """Rows ``ids`` (validated 1-D int64) into ``out`` (returned), reading misses with
         ``fetch(ids, out)`` in one call.  With ``out=None`` a new array is returned; when
-        nothing hits, it is ``take(ids)`` itself (no extra copy), if ``take`` is given."""
+        nothing hits, it is ``take(ids)`` itself (no extra copy), if ``take`` is given.
+        ``owner``: the source ``fetch`` reads; the cache holds the rows of the source it is
+        bound to (:meth:`bind`) only: a lookup through another (a version a refresh
+        replaced) reads every row from it and caches none, so it never mixes two."""
         n = ids.size
         if out is None and (take is None or n == 0):
             out = np.empty((n, self.dim), dtype=self.dtype)
@@ -211,7 +213,10 @@ class RowCache(SlotIndex):
         with self._lock:
             self._clock += 1
             tick, gen = self._clock, self._gen
-            cell = self._probe(ids)
+            if owner is not None and owner is not self._owner:  # (bound to a newer one)
+                gen, cell = -1, np.full(n, -1, dtype=np.int64)  # read all, cache none
+            else:
+                cell = self._probe(ids)
             hit = cell >= 0
             nh = int(np.count_nonzero(hit))
             self.hits += nh
@@ -339,7 +344,7 @@ class RowCache(SlotIndex):
 
     # -- maintenance ----------------------------------------------------------------------
     def warm(self, ids: np.ndarray, fetch: Callable[[np.ndarray, np.ndarray], None],
-             *, block: int = 65536) -> int:
+             *, block: int = 65536, owner: Any = None) -> int:
         """Load rows ``ids`` (validated, 1-D) and hold them: traffic never evicts them (it
         has the other slots, LRU), only the next ``warm`` (which releases the rows held
         before), a write to them, or ``clear``.  Hits are not counted.
@@ -369,7 +374,7 @@ class RowCache(SlotIndex):
             fetch(part, rows)
             with self._lock:
                 self._clock += 1
-                if gen == self._gen:  # (a write meanwhile: these rows may be stale)
+                if gen == self._gen and (owner is None or owner is self._owner):
                     self._insert(part, rows, self._clock, pin=True)
         return self.pinned
 
@@ -388,6 +393,16 @@ class RowCache(SlotIndex):
             self._slot_id[slots] = -1
             self._stamp[slots] = -1
             self._entries -= int(cell.size)
+
+    def bind(self, owner: Any) -> None:
+        """Hold the rows of source ``owner`` from now on (a new one: the rows held dropped,
+        the statistics kept); lookups through another bypass the cache (:meth:`gather`)."""
+        with self._lock:
+            if owner is not self._owner:
+                gen, stats = self._gen, (self.hits, self.misses, self.evictions)
+                self._reset()  # (which zeroes the generation: gathers begun before must
+                self._gen, self._owner = gen + 1, owner  # still find it changed)
+                self.hits, self.misses, self.evictions = stats
 
     def clear(self, *, keep_stats: bool = False) -> None:
         """Drop every row and (unless ``keep_stats``) reset the statistics."""

@@ -66,14 +66,12 @@ class ZarrTable(Table):
         self._root: Any = None  # the directory rows are read from (a version's snapshot)
         self._overlays: Overlays | None = None
         self._pin: Any = None  # the version's directory held open, and its lease
-        # a URL (s3://...): ``remote`` holds storage_options, cache_dir, cache_dir_bytes
-        self._remote = remote if is_url(path) else None
+        self._remote = remote if is_url(path) else None  # (storage_options, cache_dir, ...)
         if remote and self._remote is None:
             raise InvalidTypeError(f"{', '.join(remote)}: options of tables on object storage "
                             f"(URLs), not of the local path {path!r}")
-        # a str for a URL, a Path on disk (Any: the local code below never sees a URL)
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
-            os.fspath(path)).absolute()
+            os.fspath(path)).absolute()  # (a str for a URL, a Path on disk)
         self._vocab_obj: DiskVocab | MemoryKeyIndex | SegmentedVocab | None = None
         self._seen_commit: str | None = None
         self._subwords: Subwords | None = None  # opened on first use
@@ -91,6 +89,7 @@ class ZarrTable(Table):
         self._load_meta()
         self._cache = make_cache(self._cache_budget(cache_bytes), self.dim, self.dtype,
                                  self.vocab_size)
+        self._cache.bind(self._source)
         self._cache.cheap_reads = self._source.cheap_reads
         self._cache.reads_cold = lambda: self._source.reads_cold()
 
@@ -184,7 +183,7 @@ class ZarrTable(Table):
         src = self._source  # once: a refresh() in another thread swaps it
         with memory_refused(ids.shape + (self.dim,), self.dtype):  # not NumPy's MemoryError
             rows = self._cache.gather(ids.reshape(-1), None if out is None else out.reshape(
-                -1, self.dim), src.gather, src.take)
+                -1, self.dim), src.gather, src.take, src)  # (src's rows only: never mixed)
         return rows.reshape(ids.shape + (self.dim,)) if out is None else out
 
     def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -201,7 +200,8 @@ class ZarrTable(Table):
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self._check_open()
-        self._cache.gather(ids, out, self._source.gather)
+        src = self._source
+        self._cache.gather(ids, out, src.gather, None, src)
 
     @property
     def row_source(self):
@@ -217,7 +217,6 @@ class ZarrTable(Table):
         src = self._source
         return history.plain(src.norms) if isinstance(src, NormsSource) else None
 
-
     def _read_rows(self, start: int, stop: int) -> np.ndarray:  # scans bypass the row cache
         self._check_open()
         return self._source.read(start, max(start, stop))
@@ -230,7 +229,8 @@ class ZarrTable(Table):
         local table)."""
         self._check_open()
         ids = as_ids(ids, self.vocab_size).reshape(-1)
-        return self._cache.warm(ids, self._source.gather)
+        src = self._source
+        return self._cache.warm(ids, src.gather, owner=src)
 
     @property
     def subwords(self) -> Subwords | None:
@@ -349,7 +349,7 @@ class ZarrTable(Table):
             if old_vocab is not None:
                 old_vocab.close()
         self._cache.resize_for(self.vocab_size)
-        self._cache.clear(keep_stats=True)
+        self._cache.bind(self._source)  # (the old version's rows dropped, in one step)
 
     def refresh(self) -> None:
         """Move to the newest version (row count, rows, keys): until then a handle reads
