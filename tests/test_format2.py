@@ -16,6 +16,7 @@ import embstore
 from embstore import CorruptStoreError, InvalidOptionError
 from embstore.cli import cli
 from embstore.dtypes import DTYPES
+from refreshing import hammer
 
 V, D = 5000, 48  # 192-byte rows: a row may straddle two pages
 
@@ -217,9 +218,8 @@ def test_refresh_under_readers_and_a_writer_never_breaks_a_lookup(tmp_path, E):
             "    t.append(np.full((40, 48), i, np.float32))\n")
     writer = subprocess.Popen([sys.executable, "-c", code])
     errors: list[str] = []
-    done = threading.Event()
     with embstore.open(tmp_path / "t") as t:
-        def read(seed: int) -> None:
+        def read(seed: int, done: threading.Event) -> None:
             rng = np.random.default_rng(seed)
             while not done.is_set():
                 ids = rng.integers(0, V, 300)
@@ -228,18 +228,8 @@ def test_refresh_under_readers_and_a_writer_never_breaks_a_lookup(tmp_path, E):
                         errors.append("other rows")
                 except Exception as exc:  # noqa: BLE001 - any failure is the finding
                     errors.append(f"{type(exc).__name__}: {exc}")
-
-        def refresh() -> None:
-            while not done.is_set():
-                t.refresh()
-        threads = [threading.Thread(target=read, args=(s,)) for s in range(3)]
-        threads.append(threading.Thread(target=refresh))
-        for th in threads:
-            th.start()
-        assert writer.wait(timeout=120) == 0
-        done.set()
-        for th in threads:
-            th.join()
+        hammer(t, read, lambda: writer.wait(timeout=120))
+        assert writer.returncode == 0
         t.refresh()
         assert t.shape == (V + 1000, D)
     assert errors == []
