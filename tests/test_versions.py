@@ -192,6 +192,28 @@ def test_what_a_refresh_left_to_a_reader_keeps_its_version(t2, E):
             assert w.vacuum() == []
 
 
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_format1_refresh_reloads_only_what_changed(tmp_path, E, compression):
+    """Format 1 (no versions): a refresh with no commit since keeps the row cache; one after
+    another handle's write, or after the table was saved over, reads the new rows."""
+    p = tmp_path / "t1"
+    embstore.save(p, E, format_version=1, compression=compression).close()
+    with embstore.open(p, cache_bytes="1MB") as t:
+        np.testing.assert_array_equal(t[[5, 6]], E[[5, 6]])
+        misses = t.cache_info().misses
+        t.refresh()
+        np.testing.assert_array_equal(t[[5, 6]], E[[5, 6]])
+        assert t.cache_info().misses == misses  # still cached
+        with embstore.open(p, "r+") as w:
+            w.write([5], np.full((1, D), 7, np.float32))
+        t.refresh()
+        np.testing.assert_array_equal(t[[5, 6]], np.r_[np.full((1, D), 7), E[[6]]])
+        embstore.save(p, E + 1, format_version=1, compression=compression,
+                      overwrite=True).close()
+        t.refresh()
+        np.testing.assert_array_equal(t[[5, 6]], E[[5, 6]] + 1)
+
+
 def test_a_refresh_lets_the_old_version_go_at_once(t2):
     """The sources of a version a refresh left hold no reference cycle: with the garbage
     collector off, each refresh drops the old lease, and the versions past the retention

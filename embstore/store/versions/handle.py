@@ -78,7 +78,7 @@ def open_version(t: ZarrTable) -> None:
 
 
 def _open_version(t: ZarrTable) -> None:
-    seen = last_commit(t.path)  # before the metadata: never newer
+    seen, sig = last_commit(t.path), _signature(t.path)  # before the metadata: never newer
     n = newest(t.path) if t._want_version is None else t._want_version
     overlays, pin = None, None
     if n is None:
@@ -107,13 +107,31 @@ def _open_version(t: ZarrTable) -> None:
                               pin)
     t.version = version  # (Table.version: what the handle reads)
     t._versioned = n is not None or is_versioned(t.path)
+    t._signature = None if t._versioned else sig  # (format 1: what refresh compares)
+
+
+def _signature(path: Path):
+    """What a format-1 table looks like from outside: its directory (a table saved over it
+    is another directory) and its metadata files, as ``stat`` sees them; None if absent."""
+    try:
+        return tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in (
+            os.stat(path), os.stat(path / "zarr.json"), os.stat(path / "vectors" / "zarr.json")))
+    except OSError:
+        return None
 
 
 def is_current(t: ZarrTable) -> bool:
     """Whether the version a handle reads is still the newest (``refresh`` has nothing to
     do): the same number and the same commit (a table replaced at the same path starts
-    its numbers again)."""
-    if t._version == 0 or not t._versioned:
+    its numbers again); format 1: the same last commit and the same directory and
+    metadata files as at open (a shard cache and a row cache then stay warm)."""
+    if t._remote is not None:
+        return False
+    if not t._versioned:
+        sig = t._signature  # (set by every local open)
+        return sig is not None and sig == _signature(t.path) and \
+            last_commit(t.path) == t._seen_commit
+    if t._version == 0:
         return False
     n = newest(t.path)
     if n is None or n != t._version:
