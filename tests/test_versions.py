@@ -384,6 +384,7 @@ def test_readers_never_see_part_of_a_commit(tmp_path):
     outs = [r.communicate(timeout=300)[0].split() for r in readers]
     assert [r.returncode for r in readers] == [0] * 4
     reads, torn, errors = (sum(int(o[j]) for o in outs) for j in range(3))
+    print(f"{reads} reads, {torn} torn, {errors} errors")  # (shown with pytest -s)
     assert reads >= 32 and torn == 0 and errors == 0
     assert max(int(o[3]) for o in outs) > 3  # the readers saw the table change
 
