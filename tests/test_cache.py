@@ -272,3 +272,17 @@ def test_the_default_row_cache_is_chosen_per_table(tmp_path):
         assert t.cache_info().capacity_bytes == 1 << 20
     with embstore.open(tmp_path / "zstd", cache_bytes=0) as t:
         assert t.cache_info().capacity_bytes == 0
+
+
+def test_the_row_cache_works_again_after_cache_clear(tmp_path):
+    """cache_clear drops the rows, not the cache's tie to the table's version: the next
+    lookups are cached again (they bypassed it for good once)."""
+    E = np.arange(3000 * 16, dtype=np.float32).reshape(3000, 16)
+    embstore.save(tmp_path / "t", E, format_version=2).close()
+    with embstore.open(tmp_path / "t", cache_bytes="1MB") as t:
+        t[[1, 2]]
+        t.cache_clear()
+        np.testing.assert_array_equal(t[[1, 2]], E[[1, 2]])
+        np.testing.assert_array_equal(t[[1, 2]], E[[1, 2]])
+        info = t.cache_info()
+        assert (info.hits, info.misses, info.entries) == (2, 2, 2)

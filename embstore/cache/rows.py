@@ -92,6 +92,7 @@ class RowCache(SlotIndex):
         self.reads_cold: Callable[[], bool] | None = None
         self._slot_id = None
         self._cap = 0  # slots allocated so far (rows and bookkeeping), <= slots
+        self._owner: Any = None  # the source whose rows are held (bind; clear keeps it)
         self.resize_for(rows)
         self._reset()
 
@@ -138,17 +139,22 @@ class RowCache(SlotIndex):
         self._seen_count = 0
         self._clock = 0
         self._gen = 0
-        self._owner: Any = None  # the source whose rows are held (bind)
         self.hits = self.misses = self.evictions = 0
+
+    def _drop(self, keep_stats: bool) -> None:
+        """Every row dropped (the lock held, or no other thread), the generation raised (a
+        gather begun before caches nothing); the bound source stays."""
+        gen, stats = self._gen, (self.hits, self.misses, self.evictions)
+        self._reset()
+        self._gen = gen + 1
+        if keep_stats:
+            self.hits, self.misses, self.evictions = stats
 
     def _after_fork(self) -> None:
         """In a forked child: another thread of the parent may have been mid-update, so
         drop every row (the statistics stay)."""
-        stats, gen = (self.hits, self.misses, self.evictions), self._gen
         self._slot_id = None
-        self._reset()
-        self.hits, self.misses, self.evictions = stats
-        self._gen = gen + 1
+        self._drop(keep_stats=True)
 
     def _allocate(self) -> None:
         if self._slot_id is None:
@@ -399,19 +405,13 @@ class RowCache(SlotIndex):
         the statistics kept); lookups through another bypass the cache (:meth:`gather`)."""
         with self._lock:
             if owner is not self._owner:
-                gen, stats = self._gen, (self.hits, self.misses, self.evictions)
-                self._reset()  # (which zeroes the generation: gathers begun before must
-                self._gen, self._owner = gen + 1, owner  # still find it changed)
-                self.hits, self.misses, self.evictions = stats
+                self._drop(keep_stats=True)
+                self._owner = owner
 
     def clear(self, *, keep_stats: bool = False) -> None:
         """Drop every row and (unless ``keep_stats``) reset the statistics."""
         with self._lock:
-            gen, stats = self._gen, (self.hits, self.misses, self.evictions)
-            self._reset()
-            self._gen = gen + 1
-            if keep_stats:
-                self.hits, self.misses, self.evictions = stats
+            self._drop(keep_stats)
 
     def info(self) -> CacheInfo:
         with self._lock:
