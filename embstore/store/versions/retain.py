@@ -2,9 +2,9 @@
 (docs/FORMAT.md V7).
 
 - A reader of a version holds a lease: the empty file
-  ``vectors/.embstore/readers/<host>-<pid>-<id>.<N>``, made at open, moved by ``refresh()``,
-  removed by ``close()`` (or when the handle is garbage collected; a killed reader's lease is
-  recognised by its process being gone).
+  ``vectors/.embstore/readers/<host>-<pid>-<id>.<N>``, made when a handle opens version N,
+  removed when nothing of the process reads it through that handle any more, or by
+  ``close()`` (a killed reader's lease is recognised by its process being gone).
 - :func:`vacuum` (under the writer lock) removes every version but the newest
   ``retain_versions`` (default :data:`RETAIN_VERSIONS`, or the group attribute
   ``embstore.retain_versions``) and those a lease holds: a lease of a live process of this
@@ -51,33 +51,24 @@ def _drop(path: str | None, pid: int | None = None) -> None:
 
 
 class Lease:
-    """The lease of one handle on one version (nothing at all where the table's directory
-    is not writable: such readers are not seen by ``vacuum``, which the docs say)."""
+    """The lease of one version, held by the pinned directory of every handle's source of
+    it (nothing at all where the table's directory is not writable: such readers are not
+    seen by ``vacuum``, which the docs say); dropped by ``release`` or when collected."""
 
     def __init__(self, root: Path, version: int):
         self.root = Path(root)
         self.id = uuid.uuid4().hex[:12]
-        self.path: str | None = None
-        self._finalizer: weakref.finalize | None = None
         self.pid = os.getpid()
-        self.move(version)
-
-    def move(self, version: int) -> None:
-        old = self.path
-        new: str | None = str(_readers(self.root) /
-                              f"{_HOST}-{os.getpid()}-{self.id}.{int(version)}")
+        self.path: str | None = str(_readers(self.root) /
+                                    f"{_HOST}-{self.pid}-{self.id}.{int(version)}")
         try:
-            assert new is not None
             real_dir(self.root, ("vectors", ".embstore", READERS), create=True)  # (no link)
-            os.close(create_new(new))
+            os.close(create_new(self.path))
         except OSError:  # (CorruptStoreError too: a link in its place: no lease)
-            new = None  # a read-only table (or a full disk): no lease
-        self.path = new
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        _drop(old, self.pid)  # (only the process that took it)
-        self.pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _drop, new, self.pid) if new else None
+            self.path = None  # a read-only table (or a full disk): no lease
+        # (only the process that took it drops it: a forked child's exit must not)
+        self._finalizer: weakref.finalize | None = (
+            weakref.finalize(self, _drop, self.path, self.pid) if self.path else None)
 
     def release(self) -> None:
         if self._finalizer is not None:
