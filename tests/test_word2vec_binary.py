@@ -111,17 +111,22 @@ def test_gensim_reads_the_same(tmp_path, newline):
     np.testing.assert_array_equal(got, kv.vectors)
 
 
+def _walk(succ: np.ndarray) -> list[int]:
+    """The chain from 0 through ``succ``, one step at a time (the reference)."""
+    walk, j = [], 0
+    while j < succ.size:
+        walk.append(j)
+        j = int(succ[j])
+    return walk
+
+
 def test_reachable_is_the_chain():
     """The candidates reachable from 0, checked against a walk, also on chains built so
     that the rounds give up (a false chain longer than MAX_STEPS: the walk takes over)."""
     rng = np.random.default_rng(0)
     for m in (1, 2, 10, 1000, 20_000):
         succ = np.minimum(np.arange(m) + rng.integers(1, 4, size=m), m)
-        walk, j = [], 0
-        while j < m:
-            walk.append(j)
-            j = int(succ[j])
-        np.testing.assert_array_equal(records.reachable(succ), walk)
+        np.testing.assert_array_equal(records.reachable(succ), _walk(succ))
     m = 2 * records.MAX_STEPS + 10  # 0 -> m; 1 -> 2 -> ... -> m: all of it false
     succ = np.append(m, np.arange(2, m + 1))
     np.testing.assert_array_equal(records.reachable(succ), [0])
@@ -130,11 +135,7 @@ def test_reachable_is_the_chain():
     np.testing.assert_array_equal(records.reachable(succ), np.arange(0, m, 2))
     for m in (1, 2, 3, 1000):
         succ = np.minimum(np.arange(m) + rng.integers(1, 5, size=m), m)
-        walk, j = [], 0
-        while j < m:
-            walk.append(j)
-            j = int(succ[j])
-        np.testing.assert_array_equal(records._doubling(succ), walk)
+        np.testing.assert_array_equal(records._doubling(succ), _walk(succ))
 
 
 BAD = [
@@ -254,6 +255,17 @@ def test_reader_closed_mid_file_stops_its_thread(tmp_path):
     assert _threads() == before
 
 
+def _fails_cleanly(src, tmp_path, match: str, **kw) -> None:
+    """Importing ``src`` into ``tmp_path / "t.emb"`` raises an ``OSError`` matching
+    ``match``, ends every thread it started and leaves nothing beside ``src``."""
+    before = _threads()
+    with pytest.raises(OSError, match=match):
+        embstore.import_file(src, tmp_path / "t.emb", **kw)
+    assert not (tmp_path / "t.emb").exists()
+    assert [x.name for x in tmp_path.iterdir()] == [src.name]
+    assert _threads() == before
+
+
 def test_import_whose_table_cannot_be_set_up_stops_the_parser(tmp_path, monkeypatch):
     import embstore.convert as convert
 
@@ -264,10 +276,7 @@ def test_import_whose_table_cannot_be_set_up_stops_the_parser(tmp_path, monkeypa
     p = tmp_path / "v.bin"
     p.write_bytes(_file([f"k{i}" for i in range(3000)], np.ones((3000, 4), np.float32),
                         newline=True))
-    before = _threads()
-    with pytest.raises(OSError, match="Permission denied"):
-        embstore.import_file(p, tmp_path / "t.emb", block_rows=100)
-    assert _threads() == before
+    _fails_cleanly(p, tmp_path, "Permission denied", block_rows=100)
 
 
 def test_import_of_a_file_with_an_error_leaves_nothing(tmp_path):
@@ -313,9 +322,5 @@ def test_a_failed_row_write_is_raised_and_leaves_nothing(tmp_path, monkeypatch):
     p = tmp_path / "v.bin"
     p.write_bytes(_file([f"k{i}" for i in range(40_000)], np.ones((40_000, 64), np.float32),
                         newline=True))
-    before = _threads()
-    with pytest.raises(OSError, match="No space left on device"):
-        embstore.import_file(p, tmp_path / "t.emb", block_rows=4000)
-    assert len(calls) >= 3 and not (tmp_path / "t.emb").exists()
-    assert [x.name for x in tmp_path.iterdir()] == ["v.bin"]
-    assert _threads() == before
+    _fails_cleanly(p, tmp_path, "No space left on device", block_rows=4000)
+    assert len(calls) >= 3
