@@ -365,14 +365,29 @@ print(reads, torn, errors, len(seen))
 """
 
 
-def test_readers_never_see_part_of_a_commit(tmp_path):
+#: every layout a writer may choose (and a table written as format 1, versioned in place by
+#: its first commit): readers see the same versioned table whatever the layout
+TORN_LAYOUTS = {
+    "rows": dict(format_version=2),
+    "zstd": dict(compression="zstd"),
+    "int8": dict(dtype="int8"),
+    "bfloat16": dict(dtype="bfloat16"),
+    "sharded": dict(chunk_rows=16, shard_rows=256),
+    "format1": dict(format_version=1, chunk_rows=16, shard_rows=256),
+}
+
+
+@pytest.mark.parametrize("layout", [
+    pytest.param(k, marks=[] if k in ("rows", "zstd") else [pytest.mark.slow])
+    for k in TORN_LAYOUTS])
+def test_readers_never_see_part_of_a_commit(tmp_path, layout):
     """4 reader processes (refreshing, and opening afresh; gathers and to_numpy) while a
     writer commits whole-table rewrites, random updates and appends with keys: each read
-    is exactly the table after one commit, keys included (EMBSTORE_TORN_COMMITS scales
-    it)."""
+    is exactly the table after one commit, keys included, whatever the layout
+    (EMBSTORE_TORN_COMMITS scales it)."""
     p = tmp_path / "t"
     embstore.save(p, np.zeros((ROWS, COLS), np.float32), keys=[f"r{i}" for i in range(ROWS)],
-                  format_version=2).close()
+                  **TORN_LAYOUTS[layout]).close()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = tmp_path / "done"
     readers = [subprocess.Popen([sys.executable, "-c", READER, str(p), str(done), str(s)],

@@ -30,8 +30,8 @@ def log_cmd(path, as_json, quiet):
         print_json({"path": str(path), "version": newest, "versions": entries})
         return
     if not entries:
-        say(f"{path}: no versions (a format-1 table: `embstore upgrade` gives it versions)",
-            quiet)
+        say(f"{path}: no versions yet (a format-1 table: its first write, or `embstore "
+            "upgrade`, gives it versions; a layout another Zarr tool wrote has none)", quiet)
         return
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"] or 0))

@@ -37,6 +37,9 @@ class RowSource(abc.ABC):
 
     #: reading a row costs about what a row-cache hit costs (uncompressed, memory-mapped)
     cheap_reads = False
+    #: writes change stored files in place (zarr-python's writes of a layout embstore does
+    #: not know): such a table cannot keep versions, which share unchanged files
+    writes_in_place = False
 
     @property
     def storage_dtype(self) -> str:

@@ -140,13 +140,14 @@ def upgrade(path: PathLike, *, cache_bytes: Bytes = "auto") -> ZarrTable:
     """Rewrite the format-1 table at ``path`` as format 2 (docs/FORMAT.md), in one step: the
     new table is written beside it and swapped in as ``save(..., overwrite=True)`` does, with
     its keys, n-grams, provenance attributes and approximate index; rows read back the same.
-    A compressed table keeps format 1 (its chunks cannot sit at a fixed stride) and is left
-    as it is; a format-2 table is left as it is.  Returns the table, opened read-only."""
+    Uncompressed rows become a row array (fixed stride, a crc32c per page); a compressed
+    table keeps its codec, chunks and shards.  A format-2 table is left as it is.  Returns
+    the table, opened read-only."""
     if is_url(path):
         raise ReadOnlyError(f"{path}: upgrade a local copy and copy it to object storage")
     with ZarrTable(path, cache_bytes=0) as src:
         info = src.info()
-        if info.get("format") == 2 or info["compression"] != "none":
+        if info.get("format") == 2:
             return ZarrTable(path, cache_bytes=cache_bytes)
         extra = {k: v for k, v in info.get("attributes", {}).items() if k not in _LAYOUT_ATTRS}
         ann = Path(os.fspath(path)) / "vectors" / ".embstore" / "ann"
@@ -156,7 +157,10 @@ def upgrade(path: PathLike, *, cache_bytes: Bytes = "auto") -> ZarrTable:
                 area = Path(staged) / "vectors" / ".embstore"
                 area.mkdir(parents=True, exist_ok=True)
                 shutil.copytree(ann, area / "ann", symlinks=False)
-        _write(path, src, None, chunk_rows=None, shard_rows=None, compression="none",
+        packed = info["compression"] not in ("none", None)  # (its codec, chunks and shards)
+        _write(path, src, None, chunk_rows=info["chunk_rows"] if packed else None,
+               shard_rows=info["shard_rows"] if packed else None,
+               compression=info["compression"] if packed else "none",
                overwrite=True, dtype=src.storage_dtype, format_version=2, attrs=extra,
                staging=carry)
     return ZarrTable(path, cache_bytes=cache_bytes)

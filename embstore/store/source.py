@@ -40,7 +40,7 @@ from .shard.write import rewrite_shard
 from .writer import set_rows
 
 __all__ = ["ShardSource", "ZarrSource", "CodedSource",
-           "check_side_meta", "open_source"]
+           "check_side_meta", "open_source", "keeps_versions"]
 
 
 class ShardSource(LayoutSource):
@@ -107,7 +107,10 @@ class ShardSource(LayoutSource):
 
 
 class ZarrSource(RowSource):
-    """Any other Zarr v3 layout of ``vectors``, through zarr-python."""
+    """Any other Zarr v3 layout of ``vectors``, through zarr-python (which writes chunks in
+    place: such a table has no versions)."""
+
+    writes_in_place = True
 
     def __init__(self, root: Path, mode: str, name: str = "vectors"):
         import zarr
@@ -262,6 +265,18 @@ def _open_array(root: Path, meta: dict, mode: str, name: str) -> RowSource:
     if layout is None:
         return ZarrSource(root, mode, name)
     return ShardSource(root, layout, name)
+
+
+def keeps_versions(src: RowSource) -> bool:
+    """Whether commits through ``src`` can make versions: no row array under it (the rows,
+    a side array, the norms) is written in place."""
+    todo, seen = [src], 0
+    while todo and seen < 64:  # a loop per wrapped source (a few)
+        obj, seen = todo.pop(), seen + 1
+        if obj.writes_in_place:
+            return False
+        todo.extend(v for v in vars(obj).values() if isinstance(v, RowSource))
+    return True
 
 
 def same_array(name: str, src: RowSource) -> RowSource:

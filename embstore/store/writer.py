@@ -1,5 +1,7 @@
-"""Writing new tables (format 2 for uncompressed rows, else format 1): the default layout
-and the streaming :class:`TableWriter` (see docs/FORMAT.md; shard files are written by :mod:`embstore.store.shard.write`)."""
+"""Writing new tables (format 2, versioned, whatever the layout of their row arrays: rows at
+a fixed stride, or sharded chunks with a codec): the default layout and the streaming
+:class:`TableWriter` (see docs/FORMAT.md; shard files are written by
+:mod:`embstore.store.shard.write`, row chunks by :mod:`embstore.store.rows.stream`)."""
 
 from __future__ import annotations
 
@@ -56,16 +58,21 @@ def _replace_json(path: str, update) -> None:
     atomic.replace(tmp, path)
 
 
-def default_format(row_bytes: int, chunk_rows: int | None, shard_rows: int | None,
-                   compression: str) -> int:
-    """The format of a new table when none is asked for: 2 (docs/FORMAT.md, "Format version
-    2") for uncompressed rows where this system maps them, unless a format-1 layout is asked
-    for (``chunk_rows`` or ``shard_rows``: format 1's inner chunks and shards; format 2's
-    64 MiB chunks are asked for with ``format_version=2, chunk_rows=...``)."""
-    if compression != "none" or shard_rows is not None or chunk_rows is not None or \
-            not arena.available():
-        return 1
-    return 2 if row_bytes > 0 else 1
+def rows_layout(row_bytes: int, chunk_rows: int | None, shard_rows: int | None,
+                compression: str, asked: int | None) -> bool:
+    """Whether ``vectors`` of a new table is a row array (rows at a fixed stride, a crc32c
+    per page: docs/FORMAT.md, "Array layouts") rather than sharded chunks with a codec.
+    By default: uncompressed rows where this system maps them, unless a sharded layout is
+    asked for (``chunk_rows`` or ``shard_rows``: inner chunks and shards).  With
+    ``format_version=2`` (``asked``) a row array's ~64 MiB chunks are asked for with
+    ``chunk_rows``; ``format_version=1`` (legacy tables) is always sharded.  The layout is
+    the writer's choice of speed or size: readers see the same versioned table either
+    way."""
+    if asked == 1 or compression != "none" or row_bytes <= 0 or shard_rows is not None:
+        return False
+    if asked == 2:
+        return True
+    return chunk_rows is None and arena.available()
 
 
 def set_rows(root: str, rows: int, name: str = "vectors", txn=None) -> None:
@@ -134,11 +141,10 @@ class TableWriter:
         if format_version is not None and format_version not in FORMATS:
             raise InvalidOptionError(f"format_version must be one of {FORMATS}, got "
                                      f"{format_version!r}")
-        if format_version is None:  # new tables: format 2 unless their layout is format 1's
-            format_version = default_format(self.dim * self.record.code.itemsize, chunk_rows,
-                                            shard_rows, compression)
-        # format 2 (rows at a fixed stride, page checksums) is for uncompressed rows
-        self.format = 2 if format_version == 2 and compression == "none" else 1
+        # every new table is format 2 (versioned); its row arrays' layout is chosen here
+        self.format = 1 if format_version == 1 else 2
+        self.rows_layout = rows_layout(self.dim * self.record.code.itemsize, chunk_rows,
+                                       shard_rows, compression, format_version)
         self._layout_args = (chunk_rows, shard_rows)
         choose_layout(self.dim, self.storage, expected_rows, chunk_rows=chunk_rows,
                       shard_rows=shard_rows, compression=compression)  # check arguments now
@@ -186,7 +192,7 @@ class TableWriter:
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
-        if self.format == 2:  # every row array: rows at a fixed stride (FORMAT.md V2)
+        if self.rows_layout:  # every row array: rows at a fixed stride (FORMAT.md V2)
             self._decide_rows(rows)
             self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync)
             return
@@ -368,7 +374,7 @@ class TableWriter:
                     set_rows(self._tmp, -(-self.rows // s.layout.chunk_rows),
                              os.path.basename(s.crc_root))
             set_rows(self._tmp, self.rows)
-            if self.format == 2:  # its first version (docs/FORMAT.md V5)
+            if self.format == 2:  # its first version, whatever its layout (FORMAT.md V5)
                 first_version(Path(self._tmp), {"kind": "save", "rows": int(self.rows)})
             atomic.check_dest(self.path, self.overwrite)
             self._swap_in()

@@ -32,7 +32,9 @@ LAYOUTS = {"raw": {}, "zstd": {"compression": "zstd"}}
 @pytest.fixture(scope="module", params=sorted(LAYOUTS), ids=sorted(LAYOUTS))
 def store(request, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("good") / "t"
-    embstore.save(path, ARR, keys=KEYS, chunk_rows=CHUNK, shard_rows=SHARD,
+    # format 1 (tables written before format 2, unversioned until their first commit):
+    # its live files are what readers read, and they must stay safe to open
+    embstore.save(path, ARR, keys=KEYS, chunk_rows=CHUNK, shard_rows=SHARD, format_version=1,
                   **LAYOUTS[request.param]).close()
     return path
 

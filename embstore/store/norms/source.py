@@ -31,7 +31,7 @@ from ..base import RowSource
 from ..rows.layout import RowLayout, choose_chunk_rows, crc_array
 from ..rows.stream import PagedStream, create_paged_array
 from ..rows.source import PagedSource
-from ..source import ShardSource, open_source, same_array
+from ..source import ShardSource, keeps_versions, open_source, same_array
 from ..versions.delta import Overlays
 from ..versions.snapshot import newest, read_manifest, snapshot_root
 from ..writer import set_rows
@@ -205,7 +205,7 @@ def store_norms(path: PathLike, *, lock_timeout: float | None = None) -> int:
         here, wrap = _newest(root)  # format 2: the newest version's rows, deltas on top
         _, meta = read_table_meta(here)
         source = open_source(here, meta, "r", wrap)
-        txn = Transaction(root)
+        txn = Transaction(root, versioned=keeps_versions(source))
         txn.change = {"kind": "norms"}
         try:
             rows, _ = source.shape

@@ -18,11 +18,11 @@ from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from ...ids import refuse_existing
 from ...keys.index import DiskVocab
 from ...keys.segments import SegmentedVocab
-from ..commit import Transaction, is_versioned, last_commit
+from ..commit import Transaction, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
 from ..base import RowSource
-from ..source import open_source, same_array
+from ..source import keeps_versions, open_source, same_array
 from .delta import Overlays, OverlaySource, write_delta
 from .keydelta import encoded_new_keys, fold_keys, key_entries, stage_keys
 from .retain import Lease, vacuum
@@ -81,8 +81,10 @@ def _open_version(t: ZarrTable) -> None:
     seen, sig = last_commit(t.path), _signature(t.path)  # before the metadata: never newer
     n = newest(t.path) if t._want_version is None else t._want_version
     overlays, pin = None, None
-    if n is None:
-        root, version = t.path, 0
+    if n is None:  # no version yet: a write still goes to a delta (never over live files
+        root, version = t.path, 0  # a reader of them may read), its commit version 1
+        if t.mode == "r+":
+            overlays = Overlays(root, {"deltas": []}, writable=True)
     else:
         root, version = snapshot_root(t.path, n), n
         if not root.is_dir():
@@ -97,6 +99,12 @@ def _open_version(t: ZarrTable) -> None:
     attrs, meta = read_table_meta(root)
     wrap = overlays.wrap if overlays is not None else same_array
     source = attach_norms(root, open_source(root, meta, t.mode, wrap), wrap)
+    # every table's commits make versions (a format-1 table's first commit makes it
+    # versioned in place), but not a layout zarr-python writes in place (another tool's)
+    versioned = n is not None or keeps_versions(source)
+    if not versioned and overlays is not None:  # (its writes: zarr-python's, no deltas)
+        source.close()
+        overlays, source = None, attach_norms(root, open_source(root, meta, t.mode))
     if pin is not None:
         hold(source, pin)
     has_keys = bool(attrs.get("has_keys", (root / "keys").is_dir()))
@@ -106,8 +114,8 @@ def _open_version(t: ZarrTable) -> None:
      t._vocab_obj, t._pin) = (root, version, overlays, seen, attrs, source, has_keys, None,
                               pin)
     t.version = version  # (Table.version: what the handle reads)
-    t._versioned = n is not None or is_versioned(t.path)
-    t._signature = None if t._versioned else sig  # (format 1: what refresh compares)
+    t._versioned = versioned
+    t._signature = sig if n is None else None  # (no version yet: what refresh compares)
 
 
 def _signature(path: Path):
@@ -127,12 +135,10 @@ def is_current(t: ZarrTable) -> bool:
     metadata files as at open (a shard cache and a row cache then stay warm)."""
     if t._remote is not None:
         return False
-    if not t._versioned:
+    if t._version == 0:  # no version yet (format 1, another tool's layout)
         sig = t._signature  # (set by every local open)
         return sig is not None and sig == _signature(t.path) and \
             last_commit(t.path) == t._seen_commit
-    if t._version == 0:
-        return False
     n = newest(t.path)
     if n is None or n != t._version:
         return False
