@@ -104,7 +104,7 @@ def test_an_on_disk_table_pickles_as_its_path(tmp_path, weights):
     t.close()
 
 
-FORMATS = {1: {"chunk_rows": 4, "shard_rows": 16}, 2: {}}  # (format 2: the default)
+FORMATS = {1: {"chunk_rows": 4, "shard_rows": 16, "format_version": 1}, 2: {}}
 
 
 @pytest.mark.parametrize("fmt", [1, 2])

@@ -193,13 +193,13 @@ def test_upgrade_rewrites_a_format_1_table(tmp_path, E):
     assert res.exit_code == 0 and "format 2 (nothing to do)" in res.output
 
 
-def test_upgrade_leaves_compressed_tables_as_they_are(tmp_path, E):
-    embstore.save(tmp_path / "z", E, compression="zstd").close()
+def test_upgrade_leaves_compressed_format2_tables_as_they_are(tmp_path, E):
+    embstore.save(tmp_path / "z", E, compression="zstd").close()  # format 2 already
     res = CliRunner().invoke(cli, ["upgrade", str(tmp_path / "z")])
     assert res.exit_code == 0, res.output
-    assert "format 1 (nothing to do: compressed tables keep format 1)" in res.output
+    assert "format 2 (nothing to do)" in res.output
     with embstore.open(tmp_path / "z") as t:
-        assert t.info()["format"] == 1
+        assert t.info()["format"] == 2 and t.info()["compression"] == "zstd"
         np.testing.assert_array_equal(t.to_numpy(), E)
 
 

@@ -36,8 +36,9 @@ def alarm():
     signal.signal(signal.SIGALRM, old)
 
 
-def _table(path, **kw):
-    embstore.save(path, E, keys=KEYS, chunk_rows=8, shard_rows=16, **kw).close()
+def _table(path, **kw):  # format 1: its live files are what readers read
+    embstore.save(path, E, keys=KEYS, chunk_rows=8, shard_rows=16, format_version=1,
+                  **kw).close()
     return path
 
 
@@ -72,7 +73,8 @@ def test_a_fifo_in_a_store_is_refused_without_blocking(tmp_path, alarm, rel):
 
 def test_a_shard_symlinked_to_another_table_is_refused(tmp_path):
     a, b = _table(tmp_path / "a"), tmp_path / "b"
-    embstore.save(b, E * 0 + 5, keys=KEYS, chunk_rows=8, shard_rows=16).close()
+    embstore.save(b, E * 0 + 5, keys=KEYS, chunk_rows=8, shard_rows=16,
+                  format_version=1).close()
     os.remove(a / "vectors/c/1/0")
     os.symlink(b / "vectors/c/1/0", a / "vectors/c/1/0")  # read silently before
     with embstore.open(a) as t:

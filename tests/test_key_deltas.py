@@ -131,14 +131,15 @@ def test_a_damaged_key_delta_is_refused_and_reported(tmp_path):
     assert not report.ok and "the key delta is damaged" in str(report)
 
 
-def test_format_1_appends_keep_rewriting_the_index(tmp_path):
+def test_a_format_1_tables_first_append_makes_key_deltas_and_a_version(tmp_path):
     path = tmp_path / "t1"
     keys = [f"w{i}" for i in range(500)]
     embstore.save(path, _rows(500, 0), keys=keys, format_version=1).close()
+    assert not (path / "vectors" / ".embstore" / "versions").exists()
     with embstore.open(path, "r+") as t:
         t.append(_rows(20, 3), keys=[f"n{i}" for i in range(20)])
-        assert not isinstance(t._vocab(), SegmentedVocab)
-    assert not (path / "vectors" / ".embstore" / "versions").exists()
+        assert isinstance(t._vocab(), SegmentedVocab) and t.version == 1
+    assert (path / "vectors" / ".embstore" / "versions" / "1").is_dir()
     with embstore.open(path) as t:
         assert list(t.keys) == keys + [f"n{i}" for i in range(20)]
     shutil.rmtree(path)

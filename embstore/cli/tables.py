@@ -182,9 +182,10 @@ def repair_cmd(path, as_json, quiet):
 @click.argument("path", type=TABLE)
 @options
 def upgrade_cmd(path, as_json, quiet):
-    """Rewrite the format-1 table at PATH as format 2 (rows at a fixed stride, a checksum
-    per 4 KiB page: docs/FORMAT.md), in one step: written beside PATH and swapped in, keys,
-    n-grams and the approximate index kept.  Compressed tables keep format 1.
+    """Rewrite the format-1 table at PATH as format 2 (versioned; uncompressed rows at a
+    fixed stride with a checksum per 4 KiB page, a compressed table's codec, chunks and
+    shards kept: docs/FORMAT.md), in one step: written beside PATH and swapped in, keys,
+    n-grams and the approximate index kept.
 
     \b
     Example:
@@ -199,8 +200,7 @@ def upgrade_cmd(path, as_json, quiet):
         print_json({"path": os.fspath(path), "format_before": was, "format": now})
     elif not quiet:
         click.echo(f"{path}: format {was} -> {now}" if now != was else
-                   f"{path}: format {now} (nothing to do"
-                   + (": compressed tables keep format 1)" if now == 1 else ")"))
+                   f"{path}: format {now} (nothing to do)")
 
 
 @click.command("similar", short_help="Nearest rows by cosine similarity.")

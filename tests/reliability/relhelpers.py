@@ -34,6 +34,16 @@ FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
                                        HealthCheck.function_scoped_fixture])
 
 
+def table_dirs(path: Path) -> list[Path]:
+    """The table at ``path`` and its newest version's snapshot directory, if it has one
+    (readers read the snapshot; Zarr readers and copies made file by file, the live tree):
+    a damage test damages both."""
+    versions = Path(path) / "vectors" / ".embstore" / "versions"
+    found = sorted((int(p.name), p) for p in versions.glob("*") if p.name.isdigit()) \
+        if versions.is_dir() else []
+    return [Path(path)] + ([found[-1][1]] if found else [])
+
+
 @contextmanager
 def time_limit(seconds: float, what: str):
     """Fail (instead of hanging) when the block runs longer than ``seconds``."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from relhelpers import assert_clean_error, invoke
+from relhelpers import assert_clean_error, invoke, table_dirs
 
 import embstore
 from embstore.errors import CorruptStoreError
@@ -76,8 +76,8 @@ def ref_vector(word: str) -> np.ndarray:
 def imported(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("derived")
     write_model(d / "model.bin")
-    # format 1 (a shard size asked for): the damage below is done to the live files, which a
-    # format-2 table's readers do not read (they read its version: docs/FORMAT.md V5)
+    # the damage below is done to the live files and to the newest version's (its snapshot
+    # directory, which readers read: docs/FORMAT.md V5), as the two share their files
     res = invoke(["import", d / "model.bin", d / "good.emb", "--quiet", "--shard-rows", "4096"])
     assert res.exit_code == 0, res.output
     return d / "good.emb"
@@ -138,7 +138,8 @@ def test_unusable_ngrams_are_reported_and_refused(imported, tmp_path, case):
     damage, pattern = CASES[case]
     path = tmp_path / "t.emb"
     shutil.copytree(imported, path)
-    damage(path)
+    for root in table_dirs(path):
+        damage(root)
     res = invoke(["verify", path])
     assert res.exit_code == 1, res.output
     assert "Traceback" not in res.output
