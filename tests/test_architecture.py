@@ -130,7 +130,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walker_sees_the_package():
     graph = _graph()
     assert "embstore.store.table" in MODULES and "embstore.formats" in MODULES
-    assert "embstore.store.commit" in graph["embstore.store.table"]
+    assert "embstore.store.versions.commit" in graph["embstore.store.table"]
     assert "embstore.formats" in graph["embstore.formats.npy"]  # from . import ...
 
 
@@ -335,7 +335,7 @@ RENAME_ALLOWED = {
     "embstore.fs.atomic": "the one helper: write beside, then rename into place",
     "embstore.fs.beside": "the helper's mechanics (the exchange, the fallback's two renames, "
                           "putting back a table a killed swap set aside)",
-    "embstore.store.commit": "the commit protocol: the journal's rename is the commit point and "
+    "embstore.store.versions.commit": "the commit protocol: the journal's rename is the commit point and "
                              "the roll-forward renames staged files over live ones, exactly "
                              "one rename(2) each, no stat before it (see the module doc)",
 }

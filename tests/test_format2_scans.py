@@ -12,7 +12,7 @@ from google_crc32c import value as crc32c
 import embstore
 from embstore import CorruptStoreError
 from embstore.convert import export_table
-from embstore.store.commit import Transaction
+from embstore.store.versions.commit import Transaction
 from embstore.store.rows import runs, verify as rows_verify
 
 V, D, CR = 10_000, 300, 2048  # 1,200-byte rows (across pages); chunks of 600 pages, 5 files

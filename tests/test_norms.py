@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import embstore
 from embstore.cli import cli
-from embstore.store.commit import Transaction
+from embstore.store.versions.commit import Transaction
 from embstore.store.norms.source import has_norms, store_norms
 from killchild import child_script, run_child
 

@@ -24,7 +24,7 @@ write time with :class:`FormatError`, and simply miss at lookup.
 
 An append writes the four index arrays (O(V): append in batches) and the grown
 ``keys`` into a transaction's staging directory; the store's commit protocol
-(:mod:`embstore.store.commit`) replaces the live files in that order, all or
+(:mod:`embstore.store.versions.commit`) replaces the live files in that order, all or
 nothing.  A reader takes its size from ``keys`` (capped by the row count) and
 maps the arrays through directory descriptors, so it sees one consistent
 snapshot (rows past it are skipped); while a commit replaces the files it

@@ -4,7 +4,7 @@
 by streaming the table's rows and saves it at ``<table>/vectors/.embstore/ann/``
 (``index.faiss``, ``lists.ivfdata``, ``lists.crc32c``, ``meta.json``): written beside,
 fsynced and renamed into place, in the table's private area where Zarr readers never
-look.  Nothing of it is trusted blindly (:mod:`embstore.search.integrity`): checksums, layout and
+look.  Nothing of it is trusted blindly (:mod:`embstore.store.annfiles`): checksums, layout and
 sizes are checked on open, each list on first touch, every returned id against the table.  Searches read
 ``index.faiss`` (the centroids: a few MB) and map ``lists.ivfdata``: the lists are not
 read in; the pages of the lists a search probes come in as it scans them.
@@ -29,7 +29,7 @@ The search effort is ``nprobe``, the number of lists scanned (``ef`` of ``most_s
 ``recall``, 0.99 by default), so hard data (real embeddings) gets a larger default than
 well-clustered data.  A search probes at least enough lists to hold about ``2 k`` rows.
 
-The metadata records the table's last commit (:func:`embstore.store.commit.last_commit`)
+The metadata records the table's last commit (:func:`embstore.store.versions.commit.last_commit`)
 and row count when the index was built: after a ``write`` or ``append`` the index is
 *stale*; searches then warn (:class:`StaleIndexWarning`) and answer exactly instead.
 Zero rows are left out of a cosine index (their cosine is undefined: they never rank).
@@ -55,14 +55,14 @@ from ..fs.beside import fsync_path as _fsync
 from ..fs.beside import sweep_beside
 from .._types import PathLike
 from .._version import __version__
-from . import integrity as check
+from ..store import annfiles as check
 from .ivf import DATA_FILE, FEATURE, INDEX_FILE, IvfIndex, build_ivf
 from ..errors import (CorruptStoreError, DestinationExistsError, IndexNotFoundError,
                       ShapeMismatchError)
 from ..fs.files import open_regular, read_small, real_dir
 from ..ids import one_of, positive_int
 from ..optional import require
-from ..store.commit import AREA, LAST, area_of, last_commit
+from ..store.versions.commit import AREA, LAST, area_of, last_commit
 from ..store.meta import read_table_meta
 from ..store.table import ZarrTable
 from ..store.table import open as open_table

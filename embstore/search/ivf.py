@@ -21,7 +21,7 @@ Open: ``index.faiss`` is read (its stored data file name rewritten to the absolu
 of ``lists.ivfdata`` beside it, so the table directory can be moved) and
 ``lists.ivfdata`` is mapped read-only once its size was checked against the header:
 nothing of the lists is read until a search touches them, and each list is checked
-against its crc32c the first time a search probes it (:mod:`embstore.search.integrity`).
+against its crc32c the first time a search probes it (:mod:`embstore.store.annfiles`).
 (FAISS's ``IO_FLAG_ONDISK_SAME_DIR`` does the same but prints to stdout.)
 """
 
@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import integrity as check
-from .integrity import DATA_FILE, INDEX_FILE, LIST_SUMS
+from ..store import annfiles as check
+from ..store.annfiles import DATA_FILE, INDEX_FILE, LIST_SUMS
 from ..errors import CorruptStoreError, IndexNotFoundError, TableChangedError
 from ..fs.files import map_file, open_regular
 from ..optional import require
@@ -297,7 +297,7 @@ def _open_all(path: Path, sums: dict | None) -> tuple[bytes, int, int | None]:
 
 
 class IvfIndex:
-    """An IVF index opened read-only, its lists mapped, checked as :mod:`embstore.search.integrity`
+    """An IVF index opened read-only, its lists mapped, checked as :mod:`embstore.store.annfiles`
     says (``meta``: its ``meta.json``, None while building)."""
 
     def __init__(self, path: Path, meta: dict | None = None):

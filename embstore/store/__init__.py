@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from .commit import repair
+from .versions.commit import repair
 from .build import create, save, upgrade
 from .table import ZarrTable, open  # noqa: A004
 from .verify import Damage, VerifyReport

@@ -14,7 +14,7 @@ import abc
 import numpy as np
 
 from .codecs import Layout
-from .commit import Transaction
+from .versions.commit import Transaction
 
 __all__ = ["RowSource", "LayoutSource"]
 

@@ -5,7 +5,7 @@ about files they do not know).  ``flock`` locks belong to an open file descripti
 two handles in one process exclude each other as two processes do; the lock goes with
 the descriptor when a process dies, so a killed writer never leaves a stale lock.
 Readers never take it (except, without waiting, to finish a commit a dead writer left:
-:mod:`embstore.store.commit`).
+:mod:`embstore.store.versions.commit`).
 
 A forked child inherits the descriptor, and with it the lock (the open file description
 is shared): a fork while a thread of the parent held it left the lock held for as long as

@@ -12,17 +12,20 @@ from __future__ import annotations
 import json
 import os
 import stat
+import uuid
 from pathlib import Path
 from typing import TypeGuard
 
 from ..dtypes import STORAGE_DTYPES
 from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
+from ..fs import atomic
 from ..fs.files import MAX_JSON_BYTES, link_below, open_regular, read_small
 
-FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 2 where they can be
+FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 2
 
 __all__ = ["FORMATS", "check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
-           "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES"]
+           "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES", "write_json",
+           "replace_json", "set_data_type", "set_rows"]
 
 MAX_INNER_CHUNKS = 1 << 24  # inner chunks per shard: an index of at most 256 MiB
 MAX_BYTES = 1 << 60  # logical bytes of a table
@@ -250,3 +253,48 @@ def refresh_consolidated(root: Path, staged: dict[str, Path]) -> dict | None:
         return doc
     doc["consolidated_metadata"] = {**cm, "metadata": members}
     return doc
+
+
+# -- writing metadata documents ----------------------------------------------------------
+def write_json(path, doc: dict, *, fsync: bool = True) -> None:
+    """Write ``doc`` to the new file ``path`` (fsynced, unless the caller does it)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def set_data_type(path: str, name: str) -> None:
+    replace_json(path, lambda doc: doc.update(data_type=name))
+
+
+def replace_json(path: str, update) -> None:
+    """Edit a JSON file atomically (temporary file + rename)."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    update(doc)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    atomic.replace(tmp, path)
+
+
+def set_rows(root: str, rows: int, name: str = "vectors", txn=None) -> None:
+    """Set the row count of the array ``name`` at ``root``: stage its zarr.json with ``rows``
+    rows in the transaction ``txn`` (fsynced with its other files), or without ``txn``
+    replace it in place (temporary file + rename: a table being built, nobody reads it)."""
+    def upd(doc):
+        doc["shape"][0] = int(rows)
+    live = os.path.join(root, name, "zarr.json")
+    if txn is None:
+        replace_json(live, upd)
+        return
+    with open(live, encoding="utf-8") as f:
+        doc = json.load(f)
+    upd(doc)
+    dest = txn.file(f"{name}/zarr.json")
+    write_json(dest, doc, fsync=False)
+    txn.sync_later(dest)

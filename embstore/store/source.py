@@ -29,15 +29,14 @@ import numpy as np
 
 from ..errors import CorruptStoreError, FormatError
 from .codecs import Layout
-from .meta import check_vectors_meta, read_json
+from .meta import check_vectors_meta, read_json, set_rows
 from ..dtypes import DTYPES, StorageDtype
 from .base import LayoutSource, RowSource
-from .commit import Transaction
+from .versions.commit import Transaction
 from .rows.layout import RowLayout, crc_array
 from .rows.source import PagedSource
 from .shard.read import ShardReader
 from .shard.write import rewrite_shard
-from .writer import set_rows
 
 __all__ = ["ShardSource", "ZarrSource", "CodedSource",
            "check_side_meta", "open_source", "keeps_versions"]

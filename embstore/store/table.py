@@ -23,7 +23,7 @@ from ..cache.null import make_cache
 from ..errors import (CorruptStoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
                       ReadOnlyError)
 from ..fs.beside import sweep_beside
-from .commit import last_commit, recover, settle
+from .versions.commit import last_commit, recover, settle
 from .lock import writer_lock
 from ..fs.forksafe import renew_after_fork
 from ..ids import as_ids, memory_refused

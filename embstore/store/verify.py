@@ -30,9 +30,9 @@ from ..keys.segments import SegmentedVocab
 from .codecs import Layout
 from .rows.layout import PAGE_CRC, RowLayout, crc_array
 from .rows.verify import verify_rows
-from ..search.integrity import verify_index
+from .annfiles import verify_index
 from ..fs.files import real_dir
-from .commit import AREA, last_commit, settle
+from .versions.commit import AREA, last_commit, settle
 from .versions.delta import check_delta
 from .versions.keydelta import KEYS, check_key_delta, open_vocab
 from .versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest,
@@ -341,7 +341,7 @@ def _too_long(root: Path, name: str, report: VerifyReport) -> bool:
 
 def _index_note(root: Path, report: VerifyReport) -> str:
     """What the approximate index (embstore/search/ann.py) is: checked
-    (embstore/search/integrity.py), its damage reported ("" if there is none)."""
+    (embstore/store/annfiles.py), its damage reported ("" if there is none)."""
     try:
         home = real_dir(root, ("vectors", AREA[0], "ann"))
         note, problems = verify_index(home, report.vocab_size, last_commit(root))

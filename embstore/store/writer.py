@@ -5,9 +5,7 @@ a fixed stride, or sharded chunks with a codec): the default layout and the stre
 
 from __future__ import annotations
 
-import json
 import os
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -29,33 +27,16 @@ from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_
 from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side, decoded_norms
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
-from .commit import first_version
-from .meta import FORMATS, MAX_DIM
+from .versions.commit import first_version
+from .meta import FORMATS, MAX_DIM, set_data_type, set_rows
 from .shard import arena
 from .rows.layout import PAGE, choose_chunk_rows, min_chunk_rows
 from .rows.stream import PagedStream, create_row_arrays
-from .shard.write import AsyncWrites, BackgroundSync, RowStream, write_json
+from .shard.write import AsyncWrites, BackgroundSync, RowStream
 
-__all__ = ["TableWriter", "set_rows", "check_dtype", "check_storage"]
+__all__ = ["TableWriter", "check_dtype", "check_storage"]
 
 DECIDE_BYTES = 8 << 20  # pending bytes that make a table "large" (default layout)
-
-
-def _set_data_type(path: str, name: str) -> None:
-    _replace_json(path, lambda doc: doc.update(data_type=name))
-
-
-def _replace_json(path: str, update) -> None:
-    """Edit a JSON file atomically (temporary file + rename)."""
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    update(doc)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    atomic.replace(tmp, path)
 
 
 def rows_layout(row_bytes: int, chunk_rows: int | None, shard_rows: int | None,
@@ -73,24 +54,6 @@ def rows_layout(row_bytes: int, chunk_rows: int | None, shard_rows: int | None,
     if asked == 2:
         return True
     return chunk_rows is None and arena.available()
-
-
-def set_rows(root: str, rows: int, name: str = "vectors", txn=None) -> None:
-    """Set the row count of the array ``name`` at ``root``: stage its zarr.json with ``rows``
-    rows in the transaction ``txn`` (fsynced with its other files), or without ``txn``
-    replace it in place (temporary file + rename: a table being built, nobody reads it)."""
-    def upd(doc):
-        doc["shape"][0] = int(rows)
-    live = os.path.join(root, name, "zarr.json")
-    if txn is None:
-        _replace_json(live, upd)
-        return
-    with open(live, encoding="utf-8") as f:
-        doc = json.load(f)
-    upd(doc)
-    dest = txn.file(f"{name}/zarr.json")
-    write_json(dest, doc, fsync=False)
-    txn.sync_later(dest)
 
 
 class TableWriter:
@@ -203,7 +166,7 @@ class TableWriter:
         meta = arr.metadata.to_dict()
         if record.zarr_dtype != record.name:  # zarr-python 3.1 has no bfloat16: uint16 first
             meta["data_type"] = record.name
-            _set_data_type(os.path.join(self._tmp, "vectors", "zarr.json"), record.name)
+            set_data_type(os.path.join(self._tmp, "vectors", "zarr.json"), record.name)
         layout = Layout.from_metadata(meta)
         assert layout is not None and layout.has_crc
         self._layout = layout
@@ -233,7 +196,7 @@ class TableWriter:
                                      f"format 2 needs whole 4 KiB pages (a multiple of "
                                      f"{min_chunk_rows(rb)} rows)")
         stream, rl = create_row_arrays(self._group, self._tmp, self.record, self.dim, cr,
-                                       self._sync, _set_data_type)
+                                       self._sync, set_data_type)
         self._streams = [stream]
         self._layout = Layout(rows=0, dim=self.dim, dtype=rl.dtype, chunk_rows=cr, shard_rows=cr,
                               compression="none", has_crc=False, index_crc=False,

@@ -1,4 +1,4 @@
-"""A damaged or foreign approximate index (embstore/search/integrity.py, docs/FORMAT.md §5) is
+"""A damaged or foreign approximate index (embstore/store/annfiles.py, docs/FORMAT.md §5) is
 reported, never trusted: flipped bits, another table's ``index.faiss``, an edited row id,
 truncated files, a flipped header byte, a ``meta.json`` with the wrong dim or garbage.
 

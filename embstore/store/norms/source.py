@@ -22,7 +22,7 @@ import numpy as np
 from ..._types import PathLike
 from ...errors import CorruptStoreError, FormatError
 from ..codecs import Layout
-from ..commit import Transaction, recover
+from ..versions.commit import Transaction, recover
 from ..lock import writer_lock
 from ..meta import read_json, read_table_meta
 from .calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms, stored_rows
@@ -34,7 +34,7 @@ from ..rows.source import PagedSource
 from ..source import ShardSource, keeps_versions, open_source, same_array
 from ..versions.delta import Overlays
 from ..versions.snapshot import newest, read_manifest, snapshot_root
-from ..writer import set_rows
+from ..meta import set_rows
 
 __all__ = ["NormsSource", "attach_norms", "store_norms", "check_norms", "has_norms",
            "norms_in_one_pass", "compare_norms"]

@@ -24,10 +24,10 @@ import numpy as np
 from ...errors import CorruptStoreError, unpinned
 from ..shard import prefetch
 from ..codecs import pool
-from ..commit import Transaction, settle
+from ..versions.commit import Transaction, settle
 from ..shard import arena
 from ..base import LayoutSource
-from ..writer import set_rows
+from ..meta import set_rows
 from .append import append_rows
 from .layout import PAGE, PAGE_CRC, RowLayout, open_chunk
 from ..meta import read_json

@@ -9,7 +9,6 @@ int8 tables, one for ``row_scale``.
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +18,7 @@ from ...fs.checksum import crc32c
 from ..codecs import ABSENT, Layout, encode_chunks
 from .read import ShardReader
 
-__all__ = ["RowStream", "ShardStream", "BackgroundSync", "rewrite_shard", "write_json"]
+__all__ = ["RowStream", "ShardStream", "BackgroundSync", "rewrite_shard"]
 
 STREAM_CHUNKS = 256  # inner chunks encoded per write while streaming a shard
 
@@ -125,15 +124,6 @@ class AsyncWrites:
             self._pool = None
 
 
-def write_json(path, doc: dict, *, fsync: bool = True) -> None:
-    """Write ``doc`` to the new file ``path`` (fsynced, unless the caller does it)."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-
-
 class RowStream:
     """The shard files of the array at ``root`` (a directory), written front to back."""
 
@@ -194,7 +184,7 @@ def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.nda
 
     ``valid_rows`` rows of the shard are inside the array after the change.  Untouched chunks
     are copied as stored; touched ones are decoded, patched and encoded again.  The caller's
-    transaction (:mod:`embstore.store.commit`) renames ``dest`` over the shard at commit.
+    transaction (:mod:`embstore.store.versions.commit`) renames ``dest`` over the shard at commit.
     """
     L = reader.layout
     cr = L.chunk_rows

@@ -31,7 +31,7 @@ from ..shard.write import BackgroundSync, RowStream
 from ..base import RowSource
 from ..source import ShardSource, ZarrSource
 from ..codecs import choose_layout
-from ..writer import set_rows
+from ..meta import set_rows
 
 __all__ = ["NGRAMS", "NgramWriter", "Subwords", "subword_attrs", "check_subwords"]
 

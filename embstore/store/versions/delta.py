@@ -31,7 +31,7 @@ from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
 from ...fs.files import create_new, open_regular
 from ..base import RowSource
-from ..commit import Transaction
+from .commit import Transaction
 from .snapshot import DELTAS
 
 __all__ = ["write_delta", "read_delta", "check_delta", "OverlaySource", "Overlays", "MAGIC",

@@ -18,7 +18,7 @@ from ...errors import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from ...ids import refuse_existing
 from ...keys.index import DiskVocab
 from ...keys.segments import SegmentedVocab
-from ..commit import Transaction, last_commit
+from .commit import Transaction, last_commit
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
 from ..base import RowSource

@@ -24,7 +24,7 @@ from ...keys.hashing import EncodedKeys, encode_keys, hash_encoded
 from ...keys.index import DiskVocab, MemoryKeyIndex
 from ...keys.mapped import stage_keys_array
 from ...keys.segments import KeySegment, SegmentedVocab
-from ..commit import Transaction
+from .commit import Transaction
 from .delta import read_framed, write_framed
 from .snapshot import DELTAS
 

@@ -24,7 +24,7 @@ import weakref
 from pathlib import Path
 
 from ...fs.files import create_new, real_dir
-from ..commit import retire_version
+from .commit import retire_version
 from .snapshot import list_versions, read_manifest, snapshot_root, versions_dir
 
 __all__ = ["Lease", "vacuum", "version_log", "RETAIN_VERSIONS", "LEASE_SECONDS",

@@ -11,7 +11,7 @@ by every version (one inode, many names); removing a version removes its names, 
 file's bytes go when no version (and no live name) links it any more.
 
 A snapshot is built as ``versions/<N>.tmp-<txn>`` and renamed to ``versions/<N>`` when
-its commit is rolled forward (:mod:`embstore.store.commit`): a directory named by a bare
+its commit is rolled forward (:mod:`embstore.store.versions.commit`): a directory named by a bare
 number is complete.
 """
 

@@ -37,14 +37,14 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import CorruptStoreError, LockTimeoutError
-from ..fs.beside import fsync_all
-from ..fs.beside import fsync_path as _fsync
-from ..fs.beside import remove_quietly, sweep_beside
-from ..fs.files import create_new, open_regular, read_small, real_dir
-from .lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
-from .meta import refresh_consolidated
-from .versions.snapshot import VERSIONS, build_snapshot, versions_dir
+from ...errors import CorruptStoreError, LockTimeoutError
+from ...fs.beside import fsync_all
+from ...fs.beside import fsync_path as _fsync
+from ...fs.beside import remove_quietly, sweep_beside
+from ...fs.files import create_new, open_regular, read_small, real_dir
+from ..lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
+from ..meta import refresh_consolidated
+from .snapshot import VERSIONS, build_snapshot, versions_dir
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "is_versioned", "AREA"]
 
@@ -80,7 +80,7 @@ class Transaction:
         self.moves: list[tuple[str, str]] = []  # (staged name in the area, live path)
         self.committed = False
         self._after: list[Callable[[], None]] = []
-        # format 2: the commit also makes a version (a snapshot, :mod:`.versions.snapshot`)
+        # format 2: the commit also makes a version (a snapshot, :mod:`.snapshot`)
         self.versioned = is_versioned(self.root) if versioned is None else bool(versioned)
         self.deltas: dict[str, Path] = {}  # array -> staged delta file (format 2)
         self.clear_deltas = False  # a compaction: the new version has no deltas
@@ -89,7 +89,7 @@ class Transaction:
         self._snapshot: str | None = None
 
     def delta(self, array: str) -> Path:
-        """A path to write the delta file of ``array`` (:mod:`.versions.delta`) to; it
+        """A path to write the delta file of ``array`` (:mod:`.delta`) to; it
         becomes part of the version this commit makes."""
         if not self.versioned:
             raise CorruptStoreError(f"{self.root}: deltas belong to format-2 tables",

@@ -1,4 +1,5 @@
-"""Checking the approximate index before it is trusted (docs/FORMAT.md §5).
+"""The approximate index's files in a table (docs/FORMAT.md §5): names, layout, and the
+checks made before the index is trusted.
 
 The index (:mod:`embstore.search.ann`, :mod:`embstore.search.ivf`) is four files in
 ``vectors/.embstore/ann/``; ``meta.json`` records (``checksums``) the size and crc32c of
