@@ -212,3 +212,48 @@ def test_early_format_2_store_with_format_1_norms_keeps_reading_and_changing(tmp
         assert rows.shape == (103, 8) and t.lookup_keys(["y"])[0].tolist() == rows[101].tolist()
         np.testing.assert_array_equal(rows[1:100], want[1:])
     assert embstore.verify(copy).ok
+
+
+#: format 2 in the sharded layouts (tools/make_fixtures.py GOLDEN_V2_SHARDED): name -> layout
+V2_SHARDED = {"sharded-zstd": {"compression": "zstd", **LAYOUT},
+              "sharded-none": dict(LAYOUT),
+              "sharded-int8-blosc": {"compression": "blosc", "dtype": "int8", **LAYOUT}}
+
+
+@pytest.mark.parametrize("name", sorted(V2_SHARDED))
+def test_golden_format_2_sharded_store_reads_back_and_is_rewritten_byte_for_byte(
+        tmp_path, name, monkeypatch):
+    """``golden-v2-sharded-*`` freeze format 2's sharded layouts (a codec and a crc32c per
+    chunk): rows (zarr-python's codes decoded independently for int8), keys and verify;
+    ``save`` with the same layout writes the same bytes, its version 1 hard links to them."""
+    import embstore.keys.writer
+
+    layout = V2_SHARDED[name]
+    values, keys = golden_data()
+    golden = DATA / f"golden-v2-{name}"
+    want_rows = _want_rows(layout.get("dtype", "float32"), values, golden)
+    with embstore.open(golden) as t:
+        info = t.info()
+        assert info["format"] == 2 and t.version == 0  # (frozen without its private area)
+        assert (info["chunk_rows"], info["shard_rows"]) == (16, 64)
+        assert info["compression"] == layout.get("compression", "none")
+        np.testing.assert_array_equal(t.to_numpy(), want_rows)
+        assert list(t.keys) == keys
+    assert embstore.verify(golden).ok
+    hex_key = json.loads((golden / "key_hash" / "zarr.json").read_text())[
+        "attributes"]["embstore_key_index"]["key"]
+    monkeypatch.setattr(embstore.keys.writer, "new_hash_key",
+                        lambda: (int(hex_key[:16], 16), int(hex_key[16:], 16)))
+    fresh = tmp_path / "t"
+    embstore.save(fresh, values, keys=keys, **layout).close()
+    want, got = _files(golden), _files(fresh)
+    snap = "vectors/.embstore/versions/1/"
+    private = {rel[len(snap):]: p for rel, p in got.items() if rel.startswith(snap)}
+    assert set(private) == set(want) | {"manifest.json"}
+    assert all(private[rel].stat().st_ino == got[rel].stat().st_ino for rel in want)
+    assert any(rel.startswith("vectors/c/") for rel in want)
+    for rel, path in want.items():
+        if path.name == "zarr.json":
+            assert _json_without_created_by(got[rel]) == _json_without_created_by(path), rel
+        else:
+            assert got[rel].read_bytes() == path.read_bytes(), rel

@@ -12,7 +12,8 @@ with keys, chunk_rows 16, shard_rows 64, written by ``embstore.save``), and one 
 storage dtype (``golden-v1-float16``, ``-float64``, ``-bfloat16``, ``-int8``: the record's
 ``golden`` in :mod:`embstore.dtypes`), and the format-2 stores ``golden-v2-<dtype>`` (every
 storage dtype, default format-2 layout; ``golden-v2-early-<dtype>`` are the first format-2
-stores, whose ``norms`` and ``row_scale`` were format-1 arrays: kept, read back only).  They freeze the
+stores, whose ``norms`` and ``row_scale`` were format-1 arrays: kept, read back only), and
+``golden-v2-sharded-<...>`` (format 2 in the sharded layouts: ``GOLDEN_V2_SHARDED``).  They freeze the
 on-disk format: tests/test_golden.py reads them back exactly and checks that ``save``
 still writes the same bytes.  Regenerate them only for a deliberate format change.
 """
@@ -34,6 +35,11 @@ VALUES = np.array([[0.1, -0.25, 3.0, 1e-3],
 
 
 GOLDEN_LAYOUT = {"chunk_rows": 16, "shard_rows": 64}  # two shards, a partial last chunk
+#: format 2's sharded layouts (golden-v2-<name>): chunks with a codec and a crc32c each
+GOLDEN_V2_SHARDED = {"sharded-zstd": {"compression": "zstd", **GOLDEN_LAYOUT},
+                     "sharded-none": dict(GOLDEN_LAYOUT),
+                     "sharded-int8-blosc": {"compression": "blosc", "dtype": "int8",
+                                            **GOLDEN_LAYOUT}}
 
 
 def golden_data() -> tuple[np.ndarray, list[str]]:
@@ -62,18 +68,25 @@ def golden_stores() -> None:
     for compression in ("none", "zstd"):
         path = os.path.join(DATA, f"golden-v1-{compression}")
         shutil.rmtree(path, ignore_errors=True)
-        embstore.save(path, values, keys=keys, compression=compression, **GOLDEN_LAYOUT).close()
+        embstore.save(path, values, keys=keys, compression=compression, format_version=1,
+                      **GOLDEN_LAYOUT).close()
     from embstore.dtypes import DTYPES
     for record in DTYPES.values():  # one golden store per storage dtype (float32: "none")
         if record.golden != "golden-v1-none":
             path = os.path.join(DATA, record.golden)
             shutil.rmtree(path, ignore_errors=True)
-            embstore.save(path, values, keys=keys, dtype=record.name, **GOLDEN_LAYOUT).close()
+            embstore.save(path, values, keys=keys, dtype=record.name, format_version=1,
+                          **GOLDEN_LAYOUT).close()
     for record in DTYPES.values():  # format 2: every storage dtype (uncompressed only)
         path = os.path.join(DATA, f"golden-v2-{record.name}")
         shutil.rmtree(path, ignore_errors=True)
         embstore.save(path, values, keys=keys, dtype=record.name, format_version=2).close()
         # the table's files only: its private area (version 1's hard links) is not frozen
+        shutil.rmtree(os.path.join(path, "vectors", ".embstore"))
+    for name, layout in GOLDEN_V2_SHARDED.items():  # format 2, the sharded layouts
+        path = os.path.join(DATA, f"golden-v2-{name}")
+        shutil.rmtree(path, ignore_errors=True)
+        embstore.save(path, values, keys=keys, **layout).close()
         shutil.rmtree(os.path.join(path, "vectors", ".embstore"))
 
 
