@@ -1,15 +1,18 @@
-"""The on-disk backend (docs/FORMAT.md): sharded Zarr v3 ``vectors`` and what lives beside them.
+"""The on-disk backend (docs/FORMAT.md): one versioned table format over Zarr v3, its row
+arrays in one of two layouts.
 
 - ``table``: :class:`ZarrTable` and ``open``; ``build``: ``create``/``save``/``upgrade``
-- ``source``: where rows are read (row sources); ``writer``: :class:`TableWriter`
-- ``meta``: read and check ``zarr.json``; ``codecs``: the layout, chunk codecs and checksums
-- ``verify``: every stored byte checked; ``scan``: whole-table scans
-- ``lock``, ``commit``: one writer at a time; all-or-nothing writes, recovery (``repair``)
-- ``rows/``: format-2 row arrays (fixed stride, page checksums); ``base``: the row-source
-  interface
-- ``shard/``: local shard files (index, mapped gathers, compressed chunks, streaming, rewrites,
-  cold reads asked for at once: ``prefetch``)
-- ``remote/``: tables on object storage; ``norms/``: stored row norms; ``subword/``: fastText n-grams
+- ``source``: where rows are read (one row source per layout, plus zarr-python's for
+  layouts of other tools); ``base``: the row-source interface; ``writer``: :class:`TableWriter`
+- ``rows/``: the row-array layout (fixed stride, a crc32c per page); ``shard/``: the sharded
+  layout (index, mapped gathers, compressed chunks, streaming, copy-on-write rewrites, cold
+  reads asked for at once: ``prefetch``)
+- ``versions/``: every table's commits (``commit``: the journal, ``repair``), snapshots,
+  deltas over either layout, key deltas, retention, and what a handle does with them
+- ``meta``: read, check and write ``zarr.json``; ``codecs``: the sharded layout, codecs, checksums
+- ``verify``: every stored byte checked; ``scan``: whole-table scans; ``lock``: one writer
+- ``remote/``: tables on object storage; ``norms/``: stored row norms; ``subword/``: fastText
+  n-grams; ``annfiles``: the approximate index's files and their checks
 """
 
 from __future__ import annotations
