@@ -232,3 +232,24 @@ def test_another_tools_layout_keeps_no_versions(tmp_path, rng):
     assert not os.path.exists(tmp_path / "t" / "vectors" / ".embstore" / "versions")
     E[3] = 0
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "t" / "vectors"))[:], E)
+
+
+def test_a_missing_checksum_is_damage_never_an_unchecked_read(tmp_path, E):
+    """A format-2 table whose page checksums were removed, or whose sharded chunks lost
+    their crc32c codec, is refused (CorruptStoreError) instead of read without checks."""
+    rows, sharded = tmp_path / "rows", tmp_path / "sharded"
+    embstore.save(rows, E, format_version=2, chunk_rows=1024).close()
+    embstore.save(sharded, E, chunk_rows=16, shard_rows=256).close()
+    for d in (rows, rows / "vectors" / ".embstore" / "versions" / "1"):
+        shutil.rmtree(d / "page_crc")
+    for d in (sharded, sharded / "vectors" / ".embstore" / "versions" / "1"):
+        meta = json.loads((d / "vectors" / "zarr.json").read_text())
+        inner = meta["codecs"][0]["configuration"]["codecs"]
+        assert inner[-1]["name"] == "crc32c"
+        del inner[-1]
+        (d / "vectors" / "zarr.json").unlink()  # (a new file: the other name keeps its own)
+        (d / "vectors" / "zarr.json").write_text(json.dumps(meta))
+    for p, why in ((rows, "page checksums of vectors"), (sharded, "not a checksummed layout")):
+        with pytest.raises(embstore.CorruptStoreError, match=why):
+            with embstore.open(p) as t:
+                t[[1]]

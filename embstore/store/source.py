@@ -254,13 +254,20 @@ def check_side_meta(record: StorageDtype, side_meta: dict, meta: dict, where, pa
             f"({side.meaning}), got {side_meta['data_type']} {side_meta['shape']}", path=path)
 
 
-def _open_array(root: Path, meta: dict, mode: str, name: str) -> RowSource:
-    """The fast path when it knows the layout of the array (``meta``), else zarr-python."""
+def _open_array(root: Path, meta: dict, mode: str, name: str, checked: bool) -> RowSource:
+    """The fast path when it knows the layout of the array (``meta``), else zarr-python.
+    ``checked`` (the group says format 2): the array is one of embstore's layouts with its
+    checksums, or damage (a missing ``page_crc`` never means "read unchecked")."""
     rows = RowLayout.from_metadata(meta)
     crc = crc_array(name)
     if rows is not None and (root / crc / "zarr.json").is_file():
-        return PagedSource(root, rows, name, crc)  # format 2: rows at a fixed stride
+        return PagedSource(root, rows, name, crc)  # rows at a fixed stride
     layout = Layout.from_metadata(meta)
+    if checked and (layout is None or not layout.has_crc):
+        what = (f"{crc}/zarr.json: missing (the page checksums of {name})" if rows is not None
+                else f"{name}/zarr.json: not a checksummed layout")
+        raise CorruptStoreError(f"{root}/{what}: the table says format 2, whose every row "
+                                "array is checksummed; the store is damaged", path=str(root))
     if layout is None:
         return ZarrSource(root, mode, name)
     return ShardSource(root, layout, name)
@@ -284,11 +291,13 @@ def same_array(name: str, src: RowSource) -> RowSource:
 
 
 def open_source(root: Path, meta: dict, mode: str,
-                wrap: Callable[[str, RowSource], RowSource] = same_array) -> RowSource:
+                wrap: Callable[[str, RowSource], RowSource] = same_array, *,
+                checked: bool = False) -> RowSource:
     """The row source of the table at ``root`` whose ``vectors/zarr.json`` is ``meta``;
     ``wrap(name, source)`` is given each row array as it is opened (a version's deltas go
-    on top there: :class:`~embstore.store.versions.delta.Overlays`)."""
-    codes = wrap("vectors", _open_array(root, meta, mode, "vectors"))
+    on top there: :class:`~embstore.store.versions.delta.Overlays`); ``checked``: every row
+    array must carry its checksums (a format-2 table)."""
+    codes = wrap("vectors", _open_array(root, meta, mode, "vectors", checked))
     record = DTYPES.get(meta.get("data_type"))  # type: ignore[arg-type]
     if record is None or not record.compact:
         return codes
@@ -299,4 +308,4 @@ def open_source(root: Path, meta: dict, mode: str,
     smeta = read_json(where, f"{name}/zarr.json ({record.name} vectors need their "
                              f"{record.side.called})")
     check_side_meta(record, smeta, meta, where, str(root))
-    return CodedSource(codes, record, wrap(name, _open_array(root, smeta, mode, name)))
+    return CodedSource(codes, record, wrap(name, _open_array(root, smeta, mode, name, checked)))

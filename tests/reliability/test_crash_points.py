@@ -47,16 +47,27 @@ def _contents(path: Path) -> tuple[np.ndarray, list[str]]:
         return t.to_numpy(), list(t.keys)
 
 
-@pytest.fixture(scope="module", params=["float32", "int8", "float32-format2", "int8-format2"])
+#: every layout a writer may choose, and a table written as format 1 (its first commit makes
+#: it versioned in place)
+CRASH_LAYOUTS = {"": {"chunk_rows": 16, "shard_rows": SHARD},
+                 "format2": {"chunk_rows": 512, "format_version": 2},
+                 "zstd": {"chunk_rows": 16, "shard_rows": SHARD, "compression": "zstd"},
+                 "format1": {"chunk_rows": 16, "shard_rows": SHARD, "format_version": 1}}
+
+
+@pytest.fixture(scope="module", params=[
+    "float32", "int8", "float32-format2", "int8-format2",
+    pytest.param("float32-zstd", marks=pytest.mark.slow),
+    pytest.param("int8-format1", marks=pytest.mark.slow)])
 def base(tmp_path_factory, request) -> Path:
-    """A keyed table (int8: two arrays, codes and row scales, committed together; format 2:
-    rows in chunk files of 512 rows with their page checksums, 2 chunks, an append adds one)."""
+    """A keyed table (int8: two arrays, codes and row scales, committed together; sharded
+    chunks (zstd: compressed); format 2: rows in chunk files of 512 rows with their page
+    checksums, 2 chunks, an append adds one; format 1: unversioned until the commit)."""
     path = tmp_path_factory.mktemp("crash") / "base"
     old = _old()
     old[:, 1] = -old[:, 0] / 3  # int8 rows need a spread to quantise
     dtype, _, fmt = request.param.partition("-")
-    layout = {"chunk_rows": 512, "format_version": 2} if fmt else {"chunk_rows": 16,
-                                                                   "shard_rows": SHARD}
+    layout = CRASH_LAYOUTS[fmt]
     embstore.save(path, old, keys=[f"k{i}" for i in range(ROWS)], dtype=dtype,
                   **layout).close()
     return path

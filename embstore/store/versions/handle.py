@@ -98,7 +98,8 @@ def _open_version(t: ZarrTable) -> None:
         overlays = Overlays(root, manifest, writable=t.mode == "r+")
     attrs, meta = read_table_meta(root)
     wrap = overlays.wrap if overlays is not None else same_array
-    source = attach_norms(root, open_source(root, meta, t.mode, wrap), wrap)
+    checked = attrs.get("format") == 2  # (every row array checksummed, or damage)
+    source = attach_norms(root, open_source(root, meta, t.mode, wrap, checked=checked), wrap)
     # every table's commits make versions (a format-1 table's first commit makes it
     # versioned in place), but not a layout zarr-python writes in place (another tool's)
     versioned = n is not None or keeps_versions(source)
