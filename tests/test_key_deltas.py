@@ -14,7 +14,7 @@ import zarr
 import embstore
 from embstore.errors import CorruptStoreError, ShapeMismatchError
 from embstore.keys.segments import SegmentedVocab
-from embstore.store.versions import handle
+from embstore.store import table as handle
 
 DIM = 4
 

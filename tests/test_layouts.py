@@ -174,9 +174,9 @@ def test_threads_sharing_a_refreshing_handle_of_a_compressed_table(tmp_path, E):
 
 @pytest.mark.parametrize("golden", ["golden-v1-zstd", "golden-v1-none", "golden-v1-int8"])
 def test_a_format1_table_is_versioned_by_its_first_commit(tmp_path, golden):
-    """A table written as format 1 opens and reads exactly; its first commit (an append
-    with keys) makes version 1 in place, written as a delta (no live file replaced but
-    what an append extends); then every clause of versions holds for it."""
+    """A table written as format 1 opens and reads exactly; its first commit (a write)
+    makes version 1 in place, written as a delta (no live file replaced but the group's
+    zarr.json, which says format 2 from then on); then every clause of versions holds."""
     p = tmp_path / "t"
     shutil.copytree(DATA / golden, p)
     with embstore.open(p) as t:
@@ -193,8 +193,8 @@ def test_a_format1_table_is_versioned_by_its_first_commit(tmp_path, golden):
         np.testing.assert_array_equal(got[1:n], before[1:])
         assert t.ids_of(["new-b"]).tolist() == [n + 1] and t.keys[0] == k0
     with embstore.open(p, version=1) as t:
-        assert len(t) == n
-    assert [e["change"]["kind"] for e in _log(p)] == ["write", "append"]
+        assert len(t) == n and t.info()["format"] == 2  # (no reader takes its live files
+    assert [e["change"]["kind"] for e in _log(p)] == ["write", "append"]  # for the table)
     assert embstore.verify(p).ok
 
 

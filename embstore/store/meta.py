@@ -232,7 +232,7 @@ def refresh_consolidated(root: Path, staged: dict[str, Path]) -> dict | None:
     new top-level arrays included, so every reader sees the same rows; when one cannot be
     read the copy is dropped instead (readers then list the arrays themselves).
     """
-    group = Path(root) / "zarr.json"
+    group = staged.get("zarr.json", Path(root) / "zarr.json")
     doc = read_json(group, "the group's zarr.json", root=Path(root))
     cm = doc.get("consolidated_metadata")
     if cm is None:

@@ -8,6 +8,7 @@ rows, or zarr-python for layouts embstore does not know; docs/FORMAT.md).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -36,45 +37,66 @@ from .remote.objstore import is_url
 from .remote.open import open_remote_ngrams, open_remote_source
 from .norms.source import NormsSource
 from ..table import Table
-from .versions import handle as history
-from .versions.delta import Overlays
-from .versions.keydelta import key_entries, open_vocab
+from ..ids import refuse_existing
+from .versions.commit import Transaction
+from .versions.delta import write_delta
+from .versions.keydelta import encoded_new_keys, fold_keys, key_entries, open_vocab, stage_keys
 from .versions.retain import vacuum
+from .versions.version import Version, check_version, plain, stored_bytes
 
-__all__ = ["ZarrTable", "open"]
+__all__ = ["ZarrTable", "open", "COMPACT_FRACTION", "COMPACT_BYTES"]
 
+_log = logging.getLogger("embstore")
 
 DEFAULT_CACHE = "256MiB"  # the row cache of tables whose reads are not cheap
+#: a write leaving more rows than this share of the table in deltas compacts them (or
+#: more bytes than COMPACT_BYTES): lookups overlay deltas; every reader holds them in memory
+COMPACT_FRACTION = 0.05
+COMPACT_BYTES = 128 << 20
+#: more delta files than this in a version (many small writes) are merged into one per array
+MAX_DELTA_FILES = 32
+#: key deltas (appends) are folded into the key index past this many files or this share
+#: of the table's rows
+MAX_KEY_DELTAS = 8
+KEYS_FRACTION = 0.5
 
 
 class ZarrTable(Table):
-    """A table stored as a sharded Zarr v3 group (format v1).  Use :func:`open`.
+    """A table stored as a Zarr v3 group (docs/FORMAT.md).  Use :func:`open`.
 
-    Rows come from a :class:`~embstore.store.source.RowSource` (the shard fast path, or
-    zarr-python for layouts it does not know) through a row cache (a
-    :class:`~embstore.cache.null.NullCache` when ``cache_bytes=0``).
+    The handle reads one :class:`~embstore.store.versions.version.Version` (``_v``: its
+    directory, row source, attributes, key index) and swaps it for another in one
+    assignment.  Rows come from the version's :class:`~embstore.store.base.RowSource`
+    through a row cache (a :class:`~embstore.cache.null.NullCache` when
+    ``cache_bytes=0``).  Writes commit versions (:mod:`embstore.store.versions.commit`).
+    One class: reads, writes and the versions they make share its lock and its state.
     """
 
-    _appends_check_keys = True  # (versions.handle.append_rows, under the writer lock)
+    _appends_check_keys = True  # (append's keys are refused under the writer lock)
+
+    # what the handle's version holds (one value, swapped whole)
+    _source = property(lambda self: self._v.source)
+    _root = property(lambda self: self._v.root)
+    _attrs = property(lambda self: self._v.attrs)
+    _has_keys = property(lambda self: self._v.has_keys)
+    _overlays = property(lambda self: self._v.overlays)
+    _version = property(lambda self: self._v.number)
+    _versioned = property(lambda self: self._v.versioned)
+    _objects = property(lambda self: self._v.objects)  # (object storage: its client, ...)
 
     def __init__(self, path: PathLike, *, mode: OpenMode = "r", cache_bytes: Bytes = "auto",
                  lock_timeout: float | None = None, version: int | None = None, **remote: Any):
         if mode not in ("r", "r+"):
             raise InvalidOptionError(f"mode must be 'r' or 'r+', got {mode!r}")
-        self._want_version = history.check_version(version, mode, is_url(path))
-        self._version = 0  # tables without versions (format 1) read as version 0
-        self._root: Any = None  # the directory rows are read from (a version's snapshot)
-        self._overlays: Overlays | None = None
-        self._pin: Any = None  # the version's directory held open, and its lease
+        self._want_version = check_version(version, mode, is_url(path))
+        self._v: Version  # (set by _load_meta)
         self._remote = remote if is_url(path) else None  # (storage_options, cache_dir, ...)
         if remote and self._remote is None:
             raise InvalidTypeError(f"{', '.join(remote)}: options of tables on object storage "
                             f"(URLs), not of the local path {path!r}")
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
             os.fspath(path)).absolute()  # (a str for a URL, a Path on disk)
-        self._vocab_obj: DiskVocab | MemoryKeyIndex | SegmentedVocab | None = None
-        self._seen_commit: str | None = None
-        self._subwords: Subwords | None = None  # opened on first use
+        self._seen_commit: str | None = None  # the last commit this handle knows of
         self.mode = mode
         self.lock_timeout = lock_timeout  # seconds a write waits for another writer
         self._lock = threading.RLock()  # writers, vocab opening, refresh
@@ -103,17 +125,20 @@ class ZarrTable(Table):
 
     def _load_meta(self) -> None:
         if self._remote is not None:
+            attrs, source, objects = open_remote_source(self.path, self.mode, **self._remote)
+            self._v = Version(root=None, number=0, source=source, attrs=attrs,
+                              has_keys=bool(attrs.get("has_keys")), objects=objects)
             self._seen_commit = None
-            self._attrs, self._source, self._objects = open_remote_source(
-                self.path, self.mode, **self._remote)
-            self._has_keys = bool(self._attrs.get("has_keys"))
-            self._vocab_obj = None
-            self._versioned = False
             return
         if self.path.is_dir():
             settle(self.path, self.lock_timeout)  # no commit half applied
-        history.open_version(self)
-        if self._has_keys:
+        old = getattr(self, "_v", None)
+        v = Version.open(self.path, self._want_version, self.mode,
+                         0 if old is None else old.number)
+        self._v = v  # one step: threads sharing the handle see the old state or the new
+        self._seen_commit = v.commit
+        self.version = v.number  # (Table.version: what the handle reads)
+        if v.has_keys:
             self._check_key_count()
             if self.mode == "r+" and not has_key_index(self._root):
                 self._vocab()  # keys written by another tool: store their index now
@@ -159,9 +184,9 @@ class ZarrTable(Table):
         """What ``embstore info --json`` prints."""
         self._check_open()
         if self._remote is not None:
-            stored = sum(size for _, size in self._objects.client.list())
+            stored = sum(size for _, size in self._v.objects.client.list())
         else:  # every file once (versions share files: hard links)
-            stored = history.stored_bytes(self.path)
+            stored = stored_bytes(self.path)
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
                 "storage_dtype": self.storage_dtype,
@@ -208,14 +233,14 @@ class ZarrTable(Table):
         """The :class:`~embstore.store.source.RowSource` rows are read from (scans)."""
         self._check_open()
         src = self._source
-        return history.plain(src.rows if isinstance(src, NormsSource) else src)
+        return plain(src.rows if isinstance(src, NormsSource) else src)
 
     @property
     def norms_source(self):
         """The source of the rows' stored norms (``(V, 1)``), None if the table has none."""
         self._check_open()
         src = self._source
-        return history.plain(src.norms) if isinstance(src, NormsSource) else None
+        return plain(src.norms) if isinstance(src, NormsSource) else None
 
     def _read_rows(self, start: int, stop: int) -> np.ndarray:  # scans bypass the row cache
         self._check_open()
@@ -237,51 +262,53 @@ class ZarrTable(Table):
         """The n-gram matrix of a fastText model (``lookup_keys(..., oov="subword")``), or
         None (tables of other sources)."""
         self._check_open()
-        info = self._attrs.get("subwords")
+        v = self._v
+        info = v.attrs.get("subwords")
         if info is None:
             return None
         with self._lock:
-            if self._subwords is None:
-                self._subwords = (Subwords(self._root, info, self.dim, self.mode)
-                                  if self._remote is None else
-                                  open_remote_ngrams(self._objects, info, self.dim))
-                if self._pin is not None:
-                    setattr(self._subwords, "_pin", self._pin)
-            return self._subwords
+            if v.subwords is None:
+                v.subwords = (Subwords(v.root, info, self.dim, self.mode)
+                              if self._remote is None else
+                              open_remote_ngrams(v.objects, info, self.dim))
+                if v.pin is not None:
+                    setattr(v.subwords, "_pin", v.pin)
+            return v.subwords
 
     def _drop_subwords(self) -> None:
-        sub, self._subwords = self._subwords, None
+        sub, self._v.subwords = self._v.subwords, None
         if sub is not None:
             sub.close()
 
     # -- keys -------------------------------------------------------------------------------
     def _vocab(self) -> DiskVocab | MemoryKeyIndex | SegmentedVocab | None:
-        if not self._has_keys or (self._closed and self._vocab_obj is None):
-            return None if not self._has_keys else self._vocab_obj
-        if self._vocab_obj is None:
+        v = self._v  # (one version's keys, whatever a refresh does meanwhile)
+        if not v.has_keys or (self._closed and v.vocab is None):
+            return None if not v.has_keys else v.vocab
+        if v.vocab is None:
             with self._lock:
-                if self._vocab_obj is None:
+                if v.vocab is None:
                     # rows: keys past the committed row count belong to an append in flight;
                     # writable: keys another tool wrote get their index stored, a write to
                     # the table: under the writer lock (unless this call holds it)
+                    rows = v.source.shape[0]
                     if self._remote is not None:
-                        vocab = self._objects.vocab(self.vocab_size)
+                        vocab = v.objects.vocab(rows)
                     else:
                         with (writer_lock(self.path, self.lock_timeout)
                               if self.writable and not self._in_write else nullcontext()):
-                            vocab = open_vocab(  # (format 2: with the key deltas, V6)
-                                self._root, self.vocab_size, key_entries(self._overlays),
-                                writable=self.writable,
+                            vocab = open_vocab(  # (with the version's key deltas)
+                                v.root, rows, key_entries(v.overlays), writable=self.writable,
                                 settle=lambda: settle(self.path, self.lock_timeout))
-                    if vocab is None or len(vocab) != self.vocab_size:
+                    if vocab is None or len(vocab) != rows:
                         raise CorruptStoreError(
-                            f"{self.path}: expected {self.vocab_size} keys (has_keys), got "
+                            f"{self.path}: expected {rows} keys (has_keys), got "
                             f"{'no keys array' if vocab is None else len(vocab)}",
                             path=str(self.path))
-                    if self._pin is not None:  # (read from the pinned version's files)
-                        setattr(vocab, "_pin", self._pin)
-                    self._vocab_obj = vocab
-        return self._vocab_obj
+                    if v.pin is not None:  # (read from the pinned version's files)
+                        setattr(vocab, "_pin", v.pin)
+                    v.vocab = vocab
+        return v.vocab
 
     # -- writes -----------------------------------------------------------------------------
     @contextmanager
@@ -314,11 +341,134 @@ class ZarrTable(Table):
 
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         self._check_open()
-        history.write_rows(self, ids, vectors)
+        uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
+        vals = vectors[::-1][last]
+        with self._writing():
+            txn = self._transaction({"kind": "write", "rows": int(uniq.size)})
+            try:
+                self._source.write(uniq, vals, txn)  # (a delta of each row array)
+            except BaseException:
+                txn.abort()
+                raise
+            self._commit(txn)
+            self._cache.invalidate(uniq)
+            self._after_version()
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int:
         """Returns the id of the first new row (rows other writers appended come first)."""
-        return history.append_rows(self, vectors, keys)
+        with self._writing():
+            n0, n = self.vocab_size, vectors.shape[0]
+            if n == 0:
+                return n0
+            vocab = self._vocab() if keys is not None else None
+            if vocab is not None and not isinstance(vocab, (DiskVocab, SegmentedVocab)):
+                raise ReadOnlyError(f"{self.path}: appending keys needs embstore's key index "
+                                    "(this table's keys were written by another tool)")
+            if vocab is not None:  # under the lock: another writer may have added them
+                assert keys is not None
+                enc, h = encoded_new_keys(vocab, keys, n0)
+                refuse_existing(vocab.probe_hashed(enc, h), keys)
+            txn = self._transaction({"kind": "append", "rows": int(n),
+                                     "keys": keys is not None})
+            try:
+                self._source.append(vectors, txn)
+                if vocab is not None:
+                    assert keys is not None
+                    stage_keys(vocab, keys, n0, txn, enc, h)  # (a key delta)
+                    if not self._versioned and isinstance(vocab, DiskVocab):  # (a version:
+                        txn.after(lambda: vocab.committed(n0 + n))  # reopened)
+                self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
+            except BaseException:
+                txn.abort()
+                raise
+            self._commit(txn)
+            self._cache.resize_for(n0 + n)
+            self._after_version()
+            return n0
+
+    def _transaction(self, change: dict, *, clear_deltas: bool = False) -> Transaction:
+        """A commit of this handle's table, described by ``change`` in its version's
+        manifest; ``clear_deltas``: the new version has none (a compaction, a merge)."""
+        txn = Transaction(self.path, versioned=self._versioned or clear_deltas)
+        txn.change, txn.clear_deltas = change, clear_deltas
+        return txn
+
+    def _commit(self, txn: Transaction) -> None:
+        try:
+            txn.commit()
+        except BaseException:
+            self._seen_commit = None  # this view may be half updated: reload on next write
+            raise
+        finally:
+            txn.abort()  # removes what an uncommitted transaction staged; never raises
+        self._seen_commit = txn.id
+
+    def _after_version(self) -> None:
+        """After a commit that made a version: the handle moves to it, deltas past the
+        threshold are compacted, versions past the retention setting removed (the writer
+        lock is held).  The commit happened: a failure here (a full disk) is logged, not
+        raised."""
+        if not self._versioned:
+            return
+        self._reload()
+        ov = self._overlays
+        try:
+            if ov is not None and (ov.pending_rows > COMPACT_FRACTION * max(1, self.vocab_size)
+                                   or ov.pending_bytes > COMPACT_BYTES or self._many_keys()):
+                self._compact_locked()
+            elif ov is not None and len(ov.entries) > MAX_DELTA_FILES:
+                self._merge_deltas()
+            vacuum(self.path)
+        except OSError as exc:
+            _log.warning("%s: committed; the compaction or clean-up after it failed (%s): "
+                         "the next write or `embstore compact` does it", self.path, exc)
+
+    def _many_keys(self) -> bool:
+        """Key deltas past the point where they are folded: more than MAX_KEY_DELTAS files,
+        or more keys than KEYS_FRACTION of the index (each lookup probes every segment;
+        every reader holds them in memory)."""
+        entries = key_entries(self._overlays)
+        if not entries:
+            return False
+        vocab = self._vocab()
+        pending = len(vocab) - len(vocab.base) if isinstance(vocab, SegmentedVocab) else 0
+        return len(entries) > MAX_KEY_DELTAS or pending > KEYS_FRACTION * max(1, self.vocab_size)
+
+    def _merge_deltas(self) -> None:
+        """One delta file per row array in place of many (a commit; the rows of every version
+        unchanged, no chunk rewritten): what a version's readers load stays a few files."""
+        ov = self._overlays
+        txn = self._transaction({"kind": "merge deltas", "rows": ov.pending_rows},
+                                clear_deltas=True)
+        try:
+            for o in ov.made:  # a loop per row array
+                if o.ids.size:
+                    write_delta(txn.delta(o.name), o.name, o.ids, o.values)
+            fold_keys(self._vocab() if key_entries(ov) else None, txn)  # (deltas dropped)
+        except BaseException:
+            txn.abort()
+            raise
+        self._commit(txn)
+        self._reload()
+
+    def _compact_locked(self) -> int:
+        """Fold every delta into the chunks: one commit (the writer lock is held)."""
+        ov = self._overlays
+        keyed = bool(key_entries(ov))
+        if ov is None or not (keyed or any(o.ids.size for o in ov.made)):
+            return self._version
+        txn = self._transaction({"kind": "compact", "rows": ov.pending_rows},
+                                clear_deltas=True)
+        try:
+            for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
+                o.fold(txn)
+            txn.change["keys"] = fold_keys(self._vocab() if keyed else None, txn)
+        except BaseException:
+            txn.abort()
+            raise
+        self._commit(txn)
+        self._reload()
+        return self._version
 
     def compact(self) -> int:
         """Fold the rows written since the last compaction into the table's chunks: one
@@ -328,7 +478,7 @@ class ZarrTable(Table):
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: compact needs the table opened with mode='r+'")
         with self._writing():
-            v = history.compact_locked(self)
+            v = self._compact_locked()
             vacuum(self.path)
             return v
 
@@ -341,13 +491,13 @@ class ZarrTable(Table):
             return vacuum(self.path, keep)
 
     def _reload(self) -> None:
-        old_source, old_vocab = self._source, self._vocab_obj
+        old = self._v
         self._drop_subwords()
         self._load_meta()
         if not self._versioned:  # (a version's files stay readable: threads still reading
-            old_source.close()   # the old one finish, and it goes with them)
-            if old_vocab is not None:
-                old_vocab.close()
+            old.source.close()   # the old one finish, and it goes with them)
+            if old.vocab is not None:
+                old.vocab.close()
         self._cache.resize_for(self.vocab_size)
         self._cache.bind(self._source)  # (the old version's rows dropped, in one step)
 
@@ -359,8 +509,8 @@ class ZarrTable(Table):
             return  # pinned to the version asked for
         with self._lock:
             self._check_open()
-            if not history.is_current(self):  # (nothing new: the row cache stays warm)
-                self._reload()
+            if self._remote is not None or not self._v.is_current(self.path):  # (nothing
+                self._reload()  # new: the row cache stays warm)
 
     # -- housekeeping -----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:  # statistics stay readable after close()
@@ -374,13 +524,13 @@ class ZarrTable(Table):
             return
         with self._lock:
             self._closed = True
-            if self._pin is not None:  # (threads still reading keep the pin, not the lease)
-                self._pin.release()
-            self._source.close()
+            v = self._v
+            v.release()  # (threads still reading keep the pin, not the lease)
+            v.source.close()
             self._drop_subwords()
             self._cache.clear(keep_stats=True)
-            if self._vocab_obj is not None:
-                self._vocab_obj.close(final=True)
+            if v.vocab is not None:
+                v.vocab.close(final=True)
 
     def __reduce__(self):
         """Pickled as its path (rows never travel): the copy opens the table again,

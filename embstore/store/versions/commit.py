@@ -43,8 +43,9 @@ from ...fs.beside import fsync_path as _fsync
 from ...fs.beside import remove_quietly, sweep_beside
 from ...fs.files import create_new, open_regular, read_small, real_dir
 from ..lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
-from ..meta import refresh_consolidated
-from .snapshot import VERSIONS, build_snapshot, versions_dir
+from ..meta import read_json, refresh_consolidated
+from ..codecs import Layout
+from .snapshot import VERSIONS, build_snapshot, newest, versions_dir
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "is_versioned", "AREA"]
 
@@ -138,7 +139,7 @@ class Transaction:
         if self.stage.exists():
             remove_quietly(self.stage)  # scratch only: every staged file was adopted
         fsync_all(self._unsynced)  # (the data on disk before anything names it)
-        self._stage_consolidated()
+        self._stage_group()
         for parent in dict.fromkeys(live.rpartition("/")[0] for _, live in self.moves):
             real_dir(self.root, parent.split("/") if parent else [], create=True)  # before
             # the commit point: a committed journal that cannot be applied would stop the table
@@ -166,12 +167,16 @@ class Transaction:
         for fn in self._after:
             fn()
 
-    def _stage_consolidated(self) -> None:
-        """Stage the group ``zarr.json`` with its consolidated metadata (if it has any)
-        rebuilt from the arrays' new documents: moved last, after ``vectors/zarr.json``
-        (see :func:`~.meta.refresh_consolidated`)."""
-        doc = refresh_consolidated(self.root, {live: self.area / staged
-                                               for staged, live in self.moves})
+    def _stage_group(self) -> None:
+        """Stage the group ``zarr.json`` when it changes, moved last (after
+        ``vectors/zarr.json``): its consolidated metadata (if it has any) rebuilt from the
+        arrays' new documents (:func:`~.meta.refresh_consolidated`), and in the commit that
+        makes a format-1 table's first version, its ``format`` raised to 2 (a versioned
+        table: no reader may take its live files, which lack the deltas, for the table)."""
+        staged = {live: self.area / name for name, live in self.moves}
+        doc = refresh_consolidated(self.root, staged)
+        if self.versioned and newest(self.root) is None:
+            doc = raise_format(self.root, staged, doc)
         if doc is None:
             return
         with open(self.file("zarr.json"), "w", encoding="utf-8") as f:
@@ -191,6 +196,24 @@ class Transaction:
                 remove_quietly(path)
             if self._snapshot is not None:
                 remove_quietly(versions_dir(self.root) / self._snapshot)
+
+
+def raise_format(root: Path, staged: dict[str, Path], doc: dict | None) -> dict | None:
+    """The group document ``doc`` (read from ``root`` if None) with ``format`` 2 when it says
+    format 1 and its rows carry their checksums (format 2 requires them); else ``doc``."""
+    group = doc if doc is not None else read_json(root / "zarr.json", "the group's zarr.json",
+                                                  root=root)
+    attrs = group.get("attributes", {}).get("embstore") if isinstance(
+        group.get("attributes"), dict) else None
+    if not isinstance(attrs, dict) or attrs.get("format") != 1:
+        return doc
+    meta = read_json(staged.get("vectors/zarr.json", root / "vectors" / "zarr.json"),
+                     "vectors/zarr.json", root=root)
+    layout = Layout.from_metadata(meta)
+    if layout is None or not layout.has_crc:
+        return doc  # (rows without checksums stay format 1, versioned all the same)
+    attrs["format"] = 2
+    return group
 
 
 def _check_rel(rel, where) -> str:
