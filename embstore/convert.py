@@ -342,6 +342,29 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
         return _export_to_stream(src, dest, format=format, limit=limit, block_rows=block_rows,
                                  vocab_out=vocab_out, tensor=tensor, on_progress=on_progress)
     dest = os.fspath(dest)
+    fmt, packed = _export_format(dest, format, overwrite, tensor)
+    table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
+    vocab = None
+    if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
+        vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
+            os.fspath(vocab_out)
+    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
+    try:
+        rows, reused = _write_export(table, dest, fmt, packed, vocab, n, limit=limit,
+                                     overwrite=overwrite, block_rows=block_rows, tensor=tensor,
+                                     on_progress=on_progress)
+    finally:
+        if table is not src:
+            table.close()
+    return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
+                        keys_dropped=keys_dropped, vocab_reused=reused)
+
+
+def _export_format(dest: str, format: str | None, overwrite: bool,
+                   tensor: str | None) -> tuple[str, str | None]:
+    """The format of an export to the file ``dest`` and the compression its name asks for,
+    checked (and ``dest``: free to write, and not a directory)."""
     packed = compression_for(dest)  # DEST.gz/.bz2/.xz/.zst: the format's bytes, compressed
     fmt = format or export_format_for(inner_name(dest) if packed else dest)
     if packed == "zip":
@@ -354,15 +377,17 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
         raise DestinationExistsError(f"{dest} is a directory; expected a file path to write")
     if tensor is not None and not spec(fmt).takes_tensor:
         raise FormatError(f"a tensor name applies to safetensors and torch exports, not {fmt}")
-    table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
-    vocab = None
-    if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
-        vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
-            os.fspath(vocab_out)
+    return fmt, packed
+
+
+def _write_export(table: Table, dest: str, fmt: str, packed: str | None, vocab: str | None,
+                  n: int, *, limit: int | None, overwrite: bool, block_rows: int,
+                  tensor: str | None, on_progress: Progress | None) -> tuple[int, bool]:
+    """Write ``n`` rows of ``table`` beside ``dest`` (and its keys beside ``vocab``, if
+    given), then rename them into place; ``(rows, whether the keys file there already
+    held these keys)``.  A failure leaves neither file behind."""
     tmp = temp_path(dest)
     vocab_tmp = None if vocab is None else temp_path(vocab)
-    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
-    keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
     advance = Tally(n, on_progress).update  # rows written so far, to on_progress
     reused = False
     try:
@@ -387,11 +412,7 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
             if path is not None:
                 remove(path)
         raise
-    finally:
-        if table is not src:
-            table.close()
-    return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
-                        keys_dropped=keys_dropped, vocab_reused=reused)
+    return rows, reused
 
 
 def _same_keys_there(new: str, there: str, overwrite: bool) -> bool:
