@@ -13,7 +13,7 @@ import dataclasses
 import filecmp
 import os
 from dataclasses import dataclass
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -23,7 +23,7 @@ from .fs.atomic import check_dest, remove, replace, temp_path
 from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
-from .formats.source import compression_for, inner_name, open_compressed_output
+from .formats.source import Source, compression_for, inner_name, open_compressed_output
 from .formats.tokens import TokenKeys, load_tokens
 from .formats.vocabfile import VocabReader, vocab_path_for, write_vocab
 from .store.remote.fetch import is_source_url, open_url, url_name
@@ -87,27 +87,33 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     (:mod:`.store.subword.build`).
     """
     dest = os.fspath(dest)
-    stream_name = None
-    url_stream: IO[bytes] | None = None
-    if is_source_url(src):
-        url = str(src)
-        check_dest(dest, overwrite)  # before a byte is fetched
-        stream, size = open_url(url, storage_options=storage_options)
-        if member is None and not url_name(url).lower().endswith(".zip"):
-            src = url_stream = stream  # read as a pipe; random-access formats spooled
-            stream_name = url
-        else:  # a zip's directory is at its end: the archive is copied to a file first
-            with stream:
-                src = _spool_url(stream, url, temp_path(dest))
-            try:
-                return import_file(src, dest, format=format, tensor=tensor, vocab=vocab,
-                                   dtype=dtype, limit=limit, unicode_errors=unicode_errors,
-                                   compression=compression, chunk_rows=chunk_rows,
-                                   shard_rows=shard_rows, overwrite=overwrite,
-                                   block_rows=block_rows, encoding=encoding, member=member,
-                                   on_progress=on_progress)
-            finally:
-                remove(src)
+    options: dict[str, Any] = dict(
+        format=format, tensor=tensor, vocab=vocab, dtype=dtype, limit=limit,
+        unicode_errors=unicode_errors, compression=compression, chunk_rows=chunk_rows,
+        shard_rows=shard_rows, overwrite=overwrite, block_rows=block_rows, encoding=encoding,
+        member=member, on_progress=on_progress)
+    if not is_source_url(src):
+        return _import_local(src, dest, **options)
+    url = str(src)
+    check_dest(dest, overwrite)  # before a byte is fetched
+    stream, size = open_url(url, storage_options=storage_options)
+    if member is None and not url_name(url).lower().endswith(".zip"):
+        # read as a pipe; random-access formats spooled
+        return _import_local(stream, dest, stream_name=url, url_stream=stream, **options)
+    with stream:  # a zip's directory is at its end: the archive is copied to a file first
+        spooled = _spool_url(stream, url, temp_path(dest))
+    try:
+        return _import_local(spooled, dest, **options)
+    finally:
+        remove(spooled)
+
+
+def _import_local(src, dest: str, *, format: str, member: str | None, overwrite: bool,
+                  stream_name: str | None = None, url_stream: IO[bytes] | None = None,
+                  **options) -> ImportResult:
+    """:func:`import_file` of a local file or folder, or of an open stream (``url_stream``,
+    the stream of a URL named ``stream_name``, is closed with it): the source opened, its
+    format told, and closed again."""
     if not hasattr(src, "read"):
         src = os.fspath(src)
         if os.path.isdir(src) and format in ("auto", "hf"):
@@ -115,71 +121,90 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
         elif not os.path.isfile(src):
             raise FileNotFoundError(2, "No such file", src)
     check_dest(dest, overwrite)
-    notes: list[str] = []
     try:
         source = None if format == "hf" else open_source(src, name=stream_name, member=member)
     except BaseException:
         if url_stream is not None:
             url_stream.close()
         raise
-    spooled = None
     try:
         fmt = format if source is None or format != "auto" else detect_source(source)
-        module = get(fmt)
-        if tensor is not None and not spec(fmt).takes_tensor:
-            names = [f.name for f in SPECS if f.takes_tensor]
-            named = ", ".join(names[:-1]) + " and " + names[-1]
-            raise FormatError(f"tensor= applies to {named} files, got format {fmt}")
-        storage = None if dtype is None else check_storage(dtype)
-        where: object = src
-        if source is not None and spec(fmt).streams:
-            where = source
-        elif source is not None and not source.is_file:  # random access needed: a file
-            spooled = temp_path(dest)
-            size = _spool(source, spooled)
-            notes.append(f"{source.describe()} {fmt} needs random access: copied ({size} bytes) "
-                         f"to a temporary file beside {os.path.basename(dest)}, removed after")
-        if spooled is not None:
-            where = spooled
-        if encoding is not None and fmt != "fasttext-bin":
-            raise FormatError(f"encoding= applies to fasttext-bin models, got format {fmt}")
-        if fmt == "fasttext-bin":
-            assert isinstance(where, str)  # not a streaming format: a path, spooled if need be
-            done = _import_fasttext_bin(where, dest, vocab=vocab, block_rows=block_rows,
-                                        limit=limit, unicode_errors=unicode_errors,
-                                        encoding=encoding or "utf-8", storage=storage,
-                                        compression=compression, chunk_rows=chunk_rows,
-                                        shard_rows=shard_rows, overwrite=overwrite,
-                                        on_progress=on_progress)
-            return dataclasses.replace(
-                done, compression=None if source is None else source.compression,
-                notes=tuple(notes))
-        vocab = _vocab_beside(src, fmt, vocab, notes)
-        extra = {"vocab": vocab} if fmt == "hf" else {}
-        # quantised storage: the reader yields its float rows and the writer encodes them
-        reader = module.read(where, block_rows=block_rows, limit=limit,
-                             unicode_errors=unicode_errors, tensor=tensor,
-                             dtype=None if storage in QUANTISED else storage, **extra)
-        if fmt == "hf":
-            vocab = None
-        if on_progress is not None and hasattr(on_progress, "unit"):
-            setattr(on_progress, "unit", reader.progress_unit)  # a progress.Display
-        rows, duplicates, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
-                                                 limit=limit, unicode_errors=unicode_errors,
-                                                 compression=compression, chunk_rows=chunk_rows,
-                                                 shard_rows=shard_rows, overwrite=overwrite,
-                                                 on_progress=on_progress, notes=notes)
+        return _import_source(src, source, dest, fmt, overwrite=overwrite, **options)
     finally:
         if source is not None:
             source.close()
         if url_stream is not None:
             url_stream.close()
+
+
+def _import_source(src, source: Source | None, dest: str, fmt: str, *, tensor: str | None,
+                   dtype: DTypeLike | None, encoding: str | None, vocab,
+                   **options) -> ImportResult:
+    """Import the opened ``source`` (None: the folder ``src``) of format ``fmt``: options
+    checked against the format, the source copied to a file if the format needs random
+    access, then read into ``dest`` (fastText ``.bin``: with its n-gram matrix)."""
+    module = get(fmt)
+    if tensor is not None and not spec(fmt).takes_tensor:
+        names = [f.name for f in SPECS if f.takes_tensor]
+        named = ", ".join(names[:-1]) + " and " + names[-1]
+        raise FormatError(f"tensor= applies to {named} files, got format {fmt}")
+    storage = None if dtype is None else check_storage(dtype)
+    notes: list[str] = []
+    spooled = None
+    if source is not None and not spec(fmt).streams and not source.is_file:
+        spooled = _spool_beside(source, fmt, dest, notes)  # random access needed: a file
+    try:
+        where = spooled or (source if source is not None and spec(fmt).streams else src)
+        if encoding is not None and fmt != "fasttext-bin":
+            raise FormatError(f"encoding= applies to fasttext-bin models, got format {fmt}")
+        if fmt == "fasttext-bin":
+            assert isinstance(where, str)  # not a streaming format: a path, spooled if need be
+            done = _import_fasttext_bin(where, dest, vocab=vocab, encoding=encoding or "utf-8",
+                                        storage=storage, **options)
+        else:
+            vocab = _vocab_beside(src, fmt, vocab, notes)
+            done = _import_reader(module, where, dest, fmt, vocab=vocab, storage=storage,
+                                  tensor=tensor, notes=notes, **options)
+    finally:
         if spooled is not None:
             remove(spooled)
-    return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim,
-                        dtype=storage, duplicates=duplicates, tensor=reader.tensor,
-                        compression=None if source is None else source.compression,
-                        notes=tuple(notes))
+    return dataclasses.replace(done, compression=None if source is None else source.compression,
+                               notes=tuple(notes))
+
+
+def _spool_beside(source: Source, fmt: str, dest: str, notes: list[str]) -> str:
+    """Copy ``source`` to a temporary file beside ``dest`` (a format that needs random
+    access, read from a pipe or a compressed file); its path (removed again on failure)."""
+    spooled = temp_path(dest)
+    try:
+        size = _spool(source, spooled)
+    except BaseException:
+        remove(spooled)
+        raise
+    notes.append(f"{source.describe()} {fmt} needs random access: copied ({size} bytes) "
+                 f"to a temporary file beside {os.path.basename(dest)}, removed after")
+    return spooled
+
+
+def _import_reader(module, where, dest: str, fmt: str, *, vocab, storage, tensor: str | None,
+                   block_rows: int, limit: int | None, unicode_errors, on_progress,
+                   notes: list[str], **layout) -> ImportResult:
+    """Read ``where`` (a path, a source or a spooled copy) with the reader of format
+    ``fmt`` (its ``module``) and write its rows (keys from ``vocab`` if given) to ``dest``."""
+    extra = {"vocab": vocab} if fmt == "hf" else {}
+    # quantised storage: the reader yields its float rows and the writer encodes them
+    reader = module.read(where, block_rows=block_rows, limit=limit,
+                         unicode_errors=unicode_errors, tensor=tensor,
+                         dtype=None if storage in QUANTISED else storage, **extra)
+    if fmt == "hf":
+        vocab = None
+    if on_progress is not None and hasattr(on_progress, "unit"):
+        setattr(on_progress, "unit", reader.progress_unit)  # a progress.Display
+    rows, duplicates, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
+                                             limit=limit, unicode_errors=unicode_errors,
+                                             on_progress=on_progress, notes=notes, **layout)
+    return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim, dtype=storage,
+                        duplicates=duplicates, tensor=reader.tensor)
 
 
 def _vocab_beside(src, fmt: str, vocab, notes: list[str]):
@@ -317,6 +342,29 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
         return _export_to_stream(src, dest, format=format, limit=limit, block_rows=block_rows,
                                  vocab_out=vocab_out, tensor=tensor, on_progress=on_progress)
     dest = os.fspath(dest)
+    fmt, packed = _export_format(dest, format, overwrite, tensor)
+    table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
+    vocab = None
+    if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
+        vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
+            os.fspath(vocab_out)
+    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
+    keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
+    try:
+        rows, reused = _write_export(table, dest, fmt, packed, vocab, n, limit=limit,
+                                     overwrite=overwrite, block_rows=block_rows, tensor=tensor,
+                                     on_progress=on_progress)
+    finally:
+        if table is not src:
+            table.close()
+    return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
+                        keys_dropped=keys_dropped, vocab_reused=reused)
+
+
+def _export_format(dest: str, format: str | None, overwrite: bool,
+                   tensor: str | None) -> tuple[str, str | None]:
+    """The format of an export to the file ``dest`` and the compression its name asks for,
+    checked (and ``dest``: free to write, and not a directory)."""
     packed = compression_for(dest)  # DEST.gz/.bz2/.xz/.zst: the format's bytes, compressed
     fmt = format or export_format_for(inner_name(dest) if packed else dest)
     if packed == "zip":
@@ -329,15 +377,17 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
         raise DestinationExistsError(f"{dest} is a directory; expected a file path to write")
     if tensor is not None and not spec(fmt).takes_tensor:
         raise FormatError(f"a tensor name applies to safetensors and torch exports, not {fmt}")
-    table = open_table(src) if isinstance(src, (str, os.PathLike)) else src
-    vocab = None
-    if table.keys is not None and fmt in _KEYLESS_FORMATS and vocab_out is not False:
-        vocab = vocab_path_for(dest) if vocab_out is None or vocab_out is True else \
-            os.fspath(vocab_out)
+    return fmt, packed
+
+
+def _write_export(table: Table, dest: str, fmt: str, packed: str | None, vocab: str | None,
+                  n: int, *, limit: int | None, overwrite: bool, block_rows: int,
+                  tensor: str | None, on_progress: Progress | None) -> tuple[int, bool]:
+    """Write ``n`` rows of ``table`` beside ``dest`` (and its keys beside ``vocab``, if
+    given), then rename them into place; ``(rows, whether the keys file there already
+    held these keys)``.  A failure leaves neither file behind."""
     tmp = temp_path(dest)
     vocab_tmp = None if vocab is None else temp_path(vocab)
-    n = table.vocab_size if limit is None else min(limit, table.vocab_size)
-    keys_dropped = table.keys is not None and fmt in _KEYLESS_FORMATS and vocab is None
     advance = Tally(n, on_progress).update  # rows written so far, to on_progress
     reused = False
     try:
@@ -362,11 +412,7 @@ def export_table(src: PathLike | Table, dest: PathLike, *, format: str | None = 
             if path is not None:
                 remove(path)
         raise
-    finally:
-        if table is not src:
-            table.close()
-    return ExportResult(path=dest, format=fmt, rows=rows, vocab_path=vocab,
-                        keys_dropped=keys_dropped, vocab_reused=reused)
+    return rows, reused
 
 
 def _same_keys_there(new: str, there: str, overwrite: bool) -> bool:

@@ -6,7 +6,11 @@
 - only the command line (``cli/``, ``demo.py``) imports click;
 - no internal import inside a function (only heavy optional third-party packages are
   imported lazily);
-- no module over 420 lines (one that grows past it becomes a folder of its name);
+- no function or method over 80 lines (def line to last line, docstring included): a
+  function does one thing you can name;
+- no module over 420 lines but the cohesive ones of ``LONG_MODULES`` (one concept: a class
+  and its helpers), each with its reason beside it; an entry whose module is back under
+  the cap, or gone, fails too;
 - folders that name what they hold: at most 18 modules directly in ``embstore/``, at most 12
   in any folder, and no family of modules sharing a prefix side by side (``shardread.py``
   beside ``shardwrite.py`` is a folder ``shard/`` waiting to be made);
@@ -24,7 +28,6 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "embstore"
-MAX_LINES = 420
 
 
 def _module_name(path: Path) -> str:
@@ -167,21 +170,77 @@ def test_no_internal_import_inside_a_function(module):
     assert bad == [], f"{module} imports {bad} inside a function"
 
 
-# Known to be over the limit, to be split (strict: the mark fails once the module is short).
-TOO_LONG: dict[str, str] = {}  # module -> why it may stay long for now (strict xfail)
+MAX_FUNCTION_LINES = 80  # def line to last line, docstring included (decorators not)
 
 
-@pytest.mark.parametrize("module", [
-    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=TOO_LONG[m])) if m in TOO_LONG
-    else m for m in sorted(MODULES)])
+def _long_functions(tree: ast.AST, limit: int) -> list[tuple[int, str, int]]:
+    """``(line, name, lines)`` of every function and method (nested ones too) over ``limit``
+    lines."""
+    return [(n.lineno, n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno is not None and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_the_function_measure_counts_def_to_last_line():
+    body = "".join(f"    x{i} = {i}\n" for i in range(78))
+    src = ('@deco\ndef f():\n    """Doc."""\n' + body
+           + "class C:\n    def m(self):\n" + body.replace("    ", "        ")
+           + "        return 1\n")
+    assert _long_functions(ast.parse(src), 79) == [(2, "f", 80), (83, "m", 80)]
+    assert _long_functions(ast.parse(src), 80) == []
+
+
+def test_no_function_is_too_long():
+    """A function does one thing you can name: none in embstore/ passes 80 lines."""
+    bad = [f"{MODULES[m].relative_to(PKG.parent)}:{line} {name} ({lines} lines)"
+           for m in sorted(MODULES) for line, name, lines in _long_functions(
+               _tree(m), MAX_FUNCTION_LINES)]
+    assert bad == [], (f"functions over {MAX_FUNCTION_LINES} lines (split each into functions "
+                       f"that each do one thing you can name): {bad}")
+
+
+MAX_LINES = 420
+# Modules that may pass MAX_LINES: each is one concept (a class and its helpers, one
+# pipeline), and the reason is written beside it.  Cutting such a module into sibling
+# modules, or a class into free functions over its privates, only to fit the count is the
+# cut to avoid; a module that holds two concepts is split instead.
+LONG_MODULES: dict[str, str] = {
+    "embstore.convert": "the file-to-table pipeline both ways: import_file and export_table "
+                        "with their steps, sharing the keys file beside and the atomic write",
+    "embstore.search.ivf": "the FAISS IVF index: its streamed two-pass build and IvfIndex, "
+                           "the opened index, over one file format (docs/FORMAT.md §5)",
+    "embstore.store.verify": "one verify of a table: every array of every layout checked "
+                             "into one VerifyReport",
+    "embstore.store.writer": "TableWriter: one class, the streaming writer of a new table, "
+                             "with the layout it picks",
+}
+
+
+def _lines(module: str) -> int:
+    return len(MODULES[module].read_text(encoding="utf-8").splitlines())
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_is_too_long(module):
-    lines = len(MODULES[module].read_text(encoding="utf-8").splitlines())
+    if module in LONG_MODULES:
+        return  # (its reason is beside it; test_long_modules_are_long checks the entry)
+    lines = _lines(module)
     path = MODULES[module]
-    folder = path.parent if path.name == "__init__.py" else path.with_suffix("")
     assert lines <= MAX_LINES, (
-        f"{path} has {lines} lines (at most {MAX_LINES}): split it into a folder "
-        f"{folder.relative_to(PKG.parent)}/ of modules that each name one part, not into "
-        f"a sibling module beside it")
+        f"{path} has {lines} lines (at most {MAX_LINES}): if it holds two concepts, give "
+        f"each its module; if it is one (a class and its helpers), list it in LONG_MODULES "
+        f"with the reason written beside it")
+
+
+@pytest.mark.parametrize("module", sorted(LONG_MODULES))
+def test_long_modules_are_long(module):
+    """Every entry of ``LONG_MODULES`` names a module of today's tree that is over the cap,
+    with a reason: an entry whose module is gone, or back under the cap, goes."""
+    assert module in MODULES, f"LONG_MODULES lists {module}, which is gone: remove the entry"
+    lines = _lines(module)
+    assert lines > MAX_LINES, (f"{module} has {lines} lines, within the cap of {MAX_LINES}: "
+                               f"remove its entry from LONG_MODULES")
+    assert LONG_MODULES[module].strip(), f"LONG_MODULES gives {module} no reason"
 
 
 MAX_TOP = 18    # files directly in embstore/ (its __init__.py and __main__.py counted)

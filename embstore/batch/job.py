@@ -112,19 +112,10 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
             raise InvalidOptionError("warm= loads the row cache of this process's table; "
                                      "with a scheduler the workers open their own: run "
                                      "without one")
-        if not isinstance(table, Table):
-            with open_table(table_location(table), cache_bytes=cache_bytes) as tab:
-                return lookup_file(tab, input, output, keys=keys, oov=oov, unk_id=unk_id,
-                                   batch_rows=batch_rows, overwrite=overwrite, resume=resume,
-                                   lengths=lengths, cache_bytes=cache_bytes,
-                                   threads=threads, on_progress=on_progress, column=column,
-                                   keep=keep, warm=warm)
-        held = _warm(table, warm, cache_bytes)
-        summary = lookup_file(table, input, output, keys=keys, oov=oov, unk_id=unk_id,
+        return _lookup_warmed(table, input, output, warm, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, overwrite=overwrite, resume=resume,
                               lengths=lengths, cache_bytes=cache_bytes, threads=threads,
                               on_progress=on_progress, column=column, keep=keep)
-        return {**summary, "warmed_rows": held}
     if oov == "subword" and (is_parquet(input) or not keys):
         raise ValueError("oov='subword' composes vectors of unknown keys: it needs keys=True "
                          "and a text input (not ids, not Parquet)")
@@ -138,6 +129,37 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
     t0 = time.perf_counter()
     input, output = os.fspath(input), os.fspath(output)
     lengths = None if lengths is None else os.fspath(lengths)
+    batch_rows, kind = _check_job(input, output, lengths, keys=keys, oov=oov,
+                                  batch_rows=batch_rows, resume=resume, scheduler=scheduler,
+                                  overwrite=overwrite)
+    tab, table_path, owned = _job_table(table, scheduler, cache_bytes)
+    try:
+        return _run(tab, table_path, input, output, kind, keys=keys, oov=oov, unk_id=unk_id,
+                    batch_rows=batch_rows, scheduler=scheduler, overwrite=overwrite,
+                    resume=resume, lengths=lengths, on_progress=on_progress,
+                    cache_bytes=cache_bytes, n_workers=n_workers, threads=threads, t0=t0)
+    finally:
+        if owned:
+            tab.close()
+
+
+def _lookup_warmed(table: Table | PathLike, input, output, warm, *, cache_bytes,
+                   **options) -> dict:
+    """:func:`lookup_file` run here with the hot rows ``warm`` loaded first into the table's
+    row cache (a table given by path is opened for the job); the summary counts them."""
+    if not isinstance(table, Table):
+        with open_table(table_location(table), cache_bytes=cache_bytes) as tab:
+            return _lookup_warmed(tab, input, output, warm, cache_bytes=cache_bytes, **options)
+    held = _warm(table, warm, cache_bytes)
+    summary = lookup_file(table, input, output, cache_bytes=cache_bytes, **options)
+    return {**summary, "warmed_rows": held}
+
+
+def _check_job(input: str, output: str, lengths: str | None, *, keys: bool, oov: OOV,
+               batch_rows: int | None, resume: bool, scheduler: str | None,
+               overwrite: bool) -> tuple[int | None, str]:
+    """The options of an ids or key-file job checked, its outputs free to write and its
+    input there, before anything is read or written; ``(batch_rows, output kind)``."""
     one_of(oov, "oov", KEY_OOV_MODES)
     if lengths is not None and not keys:
         raise ValueError("lengths= needs keys=True (a key file has lines of different lengths)")
@@ -158,23 +180,19 @@ def lookup_file(table: Table | PathLike, input: PathLike, output: PathLike, *,
         check_dest(lengths, overwrite)
     if not is_url(input) and not os.path.exists(input):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), input)
+    return batch_rows, kind
 
+
+def _job_table(table: Table | PathLike, scheduler: str | None,
+               cache_bytes: Bytes) -> tuple[Table, str | None, bool]:
+    """``(table, its path or None, whether the job opened it and closes it)``: a path is
+    opened here; an open table given to a Dask job must have a path its workers can open."""
     if isinstance(table, Table):
-        tab, table_path, owned = table, table.path, False
-        if scheduler is not None and table_path is None:
+        if scheduler is not None and table.path is None:
             raise ValueError("a Dask job needs a table on disk: pass its path")
-    else:
-        table_path = table_location(table)
-        tab, owned = open_table(table_path, cache_bytes=cache_bytes), True
-    try:
-        return _run(tab, None if table_path is None else os.fspath(table_path), input, output,
-                    kind, keys=keys, oov=oov, unk_id=unk_id, batch_rows=batch_rows,
-                    scheduler=scheduler, overwrite=overwrite, resume=resume, lengths=lengths,
-                    on_progress=on_progress, cache_bytes=cache_bytes, n_workers=n_workers,
-                    threads=threads, t0=t0)
-    finally:
-        if owned:
-            tab.close()
+        return table, None if table.path is None else os.fspath(table.path), False
+    table_path = table_location(table)
+    return open_table(table_path, cache_bytes=cache_bytes), os.fspath(table_path), True
 
 
 def _warm(tab: Table, warm, cache_bytes) -> int:

@@ -68,14 +68,9 @@ def run(directory: str | None, *, no_dask: bool,
 
 
 def _demo(root: Path, no_dask: bool) -> None:
-    src = resources.files("embstore") / "data" / "lee_word2vec.txt"
-    with resources.as_file(src) as src_path:
-        text_lines = Path(src_path).read_text(encoding="utf-8").splitlines()
-        store = root / "lee.emb"
-        _say("1. Import a real word2vec text file (trained on gensim's Lee corpus)")
-        _run_cli("import", str(src_path), str(store), "--overwrite", "--quiet")
-    _run_cli("info", str(store))
-
+    """The six steps, each checked against an independent NumPy reference."""
+    _say("1. Import a real word2vec text file (trained on gensim's Lee corpus)")
+    store, text_lines = _import_lee(root)
     # an independent reference: parse the text file with plain Python
     words = [line.split(" ", 1)[0] for line in text_lines[1:]]
     ref = np.array([[float(v) for v in line.split()[1:]] for line in text_lines[1:]],
@@ -84,6 +79,35 @@ def _demo(root: Path, no_dask: bool) -> None:
     _say("2. Look rows up by id, in every shape, and by word")
     t = embstore.open(store, cache_bytes="64KiB")
     click.echo(f"   {t!r}, opened from {store}")
+    ids = _look_up(t, ref, words)
+    _say("3. The embedding layer: mask, bags, logits, similarity")
+    _layer(t, ref, ids)
+    _say("4. The LRU row cache on Zipf-distributed traffic")
+    zipf = _zipf_traffic(t)
+    t.close()
+
+    _say("5. A batch lookup job: ids.npy in, vectors out")
+    _batch_job(root, store, ref, zipf, no_dask)
+    _say("6. Export again and verify the store")
+    _export_and_verify(root, store, text_lines, ref, words)
+    click.secho("\nDemo finished: every step matched its NumPy reference.", fg="green")
+
+
+def _import_lee(root: Path) -> tuple[Path, list[str]]:
+    """Import the packaged word2vec file into ``root/lee.emb``; the store and the file's
+    lines."""
+    src = resources.files("embstore") / "data" / "lee_word2vec.txt"
+    with resources.as_file(src) as src_path:
+        text_lines = Path(src_path).read_text(encoding="utf-8").splitlines()
+        store = root / "lee.emb"
+        _run_cli("import", str(src_path), str(store), "--overwrite", "--quiet")
+    _run_cli("info", str(store))
+    return store, text_lines
+
+
+def _look_up(t: embstore.Table, ref: np.ndarray, words: list[str]) -> np.ndarray:
+    """Rows by id in every shape, a slice, a bad id refused, rows by word; the ids of
+    three words."""
     for ids in (7, [3, 1, 4], [[0, 1], [2, 3]], np.arange(24).reshape(2, 3, 4)):
         got = t[ids]
         _check(np.array_equal(got, ref[np.asarray(ids)]),
@@ -94,14 +118,17 @@ def _demo(root: Path, no_dask: bool) -> None:
         t[[0, 5, len(t)]]
     except embstore.InvalidIdError as exc:
         click.echo(f"   a bad id is refused: InvalidIdError: {exc}")
-    ids = t.ids_of(["police", "australia", "fire"])
-    _check([words[i] for i in ids] == ["police", "australia", "fire"],
-           f"ids_of(['police', 'australia', 'fire']) = {ids.tolist()}")
+    found = t.ids_of(["police", "australia", "fire"])
+    _check([words[i] for i in found] == ["police", "australia", "fire"],
+           f"ids_of(['police', 'australia', 'fire']) = {found.tolist()}")
     vec = t.lookup_keys([["police", "qwertyuiop"]], oov="zero")
-    _check(np.array_equal(vec[0, 0], ref[ids[0]]) and not vec[0, 1].any(),
+    _check(np.array_equal(vec[0, 0], ref[found[0]]) and not vec[0, 1].any(),
            "lookup_keys with an unknown word gives a zero row (oov='zero')")
+    return found
 
-    _say("3. The embedding layer: mask, bags, logits, similarity")
+
+def _layer(t: embstore.Table, ref: np.ndarray, ids: np.ndarray) -> None:
+    """The embedding layer's mask and scaling, bags, streamed logits and most_similar."""
     emb = embstore.Embedding(t, padding_idx=0, scale="sqrt_dim")
     batch = np.array([[5, 9, 0, 0], [12, 40, 41, 3]])
     mask = batch != 0
@@ -122,7 +149,9 @@ def _demo(root: Path, no_dask: bool) -> None:
     click.echo("   most_similar('police'): " + ", ".join(
         f"{t.keys[i]} {s:.3f}" for i, s in zip(sim_ids.tolist(), scores.tolist())))
 
-    _say("4. The LRU row cache on Zipf-distributed traffic")
+
+def _zipf_traffic(t: embstore.Table) -> np.ndarray:
+    """Zipf-distributed lookups through the row cache, its hit rate checked; the ids."""
     rng = np.random.default_rng(0)
     zipf = (rng.zipf(1.2, size=(50, 512)) - 1) % len(t)
     for chunk in zipf:
@@ -133,9 +162,13 @@ def _demo(root: Path, no_dask: bool) -> None:
     _check(info.bytes <= info.capacity_bytes and rate > 0.5,
            f"hit rate {rate:.2f} with a {info.capacity_bytes // 1024} KiB budget "
            f"({info.entries} of {len(t)} rows cached)")
-    t.close()
+    return zipf
 
-    _say("5. A batch lookup job: ids.npy in, vectors out")
+
+def _batch_job(root: Path, store: Path, ref: np.ndarray, zipf: np.ndarray,
+               no_dask: bool) -> None:
+    """``embstore lookup`` of the ids ``zipf`` to a .npy, then on a local Dask cluster to a
+    Zarr array (when dask is installed and not ``no_dask``)."""
     ids_path = root / "ids.npy"
     np.save(ids_path, zipf)
     out_path = root / "vectors.npy"
@@ -144,24 +177,28 @@ def _demo(root: Path, no_dask: bool) -> None:
     got = np.load(out_path)
     _check(np.array_equal(got, ref[zipf]),
            f"{out_path.name} {got.shape} equals ref[ids] ({time.perf_counter() - t0:.2f} s)")
-    if not no_dask:
-        try:
-            import dask.distributed  # noqa: F401
-        except ImportError:
-            click.echo("   (dask is not installed: pip install 'embstore[dask]' for the cluster job)")
-        else:
-            zarr_out = root / "vectors.zarr"
-            t0 = time.perf_counter()
-            _run_cli("lookup", str(store), str(ids_path), str(zarr_out), "--scheduler", "local",
-                     "--overwrite", "--quiet")
-            import zarr
+    if no_dask:
+        return
+    try:
+        import dask.distributed  # noqa: F401
+    except ImportError:
+        click.echo("   (dask is not installed: pip install 'embstore[dask]' for the cluster job)")
+        return
+    zarr_out = root / "vectors.zarr"
+    t0 = time.perf_counter()
+    _run_cli("lookup", str(store), str(ids_path), str(zarr_out), "--scheduler", "local",
+             "--overwrite", "--quiet")
+    import zarr
 
-            got = np.asarray(zarr.open_array(zarr_out, mode="r")[...])
-            _check(np.array_equal(got, ref[zipf]),
-                   f"the same job on a local Dask cluster, written to {zarr_out.name} "
-                   f"({time.perf_counter() - t0:.2f} s)")
+    got = np.asarray(zarr.open_array(zarr_out, mode="r")[...])
+    _check(np.array_equal(got, ref[zipf]),
+           f"the same job on a local Dask cluster, written to {zarr_out.name} "
+           f"({time.perf_counter() - t0:.2f} s)")
 
-    _say("6. Export again and verify the store")
+
+def _export_and_verify(root: Path, store: Path, text_lines: list[str], ref: np.ndarray,
+                       words: list[str]) -> None:
+    """``embstore export`` to word2vec text, compared with the source file; ``verify``."""
     back = root / "lee-export.txt"
     _run_cli("export", str(store), str(back), "--format", "word2vec", "--overwrite", "--quiet")
     lines = back.read_text(encoding="utf-8").splitlines()
@@ -170,5 +207,3 @@ def _demo(root: Path, no_dask: bool) -> None:
            and [line.split(" ", 1)[0] for line in lines[1:]] == words,
            f"{back.name} has the same header, words and float32 values")
     _run_cli("verify", str(store))
-    click.secho("\nDemo finished: every step matched its NumPy reference.", fg="green")
-

@@ -259,25 +259,10 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
     if unk_id is not None and oov != "unk":
         raise click.UsageError("--unk-id is used only with --oov unk")
     if is_parquet(input):
-        if "vector" in keep:
-            raise click.UsageError("--keep vector: the output's vector column is named "
-                                   "'vector'; an input column of that name cannot be kept")
-        for flag, value in (("--keys", keys), ("--lengths", lengths), ("--resume", resume)):
-            if value:
-                raise click.UsageError(f"{flag} does not apply to a .parquet INPUT")
-        with progress("lookup", quiet=quiet or as_json) as on_progress:
-            summary = lookup_file(table, input, output, column=column, keep=keep, oov=oov,
-                                  unk_id=unk_id, batch_rows=batch_rows, overwrite=overwrite,
-                                  cache_bytes=cache_bytes, scheduler=scheduler,
-                                  n_workers=workers, on_progress=on_progress, warm=warm)
-        if as_json:
-            print_json(summary)
-        else:
-            parts = f" in {plural(summary['parts'], 'part file')}" if summary["scheduler"] \
-                else ""
-            say(f"wrote {summary['output']}{parts}: {plural(summary['rows'], 'row')} "
-                f"({plural(summary['ids'], 'id')} in {plural(summary['batches'], 'batch', 'batches')}"
-                f", {summary['seconds']:.2f} s)", quiet)
+        _lookup_parquet(table, input, output, keys=keys, lengths=lengths, resume=resume,
+                        column=column, keep=keep, oov=oov, unk_id=unk_id, batch_rows=batch_rows,
+                        overwrite=overwrite, cache_bytes=cache_bytes, scheduler=scheduler,
+                        workers=workers, warm=warm, as_json=as_json, quiet=quiet)
         return
     if column is not None or keep:
         raise click.UsageError("--column and --keep need a .parquet INPUT")
@@ -295,6 +280,36 @@ def lookup(table, input, output, keys, oov, unk_id, lengths, batch_rows, schedul
                               batch_rows=batch_rows, scheduler=scheduler, overwrite=overwrite,
                               resume=resume, lengths=lengths, cache_bytes=cache_bytes,
                               n_workers=workers, on_progress=on_progress, warm=warm)
+    _say_written(summary, as_json, quiet)
+
+
+def _lookup_parquet(table, input: str, output: str, *, keys: bool, lengths, resume: bool,
+                    column, keep, oov, unk_id, batch_rows, overwrite: bool, cache_bytes,
+                    scheduler, workers: int, warm, as_json: bool, quiet: bool) -> None:
+    """``embstore lookup`` of a .parquet INPUT: its flags checked, the job run, reported."""
+    if "vector" in keep:
+        raise click.UsageError("--keep vector: the output's vector column is named "
+                               "'vector'; an input column of that name cannot be kept")
+    for flag, value in (("--keys", keys), ("--lengths", lengths), ("--resume", resume)):
+        if value:
+            raise click.UsageError(f"{flag} does not apply to a .parquet INPUT")
+    with progress("lookup", quiet=quiet or as_json) as on_progress:
+        summary = lookup_file(table, input, output, column=column, keep=keep, oov=oov,
+                              unk_id=unk_id, batch_rows=batch_rows, overwrite=overwrite,
+                              cache_bytes=cache_bytes, scheduler=scheduler,
+                              n_workers=workers, on_progress=on_progress, warm=warm)
+    if as_json:
+        print_json(summary)
+    else:
+        parts = f" in {plural(summary['parts'], 'part file')}" if summary["scheduler"] \
+            else ""
+        say(f"wrote {summary['output']}{parts}: {plural(summary['rows'], 'row')} "
+            f"({plural(summary['ids'], 'id')} in {plural(summary['batches'], 'batch', 'batches')}"
+            f", {summary['seconds']:.2f} s)", quiet)
+
+
+def _say_written(summary: dict, as_json: bool, quiet: bool) -> None:
+    """The summary of an ids or key-file job: as JSON, or one line on standard error."""
     if as_json:
         print_json(summary)
     elif not quiet:

@@ -299,79 +299,104 @@ def cosine_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
 
     ``exclude`` (sorted ids) and each query's ``own`` id score ``-inf``: the caller turns
     places holding them (and places left empty: id -1) into id -1."""
-    n = q.shape[0]
-    dtype = q.dtype
-    low = -np.finfo(dtype).max  # an undefined cosine (reported as NaN)
-    bad_q = np.flatnonzero(~(np.isfinite(q).all(axis=1) & q.any(axis=1)))
-    qt = q[0] if n == 1 else q.T
-    best = _Best(n, k, dtype)
-    buf: np.ndarray | None = None
-    in_place = table.dtype == dtype and rows_in_place(table)
-    rows_per = block_rows or scan_block_rows(table, n, in_place=in_place)
-    parts = _PARTS
-    sbuf = np.empty((rows_per, n), dtype)
-    pieces: dict[int, np.ndarray] = {}  # a buffer per thread for rows read piece by piece
-    step = 0  # rows of a piece
+    scan = _Scan(table, q, k, exclude=exclude, own=own, block_rows=block_rows)
+    with (_one_blas_thread if _PARTS > 1 and q.shape[0] > 1 else contextlib.nullcontext()), \
+            np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for start, stop, rows, norms in scan.blocks():
+            if rows is None:  # format-2 rows this handle has not checked yet: read, scored
+                assert norms is not None
+                scan.read_and_score(start, stop, norms)
+            else:
+                scan.score(start, rows, norms)
+    vals, ids = sort_desc(scan.best.vals, scan.best.ids)
+    vals[vals == scan.low] = np.nan
+    return vals, ids
 
-    def finish(start: int, rows: np.ndarray, norms: np.ndarray, s: np.ndarray) -> None:
+
+class _Scan:
+    """One pass of :func:`cosine_top_k` over ``table``: each block's scores computed in
+    parts by whichever thread is free (:class:`_Shared`), fixed where a cosine is
+    undefined or excluded, and kept in the running top-``k`` (:class:`_Best`)."""
+
+    def __init__(self, table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
+                 own: np.ndarray | None, block_rows: int | None):
+        n = q.shape[0]
+        dtype = q.dtype
+        self.table, self.q, self.exclude, self.own = table, q, exclude, own
+        self.low = -np.finfo(dtype).max  # an undefined cosine (reported as NaN)
+        self.bad_q = np.flatnonzero(~(np.isfinite(q).all(axis=1) & q.any(axis=1)))
+        self.qt = q[0] if n == 1 else q.T
+        self.best = _Best(n, k, dtype)
+        self.buf: np.ndarray | None = None  # rows of another dtype, converted
+        self.in_place = table.dtype == dtype and rows_in_place(table)
+        self.rows_per = block_rows or scan_block_rows(table, n, in_place=self.in_place)
+        self.sbuf = np.empty((self.rows_per, n), dtype)
+        self.pieces: dict[int, np.ndarray] = {}  # a buffer per thread for rows read piece by piece
+        self.step = 0  # rows of a piece
+
+    def blocks(self):
+        """``(start, stop, rows, norms)`` of every block; ``rows`` None: format-2 rows this
+        handle has not checked yet (``norms`` given)."""
+        table, rows_per = self.table, self.rows_per
+        return scan_unread(table, rows_per, reuse=True) if self.in_place else (
+            (a, a + r.shape[0], r, m) for a, r, m in scan_blocks(table, rows_per, reuse=True))
+
+    def read_and_score(self, start: int, stop: int, norms: np.ndarray) -> None:
+        """Rows ``start..stop`` read piece by piece (their pages checked as read), each
+        piece scored while it is in cache."""
+        table, qt, b = self.table, self.qt, stop - start
+        if not self.step:
+            self.step = 1 << max(0, (PIECE_BYTES // (table.dim * table.dtype.itemsize))
+                                 .bit_length() - 1)
+        step, pieces = self.step, self.pieces
+        prefetch_rows(table, start, stop)  # (cold: its pages asked for at once)
+        s = self.sbuf[:b]
+        # pieces aligned to their length (never across a chunk file), each read and
+        # scored by whichever thread takes it, into that thread's own buffer
+        cuts = sorted({0, b, *range(step - start % step, b, step)})
+        work = _Shared(len(cuts) - 1, lambda j, c=cuts, s=s, nm=norms, a0=start: _part(
+            read_checked(table, a0 + c[j], a0 + c[j + 1], _piece(pieces, step, table)
+                         [: c[j + 1] - c[j]]), qt, nm[c[j]:c[j + 1]], s[c[j]:c[j + 1]]))
+        for _ in range(min(_PARTS, len(cuts) - 1) - 1):
+            pool().submit(work.run)
+        for a, z in work.joined(cuts):
+            self._keep(start + a, rows_view(table, start + a, start + z), norms[a:z], s[a:z])
+
+    def score(self, start: int, rows: np.ndarray, norms: np.ndarray | None) -> None:
+        """The rows ``start..`` of a block in memory (converted to the queries' dtype into
+        one reused buffer; norms computed if the table stores none) scored in parts."""
+        b, dtype, qt = rows.shape[0], self.q.dtype, self.qt
+        if rows.dtype != dtype:  # into one reused buffer
+            if self.buf is None or self.buf.shape[0] < b:
+                self.buf = np.empty((self.rows_per, self.q.shape[1]), dtype)
+            np.copyto(self.buf[:b], rows, casting="unsafe")
+            rows = self.buf[:b]
+        if norms is None:
+            norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+        cuts = _cuts(b, _PARTS * _SHARES)
+        s = self.sbuf[:b]  # (b, n), C-contiguous
+        # the parts taken by whichever thread is free (the caller and the pool's helpers);
+        # finished parts join the running top-k in id order (ties rank by the lower id)
+        work = _Shared(len(cuts) - 1, lambda j, r=rows, c=cuts, s=s, nm=norms: _part(
+            r[c[j]:c[j + 1]], qt, nm[c[j]:c[j + 1]], s[c[j]:c[j + 1]]))
+        for _ in range(min(_PARTS, len(cuts) - 1) - 1):
+            pool().submit(work.run)
+        for a, z in work.joined(cuts):
+            self._keep(start + a, rows[a:z], norms[a:z], s[a:z])
+
+    def _keep(self, start: int, rows: np.ndarray, norms: np.ndarray, s: np.ndarray) -> None:
         """Fix the scores ``s`` of rows ``start..`` (odd rows, bad queries, excluded ids),
         then keep the best."""
-        b = rows.shape[0]
+        b, exclude, own = rows.shape[0], self.exclude, self.own
         odd = np.flatnonzero(~((norms > 0) & (norms < np.inf)))
         if odd.size:  # zero rows (0 / 0), rows whose norm overflows
-            s[odd] = _odd_rows(rows[odd], q, low)
-        if bad_q.size:
-            s[:, bad_q] = low
+            s[odd] = _odd_rows(rows[odd], self.q, self.low)
+        if self.bad_q.size:
+            s[:, self.bad_q] = self.low
         lo, hi = np.searchsorted(exclude, (start, start + b))
         if hi > lo:
             s[exclude[lo:hi] - start] = -np.inf
         if own is not None:
             mine = np.flatnonzero((own >= start) & (own < start + b))
             s[own[mine] - start, mine] = -np.inf
-        best.add(s, start)
-
-    with (_one_blas_thread if parts > 1 and n > 1 else contextlib.nullcontext()), \
-            np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        blocks = scan_unread(table, rows_per, reuse=True) if in_place else (
-            (a, a + r.shape[0], r, m) for a, r, m in scan_blocks(table, rows_per, reuse=True))
-        for start, stop, rows, norms in blocks:
-            b = stop - start
-            if rows is None:  # format-2 rows this handle has not checked yet: read, scored
-                assert norms is not None
-                if not step:
-                    step = 1 << max(0, (PIECE_BYTES // (table.dim * table.dtype.itemsize))
-                                    .bit_length() - 1)
-                prefetch_rows(table, start, stop)  # (cold: its pages asked for at once)
-                s = sbuf[:b]
-                # pieces aligned to their length (never across a chunk file), each read and
-                # scored by whichever thread takes it, into that thread's own buffer
-                cuts = sorted({0, b, *range(step - start % step, b, step)})
-                work = _Shared(len(cuts) - 1, lambda j, c=cuts, s=s, nm=norms, a0=start: _part(
-                    read_checked(table, a0 + c[j], a0 + c[j + 1], _piece(pieces, step, table)
-                                 [: c[j + 1] - c[j]]), qt, nm[c[j]:c[j + 1]], s[c[j]:c[j + 1]]))
-                for _ in range(min(parts, len(cuts) - 1) - 1):
-                    pool().submit(work.run)
-                for a, z in work.joined(cuts):
-                    finish(start + a, rows_view(table, start + a, start + z), norms[a:z],
-                           s[a:z])
-                continue
-            if rows.dtype != dtype:  # into one reused buffer
-                if buf is None or buf.shape[0] < b:
-                    buf = np.empty((rows_per, q.shape[1]), dtype)
-                np.copyto(buf[:b], rows, casting="unsafe")
-                rows = buf[:b]
-            if norms is None:
-                norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
-            cuts = _cuts(b, parts * _SHARES)
-            s = sbuf[:b]  # (b, n), C-contiguous
-            # the parts taken by whichever thread is free (the caller and the pool's helpers);
-            # finished parts join the running top-k in id order (ties rank by the lower id)
-            work = _Shared(len(cuts) - 1, lambda j, r=rows, c=cuts, s=s, nm=norms: _part(
-                r[c[j]:c[j + 1]], qt, nm[c[j]:c[j + 1]], s[c[j]:c[j + 1]]))
-            for _ in range(min(parts, len(cuts) - 1) - 1):
-                pool().submit(work.run)
-            for a, z in work.joined(cuts):
-                finish(start + a, rows[a:z], norms[a:z], s[a:z])
-    vals, ids = sort_desc(best.vals, best.ids)
-    vals[vals == low] = np.nan
-    return vals, ids
+        self.best.add(s, start)

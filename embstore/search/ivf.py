@@ -147,71 +147,16 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         faiss.omp_set_num_threads(int(threads))
     try:
         t0 = time.perf_counter()
-        cap = max(4 * nlist, _SAMPLE_BYTES // (4 * max(dim, 1)))
         block = max(256, _BLOCK_BYTES // (4 * max(dim, 1)))
-        s_ids, train = _sample(t, metric, min(40 * nlist, cap), seed=0, block=block)
-        pick = np.sort(np.random.default_rng(2).permutation(len(s_ids))[:_CALIBRATION_QUERIES])
-        q_ids, q_vec = s_ids[pick], train[pick]  # calibration queries: rows of the sample
-        if len(train) == 0:  # no row to index (an empty table, or only zero rows)
-            train = np.zeros((1, dim), np.float32)
+        train, truth = _training_rows(t, metric, nlist, block)
         nlist = min(nlist, len(train))
-        fmetric = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
-        quantizer = faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, fmetric)
-        index.own_fields = True
-        quantizer.this.disown()
-        index.cp.niter = 10
-        index.cp.spherical = metric == "cos"
-        index.cp.seed = 1
-        index.cp.max_points_per_centroid = 64  # the sample is the training set
-        index.cp.min_points_per_centroid = 1  # a small table: fewer rows a list, no warning
-        index.train(train)
+        index, quantizer = _trained(faiss, metric, dim, nlist, train)
         train_s = time.perf_counter() - t0
-        labels = np.full(rows, -1, np.int32)
-        for start, vec, norms in scan_blocks(t, block):  # pass 1: a loop per block
-            x, keep = _prepare(metric, vec, norms)
-            if len(x):
-                labels[start:start + len(keep)][keep] = quantizer.search(x, 1)[1][:, 0]
-            if progress is not None:
-                progress((start + len(keep)) // 2, rows)
+        labels = _assign(t, metric, quantizer, block, progress)
         sizes = np.bincount(labels[labels >= 0], minlength=nlist).astype(np.uint64)
-        code = 4 * dim
-        lists = faiss.OnDiskInvertedLists(nlist, code, DATA_FILE)
-        lists.set_all_lists_sizes(faiss.swig_ptr(sizes))
-        total = int((sizes * np.uint64(code + 8)).sum())
-        lists.totsize = max(total, 8)  # FAISS cannot map an empty file
-        offsets = np.concatenate([[0], np.cumsum(sizes * np.uint64(code + 8))[:-1]])
-        if nlist and int(lists.lists.at(nlist - 1).offset) != int(offsets[-1]):
-            raise RuntimeError("faiss laid the lists out unexpectedly")  # a faiss change
-        truth = _Truth(metric, q_ids, q_vec)
-        fill = np.zeros(nlist, np.uint64)
-        fd = os.open(dest / DATA_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.ftruncate(fd, max(total, 8))
-            for start, vec, norms in scan_blocks(t, block):  # pass 2: a loop per block
-                x, keep = _prepare(metric, vec, norms)
-                ids = np.flatnonzero(keep).astype(np.int64) + start
-                lab = labels[start:start + len(keep)][keep]
-                truth.add(x, ids)
-                order = np.argsort(lab, kind="stable")
-                x, ids, lab = x[order], ids[order], lab[order]
-                first = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1]]) if len(lab) else \
-                    np.empty(0, np.int64)
-                for a, b in zip(first, np.r_[first[1:], len(lab)]):  # a loop per list run
-                    j = int(lab[a])
-                    at, size = int(offsets[j]), int(sizes[j])
-                    os.pwrite(fd, x[a:b].tobytes(), at + int(fill[j]) * code)
-                    os.pwrite(fd, ids[a:b].tobytes(), at + size * code + int(fill[j]) * 8)
-                    fill[j] += b - a
-                if progress is not None:
-                    progress((rows + start + len(keep)) // 2, rows)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if not np.array_equal(fill, sizes):
-            raise TableChangedError(f"{t.path}: the table changed while its index was built "
-                                    f"(rows kept in pass 1: {int(sizes.sum())}, in pass 2: "
-                                    f"{int(fill.sum())}); build it again", path=t.path)
+        lists, offsets, total = _lay_out(faiss, nlist, dim, sizes)
+        _write_lists(t, dest / DATA_FILE, metric, block, labels, sizes, offsets, total,
+                     truth, progress)
         index.replace_invlists(lists, True)
         lists.this.disown()
         index.ntotal = int(sizes.sum())
@@ -225,13 +170,110 @@ def build_ivf(t: ZarrTable, dest: Path, *, metric: str, nlist: int | None,
         opened.close()
         return {"library": "faiss", "library_version": faiss.__version__,
                 "kind": "IVFFlat", "nlist": nlist, "nprobe": chosen,
-                "calibration": {"queries": int(len(q_ids)), "recall_at_10": reached,
+                "calibration": {"queries": int(len(truth.ids)), "recall_at_10": reached,
                                 "target": recall},
                 "indexed_rows": int(sizes.sum()), "train_rows": int(len(train)),
                 "train_seconds": round(train_s, 3),
                 "index_bytes": os.path.getsize(dest / INDEX_FILE) + max(total, 8)}
     finally:
         faiss.omp_set_num_threads(before)
+
+
+def _training_rows(t: ZarrTable, metric: str, nlist: int, block: int
+                   ) -> tuple[np.ndarray, _Truth]:
+    """``(k-means training rows, calibration queries)``: a bounded sample of the rows (a
+    zero row if there is none to index) and up to 128 of them, whose exact top-10 pass 2
+    computes."""
+    dim = t.dim
+    cap = max(4 * nlist, _SAMPLE_BYTES // (4 * max(dim, 1)))
+    s_ids, train = _sample(t, metric, min(40 * nlist, cap), seed=0, block=block)
+    pick = np.sort(np.random.default_rng(2).permutation(len(s_ids))[:_CALIBRATION_QUERIES])
+    q_ids, q_vec = s_ids[pick], train[pick]  # calibration queries: rows of the sample
+    if len(train) == 0:  # no row to index (an empty table, or only zero rows)
+        train = np.zeros((1, dim), np.float32)
+    return train, _Truth(metric, q_ids, q_vec)
+
+
+def _trained(faiss, metric: str, dim: int, nlist: int, train: np.ndarray) -> tuple[Any, Any]:
+    """``(index, quantizer)``: an ``IndexIVFFlat`` of ``nlist`` centroids, k-means trained
+    on ``train`` (its quantizer owned by the index)."""
+    fmetric = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
+    quantizer = faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim)
+    index = faiss.IndexIVFFlat(quantizer, dim, nlist, fmetric)
+    index.own_fields = True
+    quantizer.this.disown()
+    index.cp.niter = 10
+    index.cp.spherical = metric == "cos"
+    index.cp.seed = 1
+    index.cp.max_points_per_centroid = 64  # the sample is the training set
+    index.cp.min_points_per_centroid = 1  # a small table: fewer rows a list, no warning
+    index.train(train)
+    return index, quantizer
+
+
+def _assign(t: ZarrTable, metric: str, quantizer, block: int,
+            progress: Callable[[int, int], Any] | None) -> np.ndarray:
+    """Pass 1: the list of every row (its nearest centroid; -1 for a row left out)."""
+    rows = t.vocab_size
+    labels = np.full(rows, -1, np.int32)
+    for start, vec, norms in scan_blocks(t, block):  # pass 1: a loop per block
+        x, keep = _prepare(metric, vec, norms)
+        if len(x):
+            labels[start:start + len(keep)][keep] = quantizer.search(x, 1)[1][:, 0]
+        if progress is not None:
+            progress((start + len(keep)) // 2, rows)
+    return labels
+
+
+def _lay_out(faiss, nlist: int, dim: int, sizes: np.ndarray) -> tuple[Any, np.ndarray, int]:
+    """``(lists, offsets, total)``: FAISS's on-disk lists of these ``sizes``, each list's
+    byte offset in ``DATA_FILE`` and the bytes of all of them."""
+    code = 4 * dim
+    lists = faiss.OnDiskInvertedLists(nlist, code, DATA_FILE)
+    lists.set_all_lists_sizes(faiss.swig_ptr(sizes))
+    total = int((sizes * np.uint64(code + 8)).sum())
+    lists.totsize = max(total, 8)  # FAISS cannot map an empty file
+    offsets = np.concatenate([[0], np.cumsum(sizes * np.uint64(code + 8))[:-1]])
+    if nlist and int(lists.lists.at(nlist - 1).offset) != int(offsets[-1]):
+        raise RuntimeError("faiss laid the lists out unexpectedly")  # a faiss change
+    return lists, offsets, total
+
+
+def _write_lists(t: ZarrTable, path: Path, metric: str, block: int, labels: np.ndarray,
+                 sizes: np.ndarray, offsets: np.ndarray, total: int, truth: _Truth,
+                 progress: Callable[[int, int], Any] | None) -> None:
+    """Pass 2: every row's vector and id written at its list's place in the new file
+    ``path`` (the calibration queries' exact top-10 computed on the way); a table whose
+    rows changed since pass 1 is an error."""
+    rows, code = t.vocab_size, 4 * t.dim
+    fill = np.zeros(len(sizes), np.uint64)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.ftruncate(fd, max(total, 8))
+        for start, vec, norms in scan_blocks(t, block):  # pass 2: a loop per block
+            x, keep = _prepare(metric, vec, norms)
+            ids = np.flatnonzero(keep).astype(np.int64) + start
+            lab = labels[start:start + len(keep)][keep]
+            truth.add(x, ids)
+            order = np.argsort(lab, kind="stable")
+            x, ids, lab = x[order], ids[order], lab[order]
+            first = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1]]) if len(lab) else \
+                np.empty(0, np.int64)
+            for a, b in zip(first, np.r_[first[1:], len(lab)]):  # a loop per list run
+                j = int(lab[a])
+                at, size = int(offsets[j]), int(sizes[j])
+                os.pwrite(fd, x[a:b].tobytes(), at + int(fill[j]) * code)
+                os.pwrite(fd, ids[a:b].tobytes(), at + size * code + int(fill[j]) * 8)
+                fill[j] += b - a
+            if progress is not None:
+                progress((rows + start + len(keep)) // 2, rows)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if not np.array_equal(fill, sizes):
+        raise TableChangedError(f"{t.path}: the table changed while its index was built "
+                                f"(rows kept in pass 1: {int(sizes.sum())}, in pass 2: "
+                                f"{int(fill.sum())}); build it again", path=t.path)
 
 
 def _calibrate(index: "IvfIndex", truth: _Truth, nlist: int, recall: float,

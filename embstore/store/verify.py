@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,43 +194,80 @@ def verify(path: PathLike) -> VerifyReport:
     A path that is no table at all raises :class:`~embstore.errors.NotATableError`."""
     root = Path(os.fspath(path)).absolute()
     report = VerifyReport(str(root))
+    opened = _open_table(root, report)
+    if opened is None:
+        return report
+    attrs, meta = opened
+    fast: set[str] = set()  # arrays checked by their own checksums, not read through zarr
+    one_pass, norm_problems = _verify_paged(root, meta, report, fast)
+    _verify_sharded(root, meta, report, fast)
+    if not any(d.file.startswith(str(root / NGRAMS)) for d in report.damaged):
+        for file, message in check_subwords(root, attrs, int(meta["shape"][1])):
+            report.add(file, None, message)  # n-grams the checksums pass but nobody can use
+    names, deep = _read_other_arrays(root, meta, report, fast)
+    _check_keys(root, attrs, names, deep, report)
+    _check_stored_norms(root, report, one_pass, norm_problems)
+    _check_versions(root, report)
+    report.index = _index_note(root, report)
+    if report.unchecked:
+        report.ok = False
+    return report
+
+
+def _open_table(root: Path, report: VerifyReport) -> tuple[dict, dict] | None:
+    """The table's attributes and the metadata of ``vectors``, as a reader opens them (a
+    committed write finished first); None, with the problem reported, if they cannot be
+    read safely."""
     unsafe = unsafe_files(root) if root.is_dir() else []
     for file, message in unsafe:  # reading on would block on a FIFO or read another table
         report.add(file, None, message)
     if unsafe:
-        return report
+        return None
     try:
         if root.is_dir():
             settle(root)  # as a reader opening it: a committed write is finished first
-        attrs, meta = read_table_meta(root)
+        return read_table_meta(root)
     except NotATableError:
         raise  # nothing to verify: not damage
     except (FormatError, CorruptStoreError, LockTimeoutError) as exc:
         report.add(str(root), None, str(exc))
-        return report
-    fast: set[str] = set()
+        return None
+
+
+def _verify_paged(root: Path, meta: dict, report: VerifyReport,
+                  fast: set[str]) -> tuple[Callable | None, list]:
+    """Format 2: the rows of ``vectors`` and of the per-row side arrays checked against
+    their pages' crcs; returns the norms' one-pass check (None if the norms were not
+    compared with the rows) and the problems it found."""
     one_pass = None  # format 2: the norms checked with the rows' pages
+    norm_problems: list = []
     rows = RowLayout.from_metadata(meta)
-    if rows is not None and _array_meta(root, PAGE_CRC) is not None:  # format 2
-        fast.update(("vectors", PAGE_CRC))
-        norm_problems: list = []
-        try:  # the norms compared as the rows are read for their pages: one pass
-            one_pass = norms_in_one_pass(root, open_source(root, meta, "r"),
-                                         lambda file, msg: norm_problems.append((file, msg)))
-        except (CorruptStoreError, FormatError):
-            one_pass = None
-        for file, chunk, message in verify_rows(root, rows, on_rows=one_pass):
+    if rows is None or _array_meta(root, PAGE_CRC) is None:  # not format 2
+        return one_pass, norm_problems
+    fast.update(("vectors", PAGE_CRC))
+    try:  # the norms compared as the rows are read for their pages: one pass
+        one_pass = norms_in_one_pass(root, open_source(root, meta, "r"),
+                                     lambda file, msg: norm_problems.append((file, msg)))
+    except (CorruptStoreError, FormatError):
+        one_pass = None
+    for file, chunk, message in verify_rows(root, rows, on_rows=one_pass):
+        report.add(file, chunk, message)
+    report.vocab_size, report.shards, report.chunks = rows.rows, rows.n_chunks, rows.n_chunks
+    for name in (*SIDE_ARRAYS, NORMS_ARRAY):  # int8's scales, the norms: as the rows
+        m, crc = _array_meta(root, name), crc_array(name)
+        side = None if m is None else RowLayout.from_metadata(m)
+        if side is None or _array_meta(root, crc) is None or side.rows != rows.rows:
+            continue  # (format 1's shards, or rows that do not fit: below)
+        fast.update((name, crc))
+        report.arrays.append(name)
+        for file, chunk, message in verify_rows(root, side, name):
             report.add(file, chunk, message)
-        report.vocab_size, report.shards, report.chunks = rows.rows, rows.n_chunks, rows.n_chunks
-        for name in (*SIDE_ARRAYS, NORMS_ARRAY):  # int8's scales, the norms: as the rows
-            m, crc = _array_meta(root, name), crc_array(name)
-            side = None if m is None else RowLayout.from_metadata(m)
-            if side is None or _array_meta(root, crc) is None or side.rows != rows.rows:
-                continue  # (format 1's shards, or rows that do not fit: below)
-            fast.update((name, crc))
-            report.arrays.append(name)
-            for file, chunk, message in verify_rows(root, side, name):
-                report.add(file, chunk, message)
+    return one_pass, norm_problems
+
+
+def _verify_sharded(root: Path, meta: dict, report: VerifyReport, fast: set[str]) -> None:
+    """Format 1: every shard index and chunk of ``vectors``, int8 tables' scales and
+    fastText n-grams not checked above (crc32c, and a decode for compressed chunks)."""
     for name in ("vectors", *SIDE_ARRAYS, NGRAMS):  # int8 tables' scales, fastText n-grams
         if name in fast:
             continue
@@ -252,9 +290,13 @@ def verify(path: PathLike) -> VerifyReport:
             report.arrays.append(name)
             if not layout.has_crc:
                 report.unchecked_arrays.append(name)
-    if not any(d.file.startswith(str(root / NGRAMS)) for d in report.damaged):
-        for file, message in check_subwords(root, attrs, int(meta["shape"][1])):
-            report.add(file, None, message)  # n-grams the checksums pass but nobody can use
+
+
+def _read_other_arrays(root: Path, meta: dict, report: VerifyReport,
+                       fast: set[str]) -> tuple[list[str], bool]:
+    """Every other array of the group read whole through zarr-python (whose crc32c codec
+    detects damage); returns the arrays' names and whether the key index gets its deep
+    check (its arrays are skipped here)."""
     import zarr
     # arrays listed from the directory: zarr-python cannot open a group holding bfloat16
     # (not arrays an older embstore left half written beside the live ones: not the table)
@@ -282,6 +324,12 @@ def verify(path: PathLike) -> VerifyReport:
                 report.unchecked = _n_chunks(meta)
         elif not sums:
             report.unchecked_arrays.append(name)
+    return names, deep
+
+
+def _check_keys(root: Path, attrs: dict, names: list[str], deep: bool,
+                report: VerifyReport) -> None:
+    """``keys`` present if the table has keys, one per row, and the key index's deep check."""
     if attrs.get("has_keys") and "keys" not in names:
         report.add(f"{root}/keys", None, f"{root}/keys: missing (the table has_keys)")
     nkeys = (_array_meta(root, "keys") or {}).get("shape", [None])[0]
@@ -291,6 +339,12 @@ def verify(path: PathLike) -> VerifyReport:
                    f"one per row ({report.vocab_size} rows)")
     elif deep and report.vocab_size is not None:
         _deep_check_keys(root, report)
+
+
+def _check_stored_norms(root: Path, report: VerifyReport, one_pass: Callable | None,
+                 norm_problems: list) -> None:
+    """The stored norms against their rows, once nothing else is damaged: the problems the
+    one pass with the rows' pages found, else every norm recomputed from its row."""
     if report.ok and NORMS_ARRAY in report.arrays and one_pass is not None:
         for file, msg in norm_problems:  # (checked with the rows' pages above)
             report.add(file, None, msg)
@@ -299,11 +353,6 @@ def verify(path: PathLike) -> VerifyReport:
             check_norms(root, lambda file, msg: report.add(file, None, msg))
         except (CorruptStoreError, FormatError) as exc:
             report.add(str(root / NORMS_ARRAY), None, str(exc))
-    _check_versions(root, report)
-    report.index = _index_note(root, report)
-    if report.unchecked:
-        report.ok = False
-    return report
 
 
 def _check_versions(root: Path, report: VerifyReport) -> None:

@@ -22,50 +22,74 @@ class ShardFile:
     def __init__(self, path: str, layout: Layout, root: str | None = None):
         self.path = path  # root: the table's directory, which the file must not leave
         n = layout.n_inner
-        self.mm = None
-        self.rowview = None
+        self.mm: np.ndarray | None = None
+        self.rowview: np.ndarray | None = None
         self.scan_rows: np.ndarray | None = None  # every row, one-row chunks back to back (embstore.store.scan)
         self.offsets = np.broadcast_to(np.int64(-1), (n,))  # until the index is read
         self.nbytes = np.broadcast_to(np.int64(0), (n,))
         self.verified = np.zeros(n, dtype=bool)
         self.all_verified = False
-        self.ident = None
+        self.ident: tuple[int, int] | None = None
         self._whole: tuple[int, bool] | None = None  # back_to_back of the whole shard
         # size, index and map all from one open file: a writer may rename a new shard into
         # place at any moment, and the size of one file with the bytes of another is garbage.
         # The mapping keeps no descriptor (a table of 10,000 shards under ulimit -n 1024).
+        fd = self._open(root)
+        if fd is None:
+            self.all_verified = True  # an absent shard: every chunk is the fill value
+            return
         try:
-            fd = open_regular(path, root=root)
+            size, tail, mm = self._read_tail(fd, layout)
+        finally:
+            os.close(fd)
+        data_len = size - len(tail)
+        present, self.offsets, self.nbytes = self._parse_index(tail, data_len, layout)
+        self._map(mm, size, data_len, present, layout)
+
+    def _open(self, root: str | None) -> int | None:
+        """A descriptor of the shard file (never through a FIFO or a symbolic link out of
+        ``root``); None for a shard never written (a table removed meanwhile is an error)."""
+        path = self.path
+        try:
+            return open_regular(path, root=root)
         except FileNotFoundError:
             if root is not None and not os.path.lexists(os.path.join(root, "vectors",
                                                                      "zarr.json")):
                 raise CorruptStoreError(  # never the fill value for a table that is gone
                     f"shard {path}: the table was removed under this reader (reopen it)",
                     path=path) from None
-            self.all_verified = True  # an absent shard: every chunk is the fill value
-            return
+            return None
         except (CorruptStoreError, ResourceLimitError):  # a FIFO, a symlink out, no fds
             raise
         except OSError as exc:  # unreadable, ...
             raise CorruptStoreError(f"shard {path}: cannot open ({exc.strerror or exc})",
                                     path=path) from None
-        try:
-            st = os.fstat(fd)
-            size, self.ident = st.st_size, (st.st_dev, st.st_ino)
-            index_len = 16 * n + (4 if layout.index_crc else 0)
-            if size < index_len:
-                raise CorruptStoreError(
-                    f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
-                    "(truncated?)", path=path)
-            # the index with one read (a fault on the map would read ahead megabytes around
-            # it, or with MADV_RANDOM fault its pages in one at a time)
-            tail = os.pread(fd, index_len, size - index_len)
-            if len(tail) != index_len:
-                raise CorruptStoreError(f"shard {path}: index truncated while reading",
-                                        path=path)
-            mm = map_file(fd, size, f"shard {path}")
-        finally:
-            os.close(fd)
+
+    def _read_tail(self, fd: int, layout: Layout) -> tuple[int, bytes, np.ndarray]:
+        """``(size, index bytes, map)`` of the open file ``fd``: its index (and crc) read
+        from its tail with one pread, the whole file mapped read-only."""
+        path = self.path
+        st = os.fstat(fd)
+        size, self.ident = st.st_size, (st.st_dev, st.st_ino)
+        index_len = 16 * layout.n_inner + (4 if layout.index_crc else 0)
+        if size < index_len:
+            raise CorruptStoreError(
+                f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
+                "(truncated?)", path=path)
+        # the index with one read (a fault on the map would read ahead megabytes around
+        # it, or with MADV_RANDOM fault its pages in one at a time)
+        tail = os.pread(fd, index_len, size - index_len)
+        if len(tail) != index_len:
+            raise CorruptStoreError(f"shard {path}: index truncated while reading",
+                                    path=path)
+        return size, tail, map_file(fd, size, f"shard {path}")
+
+    def _parse_index(self, tail: bytes, data_len: int, layout: Layout
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(present, offsets, nbytes)`` of every inner chunk from the index bytes ``tail``,
+        checked: its crc32c, every chunk inside the ``data_len`` data bytes (and, for
+        uncompressed chunks, of the one size they all have)."""
+        path, n = self.path, layout.n_inner
         body = tail[: 16 * n]
         stored = int.from_bytes(tail[16 * n:], "little")
         if layout.index_crc and crc32c(body) != stored:
@@ -75,7 +99,6 @@ class ShardFile:
         present = index[:, 0] != ABSENT
         off = index[:, 0].astype(np.int64)
         nb = index[:, 1].astype(np.int64)
-        data_len = size - index_len
         bad = present & ((index[:, 0] > data_len) | (index[:, 1] > data_len - np.minimum(
             index[:, 0], data_len)))
         want = layout.chunk_bytes + (4 if layout.has_crc else 0)
@@ -87,11 +110,16 @@ class ShardFile:
                 f"shard {path}, chunk {i}: index says offset {int(index[i, 0])}, {int(nb[i])} "
                 f"bytes, outside the {data_len} data bytes or not the {want} expected",
                 path=path)
-        self.offsets = np.where(present, off, -1)
         if layout.compression == "none":  # all the same (checked above): 8 bytes a chunk less
-            self.nbytes = np.broadcast_to(np.int64(want), (n,))
+            nbytes = np.broadcast_to(np.int64(want), (n,))
         else:
-            self.nbytes = np.where(present, nb, 0)
+            nbytes = np.where(present, nb, 0)
+        return present, np.where(present, off, -1), nbytes
+
+    def _map(self, mm: np.ndarray, size: int, data_len: int, present: np.ndarray,
+             layout: Layout) -> None:
+        """Keep the map ``mm`` of the file (advised random access; a strided view of its
+        rows if uncompressed); absent chunks need no check, and none do without crcs."""
         self.mm = mm
         self.buf = memoryview(mm).cast("B")  # type: ignore[arg-type]  # slicing a memoryview is cheap, a memmap's is not
         self.addr = mm.ctypes.data if size else 0
