@@ -211,8 +211,11 @@ LONG_MODULES: dict[str, str] = {
                            "the opened index, over one file format (docs/FORMAT.md §5)",
     "embstore.store.verify": "one verify of a table: every array of every layout checked "
                              "into one VerifyReport",
-    "embstore.store.writer": "TableWriter: one class, the streaming writer of a new table, "
-                             "with the layout it picks",
+    "embstore.store.table": "ZarrTable: one class, a handle's reads, writes and the versions "
+                            "they commit share its lock and its Version",
+    "embstore.store.versions.commit": "the commit protocol: one Transaction (staged files, the "
+                                      "journal, the snapshot) and its recovery, repair and "
+                                      "settle, which read the same journal",
 }
 
 
