@@ -64,7 +64,7 @@ def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | Non
 
     ``request_latency`` (seconds), ``request_bandwidth`` (bytes per second on one
     connection) and ``max_request_bytes`` set the cost model reads coalesce by
-    (:mod:`.costs`; default 25 ms, 100 MB/s, 16 MiB: S3)."""
+    (:mod:`.costs`; default 25 ms, 100 MB/s, 8 MiB: S3)."""
     if mode != "r":
         raise ReadOnlyError(f"{url}: tables on object storage open read-only (mode 'r'), got "
                             f"mode {mode!r}; write a local table and copy it there")
