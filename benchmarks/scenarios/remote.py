@@ -4,7 +4,9 @@ cache off; against moto alone and through a proxy that makes it cost what S3 cos
 The same table (format 2, the default layout: rows at a fixed stride in ~64 MiB chunk
 files, a crc32c per 4 KiB page) uploaded once, read by embstore (``embstore.open("s3://...",
 cache_bytes=0)``, obstore), tensorstore's ``s3`` kvstore and zarr-python over
-``zarr.storage.ObjectStore`` (obstore as well), (32, 512) uniform ids, twice:
+``zarr.storage.ObjectStore`` (obstore as well), (32, 512) uniform ids (dense: every
+2.5 MB of the table holds rows of the batch, so the cost model reads it all) and a sparse
+batch (``sparse_ids``, 256 in the full run), twice:
 
 - ``moto``: the server alone (loopback hides latency; moto costs ~5 ms of its own CPU a
   request and serves ~400 MB/s in all);
@@ -93,14 +95,23 @@ def _ideal(t, ids: np.ndarray) -> tuple[int, int, int]:
     return int(k.size), int((hi - lo).sum()), int((phi - plo).sum())
 
 
+def _modelled_ms(requests: int, nbytes: int) -> float:
+    """A batch's time on S3 by the proxy's figures: ``requests`` of equal size, at most
+    ``CONCURRENCY`` in flight, each its latency plus its bytes at one connection's rate."""
+    if not requests:
+        return 0.0
+    waves = -(-requests // CONCURRENCY)
+    return waves * (LATENCY_S + nbytes / requests / BANDWIDTH) * 1e3
+
+
 def _setting(res, srv, setting: str, endpoint: str, url: str, E, batches, cfg) -> dict:
     """Time every method against ``endpoint``; the measurements by method name."""
     opts = {"storage_options": {"endpoint": endpoint}, "cache_bytes": 0}
     t = embstore.open(url, **opts)
     try:
         clients = {EMB: lambda ids: t.lookup(ids)}
-        peers = [(TS, _tensorstore)] + ([(ZARR, _zarr)] if cfg.get(
-            f"zarr_{setting}", setting == "moto") else [])
+        case = setting if len(batches[0].shape) > 1 else f"{setting}, {batches[0].size} ids"
+        peers = [(TS, _tensorstore)] + ([(ZARR, _zarr)] if setting == "moto" else [])
         for name, make in peers:
             try:
                 clients[name] = make(endpoint, "t.emb/vectors")
@@ -123,8 +134,9 @@ def _setting(res, srv, setting: str, endpoint: str, url: str, E, batches, cfg) -
             srv.reset()
             checker(name)(fn(batches[0]))
             n, sent = sum(srv.counts().values()), srv.sent()
-            counted[name] = {"requests_per_batch": n, "MiB_per_batch": round(sent / MIB, 1)}
-            log(f"  {setting}: {name}: {n} requests, {sent / MIB:.1f} MiB per batch")
+            counted[name] = {"requests_per_batch": n, "MiB_per_batch": round(sent / MIB, 1),
+                             "modelled_S3_ms": round(_modelled_ms(n, sent), 1)}
+            log(f"  {case}: {name}: {n} requests, {sent / MIB:.1f} MiB per batch")
         req, ideal, pages = _ideal(t, batches[0])
         counted[EMB].update(model_requests=req, model_ideal_MiB=round(ideal / MIB, 1),
                             rows_pages_MiB=round(pages / MIB, 1),
@@ -138,7 +150,7 @@ def _setting(res, srv, setting: str, endpoint: str, url: str, E, batches, cfg) -
                           lambda fn=fn: fn(cur["ids"]), check=checker(name),
                           reps=None if name == EMB else cfg["slow_reps"], warmup=lambda: None)
                    for name, fn in clients.items()]
-        found = interleave(res, setting, methods, reps=cfg["reps"], on_rep=on_rep)
+        found = interleave(res, case, methods, reps=cfg["reps"], on_rep=on_rep)
         for name, meas in found.items():
             meas.extra.update(counted[name])
         return found
@@ -186,6 +198,33 @@ def _cache_runs(res, srv, setting: str, endpoint: str, url: str, E, ids, scratch
             got["first process"], target=("faster", 3))
 
 
+def _report(res, setting: str, found: dict, n: int, moto: bool) -> None:
+    """Comparisons and a note of requests and bytes for one setting and batch size."""
+    g = found.get
+    what = f"{setting}, {n:,} ids"
+    compare(res, f"S3 lookup ({what}): embstore vs tensorstore", g(EMB), g(TS),
+            target=("faster", 3))
+    compare(res, f"S3 lookup ({what}): embstore vs zarr-python", g(EMB), g(ZARR),
+            target=("faster", None))
+    if g(EMB) is None:
+        return
+    x = g(EMB).extra
+    res.notes.append(
+        f"{what}: per batch, embstore {x['requests_per_batch']} requests, "
+        f"{x['MiB_per_batch']} MiB; cost model: {x['model_requests']} requests, "
+        f"{x['model_ideal_MiB']} MiB ideal (fetched/ideal {x['fetched_over_ideal']}), of "
+        f"which {x['rows_pages_MiB']} MiB the rows' own pages; " + "; ".join(
+            f"{k}: {m.extra['requests_per_batch']} requests, {m.extra['MiB_per_batch']} MiB"
+            for k, m in found.items() if k != EMB))
+    if moto and g(TS) is not None:  # the same requests and bytes on S3, by the proxy's model
+        e, t = x["modelled_S3_ms"], g(TS).extra["modelled_S3_ms"]
+        em = Measurement(f"{n:,} ids, modelled on S3", EMB, "embstore", "ms", [e], {})
+        tm = Measurement(f"{n:,} ids, modelled on S3", TS, "peer", "ms", [t], {})
+        res.measurements += [em, tm]
+        compare(res, f"S3 lookup ({n:,} ids), modelled on S3 (32 in flight): embstore vs "
+                "tensorstore", em, tm, target=("faster", None))
+
+
 def run(ctx, res) -> None:
     cfg = ctx.cfg["remote"]
     rows, dim, shape = cfg["rows"], cfg["dim"], tuple(cfg["ids"])
@@ -200,7 +239,8 @@ def run(ctx, res) -> None:
     E = data.load_in_ram(npy)
     store = data.store(ctx.data_dir, npy, layout={"format_version": 2})
     res.params = {"rows": rows, "dim": dim, "dtype": "float32", "format": 2,
-                  "ids_shape": list(shape), "distribution": "uniform", "reps": cfg["reps"],
+                  "ids_shape": list(shape), "sparse_ids": cfg["sparse_ids"],
+                  "distribution": "uniform", "reps": cfg["reps"],
                   "reps_peers": cfg["slow_reps"], "row_cache": "off",
                   "proxy": f"{LATENCY_S * 1e3:.0f} ms first byte, {BANDWIDTH / 1e6:.0f} MB/s "
                            "per connection", "server": "moto (server mode), loopback"}
@@ -215,22 +255,12 @@ def run(ctx, res) -> None:
         copy_table(store, url)
         px = ProxyProcess(srv.endpoint, LATENCY_S, BANDWIDTH)
         batches = [data.ids(rows, shape, "uniform", seed=s) for s in range(max(2, cfg["reps"]))]
+        sparse = [data.ids(rows, (cfg["sparse_ids"],), "uniform", seed=50 + s)
+                  for s in range(max(2, cfg["reps"]))]
         for setting, endpoint in (("moto", srv.endpoint), ("proxy", px.endpoint)):
-            found = _setting(res, srv, setting, endpoint, url, E, batches, cfg)
-            g = found.get
-            compare(res, f"S3 lookup ({setting}): embstore vs tensorstore", g(EMB), g(TS),
-                    target=("faster", 3))
-            compare(res, f"S3 lookup ({setting}): embstore vs zarr-python", g(EMB), g(ZARR),
-                    target=("faster", None))
-            if g(EMB) is not None:
-                x = g(EMB).extra
-                res.notes.append(
-                    f"{setting}: per batch, embstore {x['requests_per_batch']} requests, "
-                    f"{x['MiB_per_batch']} MiB; cost model: {x['model_requests']} requests, "
-                    f"{x['model_ideal_MiB']} MiB ideal (fetched/ideal {x['fetched_over_ideal']}"
-                    f"), of which {x['rows_pages_MiB']} MiB the rows' own pages; " + "; ".join(
-                        f"{n}: {m.extra['requests_per_batch']} requests, "
-                        f"{m.extra['MiB_per_batch']} MiB" for n, m in found.items() if n != EMB))
+            for batch in (batches, sparse):
+                found = _setting(res, srv, setting, endpoint, url, E, batch, cfg)
+                _report(res, setting, found, batch[0].size, moto=setting == "moto")
             _cache_runs(res, srv, setting, endpoint, url, E, batches[-1].reshape(-1),
                         ctx.scratch)
     finally:
