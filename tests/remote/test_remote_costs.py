@@ -211,3 +211,29 @@ def test_a_damaged_cache_entry_is_refetched(s3, wide, rng, tmp_path):
         s3.reset()
         np.testing.assert_array_equal(t[ids], E[ids])
         assert s3.total() == 0  # and cached anew
+
+
+def test_the_benchmarks_latency_proxy_adds_latency_and_caps_bandwidth(s3):
+    """benchmarks/latencyproxy.py: every request 25 ms later to its first byte, responses at
+    most 100 MB/s per connection (here 20 ms and 50 MB/s), the bytes unchanged."""
+    import time
+
+    from benchmarks.latencyproxy import LatencyProxy
+    from embstore.store.remote.objstore import ObjectClient
+
+    data = os.urandom(4 << 20)
+    s3.client().put_object(Bucket=s3.bucket, Key="p/o", Body=data)
+    proxy = LatencyProxy(s3.endpoint, latency_s=0.02, bandwidth_Bps=50e6)
+    client = ObjectClient(f"s3://{s3.bucket}/p", {"endpoint": proxy.endpoint})
+    try:
+        client.get_range("o", 0, 10)  # (connection open)
+        t0 = time.perf_counter()
+        assert bytes(client.get_range("o", 5, 4096)) == data[5:4096]
+        small = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        assert bytes(client.get_range("o", 0, 4 << 20)) == data
+        big = time.perf_counter() - t0
+    finally:
+        client.close()
+        proxy.close()
+    assert small >= 0.02 and big >= 0.02 + (4 << 20) / 50e6 * 0.9
