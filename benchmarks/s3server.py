@@ -9,8 +9,9 @@ extras) on 127.0.0.1 and a free port, in a thread of this process.  Two adjustme
   tensorstore, zarr-python) profits alike.
 - the server sets TCP_NODELAY (werkzeug writes headers and body apart; Nagle's algorithm
   and delayed ACKs otherwise add ~20 ms to each response) and lists moto's modules once;
-- every request is counted (``server.requests``, by HTTP method), so tests and the
-  benchmark report requests per batch as the server saw them.
+- every request is counted (``server.requests``, by HTTP method), and the bytes of the
+  bodies of GET responses (``server.sent()``), so tests and the benchmark report requests and
+  bytes per batch as the server saw them.
 """
 
 from __future__ import annotations
@@ -33,19 +34,27 @@ class S3Server:
         self._server = server
         self.endpoint = endpoint
         self.requests: collections.Counter = collections.Counter()
+        self._sent = 0  # bytes of GET response bodies
         self._lock = threading.Lock()
 
-    def count(self, method: str) -> None:
+    def count(self, method: str, nbytes: int = 0) -> None:
         with self._lock:
             self.requests[method] += 1
+            self._sent += nbytes
 
     def total(self) -> int:
         with self._lock:
             return sum(self.requests.values())
 
+    def sent(self) -> int:
+        """Bytes of GET response bodies since the last reset."""
+        with self._lock:
+            return self._sent
+
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self._sent = 0
 
     def client(self):
         import boto3
@@ -111,9 +120,13 @@ def _patch_moto() -> None:
 
     def counted(inner):
         def wrapper(self, request, *args, **kwargs):
+            out = inner(self, request, *args, **kwargs)
             if _current is not None:
-                _current.count(request.method)
-            return inner(self, request, *args, **kwargs)
+                body = out[2] if isinstance(out, tuple) and len(out) == 3 else b""
+                sent = len(body) if request.method == "GET" and isinstance(
+                    body, (bytes, bytearray, memoryview)) else 0
+                _current.count(request.method, sent)
+            return out
         return wrapper
 
     S3Response.key_response = counted(S3Response.key_response)
@@ -175,6 +188,10 @@ class ServerProcess:
     def total(self) -> int:
         return sum(self.counts().values())
 
+    def sent(self) -> int:
+        """Bytes of GET response bodies since the last reset."""
+        return int(self._ask("sent"))
+
     def reset(self) -> None:
         self._ask("reset")
 
@@ -199,6 +216,8 @@ def _serve() -> None:
         cmd, _, arg = line.strip().partition(" ")
         if cmd == "count":
             print(json.dumps(dict(srv.requests)), flush=True)
+        elif cmd == "sent":
+            print(srv.sent(), flush=True)
         elif cmd == "reset":
             srv.reset()
             print("ok", flush=True)

@@ -1,41 +1,55 @@
-"""remote: row lookups on a table in an S3 bucket (moto's server on loopback), row cache empty.
+"""remote: row lookups on a format-2 table in an S3 bucket (moto's server on loopback), row
+cache off; against moto alone and through a proxy that makes it cost what S3 costs.
 
-The same table (default layout: 16 KiB chunks in 128 MiB shards) uploaded once, read by
-embstore (``embstore.open("s3://...")``, obstore), tensorstore's ``s3`` kvstore and
-zarr-python over ``zarr.storage.ObjectStore`` (obstore as well), (32, 512) uniform ids.
-Every method has read the shard indexes of a first batch before timing (embstore keeps
-them, tensorstore caches them, zarr-python reads them again each call).
+The same table (format 2, the default layout: rows at a fixed stride in ~64 MiB chunk
+files, a crc32c per 4 KiB page) uploaded once, read by embstore (``embstore.open("s3://...",
+cache_bytes=0)``, obstore), tensorstore's ``s3`` kvstore and zarr-python over
+``zarr.storage.ObjectStore`` (obstore as well), (32, 512) uniform ids (dense: every
+2.5 MB of the table holds rows of the batch, so the cost model reads it all) and a sparse
+batch (``sparse_ids``, 256 in the full run), twice:
 
-The server runs in a child process and counts the requests it serves.  Loopback hides
-latency, so a modelled time is reported too: the measured time plus 30 ms for every wave
-of requests, ``ceil(requests / concurrency)``, with each client's own concurrency
-(32 for all three: embstore's and tensorstore's ``s3_request_concurrency`` default;
-zarr-python's ``async.concurrency`` is raised from its default 10 to the same 32).
-Every method is repeated and the median taken (the peers, at about 2 minutes a batch,
-``slow_reps`` times), in rotating order, on the same server and bucket.
+- ``moto``: the server alone (loopback hides latency; moto costs ~5 ms of its own CPU a
+  request and serves ~400 MB/s in all);
+- ``proxy``: through :mod:`benchmarks.latencyproxy` (25 ms more to every request's first byte,
+  100 MB/s per connection: S3's figures), in front of the same server.
+
+Every method has looked up another batch before timing (metadata read, connections open).
+The server runs in a child process and counts the requests and the bytes it serves per
+batch; beside them, embstore's cost model (store/remote/costs.py) says what a batch ideally
+fetches: the pages the rows lie on, gaps that cost less than another request read through.
+Then the disk cache: a fresh process opens the table with ``cache_dir=`` and looks a batch up
+(timed in the child: open and lookup), then a second process with the same cache does the
+same.  Every method is repeated and the median taken (the peers ``slow_reps`` times), in
+rotating order, on the same server and bucket.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import os
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 
 import embstore
+from embstore.store.remote.costs import CostModel
+from embstore.store.remote.rows import RemotePagedSource
 
 from .. import data
-from ..common import Measurement, Method, Skip, compare, interleave, log
+from ..common import ROOT, Measurement, Method, Skip, compare, interleave, log
 
 NAME = "remote"
-TITLE = "Row lookup on object storage (S3 on loopback), row cache empty"
+TITLE = "Row lookup on object storage (S3 on loopback, alone and through an S3-cost proxy)"
 
 EMB = "embstore s3:// (obstore)"
 TS = "tensorstore s3 kvstore"
 ZARR = "zarr-python ObjectStore (obstore)"
-LATENCY_MS = 30.0
+LATENCY_S, BANDWIDTH = 0.025, 100e6  # the proxy's: S3's first byte and per-connection rate
 CONCURRENCY = 32  # requests in flight, every client (embstore's and tensorstore's default)
 BUCKET = "bench"
+MIB = 1 << 20
 
 
 def _tensorstore(endpoint: str, path: str):
@@ -47,7 +61,7 @@ def _tensorstore(endpoint: str, path: str):
         "driver": "s3", "bucket": BUCKET, "path": path, "endpoint": endpoint,
         "aws_region": "us-east-1", "aws_credentials": {"type": "environment"}}}
     ta = ts.open(spec, read=True).result()
-    return lambda ids: ta[np.unique(ids)].read().result(), CONCURRENCY
+    return lambda ids: ta[np.unique(ids)].read().result()
 
 
 def _zarr(endpoint: str, path: str):
@@ -64,46 +78,46 @@ def _zarr(endpoint: str, path: str):
         with zarr.config.set({"async.concurrency": CONCURRENCY}):
             return za.get_orthogonal_selection((np.unique(ids), slice(None)))
 
-    return read, CONCURRENCY
+    return read
 
 
-def run(ctx, res) -> None:
-    cfg = ctx.cfg["remote"]
-    rows, dim, shape = cfg["rows"], cfg["dim"], tuple(cfg["ids"])
-    reps, slow = cfg["reps"], cfg["slow_reps"]
+def _ideal(t, ids: np.ndarray) -> tuple[int, int, int]:
+    """``(requests, bytes, bytes of the rows' pages)`` the cost model asks for ``ids``."""
+    src = t._objects  # the vectors source
+    if not isinstance(src, RemotePagedSource):
+        raise Skip("not a format-2 table")
+    L = src._rows
+    ids = np.unique(ids)
+    chunk, at = ids // L.chunk_rows, ids % L.chunk_rows * L.row_bytes
+    k, lo, hi = src.plan(chunk, at)
+    gap0 = RemotePagedSource(src.client, L, costs=CostModel(0.0, 1.0, 1 << 62))
+    _, plo, phi = gap0.plan(chunk, at)  # no gap read through: the pages alone
+    return int(k.size), int((hi - lo).sum()), int((phi - plo).sum())
+
+
+def _modelled_ms(requests: int, nbytes: int) -> float:
+    """A batch's time on S3 by the proxy's figures: ``requests`` of equal size, at most
+    ``CONCURRENCY`` in flight, each its latency plus its bytes at one connection's rate."""
+    if not requests:
+        return 0.0
+    waves = -(-requests // CONCURRENCY)
+    return waves * (LATENCY_S + nbytes / requests / BANDWIDTH) * 1e3
+
+
+def _setting(res, srv, setting: str, endpoint: str, url: str, E, batches, cfg) -> dict:
+    """Time every method against ``endpoint``; the measurements by method name."""
+    opts = {"storage_options": {"endpoint": endpoint}, "cache_bytes": 0}
+    t = embstore.open(url, **opts)
     try:
-        from .. import s3server
-        from embstore.store.remote.transfer import copy_table
-        import moto  # noqa: F401
-    except ImportError as exc:
-        raise Skip(f"{exc.name} not installed (pip install 'embstore[s3]' 'moto[server]')")
-    es = embstore
-    npy = data.table_npy(ctx.data_dir, rows, dim)
-    E = data.load_in_ram(npy)
-    store = data.store(ctx.data_dir, npy)
-    res.params = {"rows": rows, "dim": dim, "dtype": "float32", "ids_shape": list(shape),
-                  "distribution": "uniform", "reps": reps, "reps_peers": slow,
-                  "latency_ms_modelled": LATENCY_MS, "server": "moto (server mode), loopback"}
-    srv = s3server.ServerProcess()
-    saved = {k: os.environ.get(k) for k in srv.env()}
-    os.environ.update(srv.env())
-    opened = []
-    try:
-        srv.make_bucket(BUCKET)
-        url = f"s3://{BUCKET}/t.emb"
-        log(f"uploading {store.name} to {url}")
-        copy_table(store, url)
-        res.params["objects_uploaded"] = True
-        t = es.open(url, cache_bytes="256MiB")
-        opened.append(t)
-        batches = [data.ids(rows, shape, "uniform", seed=s) for s in range(max(2, reps))]
-        cur = {"ids": batches[0]}
-        clients = {EMB: (lambda ids: t.lookup(ids), CONCURRENCY)}
-        for name, make in ((TS, _tensorstore), (ZARR, _zarr)):
+        clients = {EMB: lambda ids: t.lookup(ids)}
+        case = setting if len(batches[0].shape) > 1 else f"{setting}, {batches[0].size} ids"
+        peers = [(TS, _tensorstore)] + ([(ZARR, _zarr)] if setting == "moto" else [])
+        for name, make in peers:
             try:
-                clients[name] = make(srv.endpoint, "t.emb/vectors")
+                clients[name] = make(endpoint, "t.emb/vectors")
             except Skip as exc:
-                res.notes.append(f"{name}: skipped: {exc}")
+                res.notes.append(f"{setting}: {name}: skipped: {exc}")
+        cur = {"ids": batches[0]}
 
         def checker(name):
             def check(out):
@@ -113,51 +127,145 @@ def run(ctx, res) -> None:
                     raise AssertionError(f"{name}: rows differ from E[ids]")
             return check
 
-        # warm-up on another batch (shard indexes read, connections open), then one counted
-        # call per method on the first batch
-        warm = data.ids(rows, shape, "uniform", seed=99).reshape(-1)[:1024]
-        requests = {}
-        for name, (fn, _) in clients.items():
+        counted = {}
+        warm = data.ids(E.shape[0], (min(1024, E.shape[0]),), "uniform", seed=99)
+        for name, fn in clients.items():  # warm-up on another batch, then one counted call
             fn(warm)
-            t.cache_clear()
             srv.reset()
             checker(name)(fn(batches[0]))
-            requests[name] = srv.counts()
-            t.cache_clear()
-            log(f"  requests per batch, {name}: {requests[name]}")
+            n, sent = sum(srv.counts().values()), srv.sent()
+            counted[name] = {"requests_per_batch": n, "MiB_per_batch": round(sent / MIB, 1),
+                             "modelled_S3_ms": round(_modelled_ms(n, sent), 1)}
+            log(f"  {case}: {name}: {n} requests, {sent / MIB:.1f} MiB per batch")
+        req, ideal, pages = _ideal(t, batches[0])
+        counted[EMB].update(model_requests=req, model_ideal_MiB=round(ideal / MIB, 1),
+                            rows_pages_MiB=round(pages / MIB, 1),
+                            fetched_over_ideal=round(counted[EMB]["MiB_per_batch"] * MIB
+                                                     / max(ideal, 1), 2))
 
         def on_rep(r):
             cur["ids"] = batches[r % len(batches)]
 
         methods = [Method(name, "embstore" if name == EMB else "peer",
                           lambda fn=fn: fn(cur["ids"]), check=checker(name),
-                          before=t.cache_clear if name == EMB else None,
-                          reps=None if name == EMB else slow, warmup=lambda: None)
-                   for name, (fn, _) in clients.items()]
-        found = interleave(res, "uniform", methods, reps=reps, on_rep=on_rep)
-        for name, meas in list(found.items()):
-            n = sum(requests[name].values())
-            conc = clients[name][1]
-            meas.extra.update(requests_per_batch=n, concurrency=conc)
-            modelled = meas.median + math.ceil(n / conc) * LATENCY_MS
-            m = Measurement("uniform, modelled 30 ms first byte", name, meas.kind, "ms",
-                            [modelled], {"requests_per_batch": n, "concurrency": conc})
-            res.measurements.append(m)
-            found[f"{name} modelled"] = m
-        g = found.get
-        compare(res, "S3 lookup: embstore vs tensorstore, same bucket", g(EMB), g(TS),
-                target=("faster", 3))
-        compare(res, "S3 lookup: embstore vs zarr-python, same bucket", g(EMB), g(ZARR),
-                target=("faster", 30))
-        compare(res, "S3 lookup at 30 ms latency (modelled): embstore vs tensorstore",
-                g(f"{EMB} modelled"), g(f"{TS} modelled"), target=("faster", None))
-        compare(res, "S3 lookup at 30 ms latency (modelled): embstore vs zarr-python",
-                g(f"{EMB} modelled"), g(f"{ZARR} modelled"), target=("faster", None))
-        res.notes.append("requests per batch (as the server counted them): " + "; ".join(
-            f"{name}: {sum(c.values())}" for name, c in requests.items()))
+                          reps=None if name == EMB else cfg["slow_reps"], warmup=lambda: None)
+                   for name, fn in clients.items()]
+        found = interleave(res, case, methods, reps=cfg["reps"], on_rep=on_rep)
+        for name, meas in found.items():
+            meas.extra.update(counted[name])
+        return found
     finally:
-        for tb in opened:
-            tb.close()
+        t.close()
+
+
+_CHILD = """
+import json, sys, time
+import numpy as np
+import embstore
+url, endpoint, cache, ids = sys.argv[1:5]
+t0 = time.perf_counter()
+t = embstore.open(url, cache_bytes=0, cache_dir=cache, storage_options={"endpoint": endpoint})
+rows = t[np.load(ids)]
+dt = time.perf_counter() - t0
+np.save(ids + ".out.npy", rows)
+print(json.dumps({"seconds": dt}))
+"""
+
+
+def _cache_runs(res, srv, setting: str, endpoint: str, url: str, E, ids, scratch) -> None:
+    """A first and a second process with the same ``cache_dir``, timed in the children."""
+    cache = tempfile.mkdtemp(prefix=f"cache-{setting}-", dir=scratch)
+    path = os.path.join(scratch, f"ids-{setting}.npy")
+    np.save(path, ids)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    got = {}
+    for which in ("first process", "second process"):
+        srv.reset()
+        out = subprocess.run([sys.executable, "-c", _CHILD, url, endpoint, cache, path],
+                             env=env, capture_output=True, text=True, timeout=900)
+        if out.returncode:
+            raise RuntimeError(f"cache_dir child failed: {out.stderr[-2000:]}")
+        if not np.array_equal(np.load(path + ".out.npy"), E[ids]):
+            raise AssertionError(f"cache_dir {which}: rows differ from E[ids]")
+        secs = json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+        extra = {"requests": sum(srv.counts().values()), "MiB": round(srv.sent() / MIB, 1)}
+        m = Measurement(f"cache_dir, {setting}", f"embstore {which} (open + lookup)",
+                        "embstore", "ms", [secs * 1e3], extra)
+        res.measurements.append(m)
+        got[which] = m
+        log(f"  cache_dir, {setting}: {which}: {secs:.2f} s, {extra}")
+    compare(res, f"cache_dir ({setting}): second process vs first", got["second process"],
+            got["first process"], target=("faster", 3))
+
+
+def _report(res, setting: str, found: dict, n: int, moto: bool) -> None:
+    """Comparisons and a note of requests and bytes for one setting and batch size."""
+    g = found.get
+    what = f"{setting}, {n:,} ids"
+    compare(res, f"S3 lookup ({what}): embstore vs tensorstore", g(EMB), g(TS),
+            target=("faster", 3))
+    compare(res, f"S3 lookup ({what}): embstore vs zarr-python", g(EMB), g(ZARR),
+            target=("faster", None))
+    if g(EMB) is None:
+        return
+    x = g(EMB).extra
+    res.notes.append(
+        f"{what}: per batch, embstore {x['requests_per_batch']} requests, "
+        f"{x['MiB_per_batch']} MiB; cost model: {x['model_requests']} requests, "
+        f"{x['model_ideal_MiB']} MiB ideal (fetched/ideal {x['fetched_over_ideal']}), of "
+        f"which {x['rows_pages_MiB']} MiB the rows' own pages; " + "; ".join(
+            f"{k}: {m.extra['requests_per_batch']} requests, {m.extra['MiB_per_batch']} MiB"
+            for k, m in found.items() if k != EMB))
+    if moto and g(TS) is not None:  # the same requests and bytes on S3, by the proxy's model
+        e, t = x["modelled_S3_ms"], g(TS).extra["modelled_S3_ms"]
+        em = Measurement(f"{n:,} ids, modelled on S3", EMB, "embstore", "ms", [e], {})
+        tm = Measurement(f"{n:,} ids, modelled on S3", TS, "peer", "ms", [t], {})
+        res.measurements += [em, tm]
+        compare(res, f"S3 lookup ({n:,} ids), modelled on S3 (32 in flight): embstore vs "
+                "tensorstore", em, tm, target=("faster", None))
+
+
+def run(ctx, res) -> None:
+    cfg = ctx.cfg["remote"]
+    rows, dim, shape = cfg["rows"], cfg["dim"], tuple(cfg["ids"])
+    try:
+        from .. import s3server
+        from ..latencyproxy import ProxyProcess
+        from embstore.store.remote.transfer import copy_table
+        import moto  # noqa: F401
+    except ImportError as exc:
+        raise Skip(f"{exc.name} not installed (pip install 'embstore[s3]' 'moto[server]')")
+    npy = data.table_npy(ctx.data_dir, rows, dim)
+    E = data.load_in_ram(npy)
+    store = data.store(ctx.data_dir, npy, layout={"format_version": 2})
+    res.params = {"rows": rows, "dim": dim, "dtype": "float32", "format": 2,
+                  "ids_shape": list(shape), "sparse_ids": cfg["sparse_ids"],
+                  "distribution": "uniform", "reps": cfg["reps"],
+                  "reps_peers": cfg["slow_reps"], "row_cache": "off",
+                  "proxy": f"{LATENCY_S * 1e3:.0f} ms first byte, {BANDWIDTH / 1e6:.0f} MB/s "
+                           "per connection", "server": "moto (server mode), loopback"}
+    srv = s3server.ServerProcess()
+    saved = {k: os.environ.get(k) for k in srv.env()}
+    os.environ.update(srv.env())
+    px = None
+    try:
+        srv.make_bucket(BUCKET)
+        url = f"s3://{BUCKET}/t.emb"
+        log(f"uploading {store.name} to {url}")
+        copy_table(store, url)
+        px = ProxyProcess(srv.endpoint, LATENCY_S, BANDWIDTH)
+        batches = [data.ids(rows, shape, "uniform", seed=s) for s in range(max(2, cfg["reps"]))]
+        sparse = [data.ids(rows, (cfg["sparse_ids"],), "uniform", seed=50 + s)
+                  for s in range(max(2, cfg["reps"]))]
+        for setting, endpoint in (("moto", srv.endpoint), ("proxy", px.endpoint)):
+            for batch in (batches, sparse):
+                found = _setting(res, srv, setting, endpoint, url, E, batch, cfg)
+                _report(res, setting, found, batch[0].size, moto=setting == "moto")
+            _cache_runs(res, srv, setting, endpoint, url, E, batches[-1].reshape(-1),
+                        ctx.scratch)
+    finally:
+        if px is not None:
+            px.stop()
         srv.stop()
         for k, v in saved.items():
             if v is None:

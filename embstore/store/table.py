@@ -559,9 +559,9 @@ def open(path: PathLike, mode: OpenMode = "r",  # noqa: A001
     then raises :class:`~embstore.errors.LockTimeoutError`.  Readers never wait for it.
 
     ``path`` may be a URL (``s3://bucket/t.emb``, ``gs://``, ``az://``, ``http(s)://``), read
-    only, with ``storage_options`` (endpoint, region, credentials; default: the standard
-    AWS environment variables), ``cache_dir`` (an on-disk chunk cache shared by processes)
-    and ``cache_dir_bytes`` (its budget, default ``"4GiB"``).
+    only, with ``storage_options`` (endpoint, region, credentials; default: the AWS variables),
+    ``cache_dir`` (a disk cache shared by processes), ``cache_dir_bytes`` (its budget, default
+    ``"4GiB"``), ``request_latency``, ``request_bandwidth``, ``max_request_bytes`` (costs.py).
 
     ``version``: read that earlier version of a format-2 table (read only, while it is
     retained; ``embstore log`` lists them); default the newest.  A handle reads the version

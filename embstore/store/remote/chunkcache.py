@@ -5,7 +5,9 @@ bytes exactly as fetched (chunk bytes with their crc32c; a shard's index tail wi
 crc32c and the object's size), so a damaged cache file is caught by the same checks as a
 damaged object, and is then dropped and fetched again.
 
-Keys: ``<table>/<version>/<shard object>/<offset>-<nbytes>`` where ``table`` is a hash of
+Keys: ``<table>/<version>/<shard object>/<offset>-<nbytes>`` (format 1: a stored chunk;
+format 2: ``<chunk object>/<start>-<stop>``, a byte range of a chunk file as one request
+fetched it, its pages checked against their crc32c on every read) where ``table`` is a hash of
 the table's URL and ``version`` a hash of its two ``zarr.json`` documents (fetched at every
 open).  A remote table is written whole and its group ``zarr.json`` last, with a fresh
 ``write_id``: a rewritten table has a new version, so nothing stale is served.
@@ -19,10 +21,13 @@ this process added since its last scan pass a tenth of the budget.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
 import time
 import uuid
+
+import numpy as np
 
 from ...fs.atomic import replace
 
@@ -59,6 +64,37 @@ class ChunkCache:
         except OSError:
             pass
         return data
+
+    def ranges(self, obj: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, stops)`` of the cached byte ranges of ``obj`` (entries named
+        ``<start>-<stop>``), sorted by start."""
+        try:
+            names = os.listdir(os.path.dirname(self._path(obj, "x")))
+        except OSError:
+            names = []
+        got = []
+        for n in names:  # a loop per entry of one object
+            a, sep, b = n.partition("-")
+            if sep and a.isdigit() and b.isdigit():
+                got.append((int(a), int(b)))
+        arr = np.array(sorted(got), dtype=np.int64).reshape(-1, 2)
+        return arr[:, 0], arr[:, 1]
+
+    def map(self, obj: str, name: str) -> mmap.mmap | None:
+        """The entry mapped read-only (None if absent or empty); a hit, as :meth:`get`."""
+        path = self._path(obj, name)
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return None
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # absent, or evicted by another process meanwhile
+            return None
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        return mm
 
     def put(self, obj: str, name: str, data) -> None:
         path = self._path(obj, name)

@@ -1,30 +1,62 @@
 """Format-2 rows on object storage: :class:`RemotePagedSource`.
 
-The same layout as a local format-2 table (:mod:`embstore.store.rows`), read by ranges: for a
-batch of ids it fetches, all at once, the ``page_crc`` chunk of each chunk of rows it touches
-for the first time (one GET each, kept for the process), then the pages its rows lie on,
-runs of pages closer than ``coalesce_bytes`` in one request; every page is checked against
-its crc32c as it arrives, and the rows are copied out of the response buffers (vectorised per
-request).  Nothing is read at open beyond the metadata: a row's place is arithmetic.
+The same layout as a local format-2 table (:mod:`embstore.store.rows`), read by ranges.  For
+a batch of ids it
+
+1. loads, all at once, the ``page_crc`` chunk of each chunk of rows it touches for the first
+   time (from the on-disk cache, ``cache_dir=``, else one GET each; kept for the process);
+2. serves the rows it can from the on-disk cache: entries are byte ranges of chunk objects
+   fetched before (by any process), and every page a row lies on is checked against its
+   crc32c on every read from the cache (a damaged entry is dropped and fetched again);
+3. reads the others by the cost model of :mod:`.costs`: the page ranges of the rows, gaps
+   that cost less to read than another request read through, regions cut into requests of
+   at most ``max_request_bytes`` at offsets that are both row and page boundaries (so every
+   row and page lies in one request), all issued concurrently;
+4. checks the pages of the rows in each response against their crc32c (whole runs of pages
+   with one call, :mod:`embstore.store.rows.runs`) and scatters the rows (vectorised per
+   request); the response is kept in the disk cache, if any.
+
+Nothing is read at open beyond the metadata: a row's place is arithmetic.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+
 import numpy as np
 
 from ...errors import CorruptStoreError
 from ..rows.layout import PAGE, RowLayout, crc_array
-from ..rows.pages import crcs_at, decode_crc_file
+from ..rows.pages import bad_pages, decode_crc_file
 from .chunkcache import ChunkCache
+from .costs import DEFAULT, CostModel, merge_ranges, split_regions
 from .objstore import ObjectClient
 from .source import RemoteShardSource
 
-__all__ = ["RemotePagedSource", "PAGES_GAP_BYTES"]
+__all__ = ["RemotePagedSource", "page_spans"]
 
-#: pages of one chunk closer than this share a request: random rows fetch about their own
-#: pages (format 1's 1 MiB gap makes a 16,384-id batch fetch most of a 1 GB table)
-PAGES_GAP_BYTES = 64 << 10
+_CRCS = "crcs"  # the cache entry of a chunk's page checksums (the page_crc object, whole)
+
+
+def page_spans(at: np.ndarray, row_bytes: int, end) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``: the bytes of the whole pages rows starting at ``at`` lie on (chunk
+    offsets; a chunk's last page ends at ``end``, its committed bytes)."""
+    lo = at // PAGE * PAGE
+    hi = np.minimum((at + row_bytes - 1) // PAGE * PAGE + PAGE, end)
+    return lo, hi
+
+
+def _pages(at: np.ndarray, row_bytes: int) -> np.ndarray:
+    """The chunk-local pages (sorted, unique) that rows starting at ``at`` lie on."""
+    first, last = at // PAGE, (at + row_bytes - 1) // PAGE
+    if row_bytes <= PAGE:
+        cand = np.concatenate((first, last))
+    else:  # wide rows: every page between (a loop-free expansion)
+        n = last - first + 1
+        cand = np.repeat(first, n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
+    cand = np.sort(cand)
+    return cand[np.r_[True, cand[1:] != cand[:-1]]] if cand.size else cand
 
 
 class RemotePagedSource(RemoteShardSource):
@@ -32,12 +64,16 @@ class RemotePagedSource(RemoteShardSource):
     refusals and closing are those of the format-1 remote source."""
 
     def __init__(self, client: ObjectClient, layout: RowLayout, *,
-                 cache: ChunkCache | None = None, coalesce_bytes: int = PAGES_GAP_BYTES,
+                 cache: ChunkCache | None = None, costs: CostModel = DEFAULT,
                  name: str = "vectors"):
         self.client, self.name, self.cache = client, name, cache
         self._rows = layout
-        self.gap_pages = max(1, int(coalesce_bytes) // PAGE)
+        self.costs = costs
+        self.gap = costs.gap_bytes
+        self.cap = costs.max_request_bytes
+        self.step = math.lcm(layout.row_bytes, PAGE)  # requests are cut at these offsets only
         self._crcs: dict[int, np.ndarray] = {}
+        self._crc_lock = threading.Lock()
         self._index: dict = {}
         self._keys_lock = threading.Lock()
         self._keys_dir = self._keys_tmp = None
@@ -55,66 +91,159 @@ class RemotePagedSource(RemoteShardSource):
     def _object(self, name: str, k: int) -> str:
         return f"{name}/{self._rows.chunk_key(k)}"
 
+    # -- page checksums -----------------------------------------------------------------------
     def _load_crcs(self, k: int) -> np.ndarray:
         obj = self._object(crc_array(self.name), k)
+        where, pages = self.client.where(obj), self._rows.pages_per_chunk
+        if self.cache is not None:
+            hit = self.cache.get(obj, _CRCS)
+            if hit is not None:
+                try:
+                    return decode_crc_file(hit, pages, where)
+                except CorruptStoreError:
+                    self.cache.drop(obj, _CRCS)  # damaged in the cache: fetched again
         data = self.client.get(obj)
         if data is None:
-            raise CorruptStoreError(f"{self.client.where(obj)}: missing (the page checksums of "
-                                    f"chunk {k})", path=self.client.where(obj))
-        return decode_crc_file(bytes(data), self._rows.pages_per_chunk, self.client.where(obj))
+            raise CorruptStoreError(f"{where}: missing (the page checksums of chunk {k})",
+                                    path=where)
+        crcs = decode_crc_file(bytes(data), pages, where)
+        if self.cache is not None:
+            self.cache.put(obj, _CRCS, data)
+        return crcs
 
+    def _need_crcs(self, chunks: np.ndarray) -> None:
+        todo = [k for k in chunks.tolist() if k not in self._crcs]  # a loop per chunk
+        for k, crcs in zip(todo, self.client.map(self._load_crcs, todo)):
+            with self._crc_lock:
+                self._crcs[k] = crcs
+
+    def _bad_page(self, buf: np.ndarray, lo: int, k: int, at: np.ndarray) -> int | None:
+        """The first page (chunk-local) of rows ``at`` whose bytes in ``buf`` (chunk bytes
+        from ``lo``) fail their crc32c, or None."""
+        qs = _pages(at, self._rows.row_bytes)
+        bad = bad_pages(buf, -lo, qs, self._rows.chunk_end(k), self._crcs[k])
+        return int(bad[0]) if bad.size else None
+
+    # -- reads --------------------------------------------------------------------------------
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         if ids.size == 0:
             return
         L = self._rows
-        rb, ppc = L.row_bytes, L.pages_per_chunk
         chunk = ids // L.chunk_rows
-        at = (ids % L.chunk_rows) * rb  # byte offset of each row in its chunk
-        first = chunk * ppc + at // PAGE  # global pages: a row covers first..last
-        last = chunk * ppc + (at + rb - 1) // PAGE
-        span = last - first + 1
-        pages = np.repeat(first, span) + (np.arange(int(span.sum()))
-                                          - np.repeat(np.cumsum(span) - span, span))
-        pages = np.unique(pages)
-        todo = [int(k) for k in np.unique(pages // ppc).tolist() if int(k) not in self._crcs]
-        for k, crcs in zip(todo, self.client.map(self._load_crcs, todo)):
-            self._crcs[k] = crcs
-        # requests: runs of pages of one chunk, gaps up to gap_pages filled in
-        new = np.ones(pages.size, dtype=bool)
-        new[1:] = (pages[1:] - pages[:-1] > self.gap_pages) | (
-            pages[1:] // ppc != pages[:-1] // ppc)
-        heads = np.flatnonzero(new)
-        starts, stops = pages[heads], pages[np.r_[heads[1:], pages.size] - 1] + 1
-        region = np.searchsorted(starts, first, side="right") - 1  # each id's request
-        order = np.argsort(region, kind="stable")
-        cuts = np.searchsorted(region[order], np.arange(starts.size + 1)).tolist()
-        jobs = [(int(starts[r]), int(stops[r]), order[cuts[r]: cuts[r + 1]])
-                for r in range(starts.size)]
-        view = out.view(np.dtype((np.void, rb))).reshape(-1)
-        self.client.map(lambda job: self._fetch_pages(job[0], job[1], job[2], at, view), jobs)
+        at = (ids % L.chunk_rows) * L.row_bytes  # byte offset of each row in its chunk
+        order = np.lexsort((at, chunk))  # rows by chunk, then offset
+        chunk, at = chunk[order], at[order]
+        heads = np.flatnonzero(np.r_[True, chunk[1:] != chunk[:-1]])
+        self._need_crcs(chunk[heads])
+        view = out.view(np.dtype((np.void, L.row_bytes))).reshape(-1)
+        if self.cache is not None:
+            left = self._from_disk(chunk, at, order, heads, view)
+            if not left.all():
+                chunk, at, order = chunk[left], at[left], order[left]
+            if not order.size:
+                return
+        self._fetch_rows(chunk, at, order, view)
 
-    def _fetch_pages(self, p0: int, p1: int, pos: np.ndarray, at: np.ndarray,
-                     view: np.ndarray) -> None:
-        """One request: global pages ``p0..p1-1`` (one chunk), rows of the ids at ``pos``."""
+    def plan(self, chunk: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
+        """The requests for rows ``at`` of chunks ``chunk`` (sorted by chunk, then offset):
+        ``(chunk, start, stop)`` of each (chunk byte offsets), by the cost model."""
         L = self._rows
-        k, q0, q1 = p0 // L.pages_per_chunk, p0 % L.pages_per_chunk, p1 - p0 + p0 % L.pages_per_chunk
-        end = L.chunk_end(k)
-        lo, hi = q0 * PAGE, min(q1 * PAGE, end)
+        ends = (np.minimum(L.rows, (chunk + 1) * L.chunk_rows) - chunk * L.chunk_rows) * \
+            L.row_bytes
+        lo, hi = page_spans(at, L.row_bytes, ends)
+        # (sorted by offset, the spans' ends never decrease: overlapping spans merge too)
+        region, rs, re = merge_ranges(chunk, lo, hi, self.gap)
+        first = np.flatnonzero(np.r_[True, region[1:] != region[:-1]])
+        plo, phi, preg = split_regions(rs, re, self.cap, self.step)
+        return chunk[first][preg], plo, phi
+
+    def _fetch_rows(self, chunk: np.ndarray, at: np.ndarray, pos: np.ndarray,
+               view: np.ndarray) -> None:
+        pk, plo, phi = self.plan(chunk, at)
+        cb = self._rows.chunk_bytes
+        part = np.searchsorted(pk * cb + plo, chunk * cb + at, side="right") - 1
+        cuts = np.searchsorted(part, np.arange(pk.size + 1)).tolist()
+        jobs = [(int(pk[r]), int(plo[r]), int(phi[r]), pos[cuts[r]: cuts[r + 1]],
+                 at[cuts[r]: cuts[r + 1]]) for r in range(pk.size)  # a loop per request
+                if cuts[r + 1] > cuts[r]]
+        self.client.map(lambda job: self._fetch_part(job[0], job[1], job[2], job[3], job[4],
+                                                     view), jobs)
+
+    def _fetch_part(self, k: int, lo: int, hi: int, pos: np.ndarray, at: np.ndarray,
+                    view: np.ndarray) -> None:
+        """One request: bytes ``lo..hi-1`` of chunk ``k``, for the rows ``at`` going to
+        ``view[pos]``."""
         obj = self._object(self.name, k)
-        buf = np.frombuffer(self.client.get_range(obj, lo, hi), dtype=np.uint8)
+        where = self.client.where(obj)
+        data = self.client.get_range(obj, lo, hi)
+        buf = np.frombuffer(data, dtype=np.uint8)
         if buf.size != hi - lo:
-            raise CorruptStoreError(f"{self.client.where(obj)}: got {buf.size} bytes for range "
-                                    f"{lo}-{hi} (object truncated?)", path=self.client.where(obj))
-        qs = np.arange(q0, -(-hi // PAGE))
-        bad = np.flatnonzero(crcs_at(buf, qs * PAGE - lo, hi - lo) != self._crcs[k][qs])
-        if bad.size:
-            q = int(qs[bad[0]])
-            raise CorruptStoreError(f"{self.client.where(obj)}: crc32c mismatch in page {q}: the "
-                                    "stored rows are damaged", path=self.client.where(obj))
-        rb = L.row_bytes
+            raise CorruptStoreError(f"{where}: got {buf.size} bytes for range {lo}-{hi} "
+                                    "(object truncated?)", path=where)
+        q = self._bad_page(buf, lo, k, at)
+        if q is not None:
+            raise CorruptStoreError(f"{where}: crc32c mismatch in page {q}: the stored rows "
+                                    "are damaged", path=where)
+        self._rows_to(view, pos, buf, lo, at)
+        if self.cache is not None:
+            self.cache.put(obj, f"{lo}-{hi}", data)
+
+    @staticmethod
+    def _rows_to(view: np.ndarray, pos: np.ndarray, buf: np.ndarray, lo: int,
+                 at: np.ndarray) -> None:
+        """``view[pos]`` = the rows at chunk offsets ``at`` of ``buf`` (bytes from ``lo``)."""
+        rb = view.dtype.itemsize
         rows = np.ndarray(shape=(buf.size - rb + 1,), dtype=np.dtype((np.void, rb)),
                           buffer=buf, strides=(1,))
-        view[pos] = rows[at[pos] - lo]
+        view[pos] = rows[at - lo]
+
+    # -- the disk cache -----------------------------------------------------------------------
+    def _from_disk(self, chunk: np.ndarray, at: np.ndarray, pos: np.ndarray,
+                    heads: np.ndarray, view: np.ndarray) -> np.ndarray:
+        """Serve rows from cached ranges of their chunk objects; the mask of rows left."""
+        assert self.cache is not None  # (only called with a disk cache)
+        L = self._rows
+        left = np.ones(chunk.size, dtype=bool)
+        jobs = []
+        bounds = np.r_[heads, chunk.size].tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):  # a loop per chunk touched
+            k = int(chunk[a])
+            obj = self._object(self.name, k)
+            elo, ehi = self.cache.ranges(obj)
+            if not elo.size:
+                continue
+            lo, hi = page_spans(at[a:b], L.row_bytes, np.int64(L.chunk_end(k)))
+            e = np.searchsorted(elo, lo, side="right") - 1
+            ok = (e >= 0) & (ehi[np.maximum(e, 0)] >= hi)
+            rows = np.flatnonzero(ok) + a
+            e = e[ok]
+            cuts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]]).tolist() + [e.size]
+            for i, j in zip(cuts[:-1], cuts[1:]):  # a loop per cache entry used
+                jobs.append((obj, k, int(elo[e[i]]), int(ehi[e[i]]), rows[i:j]))
+        served = self.client.map(
+            lambda job: self._cached(job[0], job[1], job[2], job[3], pos[job[4]],
+                                     at[job[4]], view), jobs)
+        for job, ok in zip(jobs, served):  # a loop per cache entry used
+            if ok:
+                left[job[4]] = False
+        return left
+
+    def _cached(self, obj: str, k: int, lo: int, hi: int, pos: np.ndarray, at: np.ndarray,
+                view: np.ndarray) -> bool:
+        """Rows ``at`` from the cached bytes ``lo..hi-1`` of chunk ``k``, each page checked;
+        False (the entry dropped) if the entry is gone, short or damaged."""
+        assert self.cache is not None
+        name = f"{lo}-{hi}"
+        mm = self.cache.map(obj, name)
+        if mm is None:
+            return False
+        buf = np.frombuffer(mm, dtype=np.uint8)
+        if buf.size != hi - lo or self._bad_page(buf, lo, k, at) is not None:
+            self.cache.drop(obj, name)
+            return False
+        self._rows_to(view, pos, buf, lo, at)
+        return True
 
     def refresh(self) -> None:
         self._crcs.clear()
@@ -122,5 +251,3 @@ class RemotePagedSource(RemoteShardSource):
     def close(self) -> None:
         self._crcs.clear()
         super().close()
-
-

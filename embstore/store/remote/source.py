@@ -7,9 +7,9 @@ batch of ids it
 1. fetches the index of each touched shard it has not seen yet: one suffix-range GET of
    ``16 * n_inner + 4`` bytes per shard, all at once, crc32c checked, kept for the process;
 2. looks the touched chunks up in the on-disk chunk cache (``cache_dir=``), if any;
-3. coalesces the other chunks of a shard into byte ranges (chunks closer than
-   ``coalesce_bytes`` share a request, requests are at most ``max_request_bytes``) and
-   issues every request concurrently;
+3. coalesces the other chunks of a shard into byte ranges by the cost model of
+   :mod:`.costs` (a gap is read through when that costs less than another request;
+   requests of at most ``max_request_bytes``) and issues every request concurrently;
 4. checks each chunk's crc32c as its bytes arrive, decodes it (zstd, blosc), and scatters
    the rows into the output (vectorised per request).
 
@@ -30,6 +30,7 @@ from ...fs.checksum import crc32c
 
 from ...errors import CorruptStoreError, ReadOnlyError
 from .chunkcache import ChunkCache
+from .costs import DEFAULT, CostModel, merge_ranges, split_units
 from ..codecs import ABSENT, Layout, check_chunk, make_codec
 from .objstore import ObjectClient
 from .keys import download_key_arrays, open_remote_vocab
@@ -37,8 +38,6 @@ from ..base import LayoutSource
 
 __all__ = ["RemoteShardSource", "parse_index"]
 
-COALESCE_BYTES = 1 << 20  # the gap worth reading rather than paying another request
-MAX_REQUEST_BYTES = 8 << 20  # one request's size: large regions are split and run in parallel
 
 
 def parse_index(tail, size: int, layout: Layout, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -72,26 +71,15 @@ def parse_index(tail, size: int, layout: Layout, where: str) -> tuple[np.ndarray
 
 
 def _regions(shard: np.ndarray, off: np.ndarray, nb: np.ndarray, gap: int, cap: int):
-    """Cut chunks (sorted by shard, offset) into requests: ``[(first, stop), ...]``."""
+    """Cut chunks (sorted by shard, offset) into requests: ``[(first, stop), ...]``, by the
+    cost model's rule (:mod:`.costs`: gaps up to ``gap`` read through, requests of about
+    ``cap`` bytes at most, cut between chunks)."""
     if off.size == 0:
         return []
-    end = off + nb
-    cut = np.ones(off.size, dtype=bool)
-    cut[1:] = (shard[1:] != shard[:-1]) | (off[1:] - end[:-1] > gap)
-    starts = np.flatnonzero(cut).tolist() + [off.size]
-    out = []
-    for a, b in zip(starts[:-1], starts[1:]):  # a loop per region; split the long ones
-        base = int(off[a])
-        if int(end[b - 1]) - base <= cap:
-            out.append((a, b))
-            continue
-        s = a
-        for j in range(a + 1, b):  # a loop per chunk of a long region only
-            if int(end[j]) - int(off[s]) > cap:
-                out.append((s, j))
-                s = j
-        out.append((s, b))
-    return out
+    region, starts, _ = merge_ranges(shard, off, off + nb, gap)
+    req = split_units(region, off - starts[region], cap)
+    heads = np.flatnonzero(np.r_[True, req[1:] != req[:-1]])
+    return list(zip(heads.tolist(), np.r_[heads[1:], off.size].tolist()))
 
 
 class _Batch:
@@ -106,14 +94,14 @@ class RemoteShardSource(LayoutSource):
     """Rows of a format-v1 ``vectors`` array on object storage (read-only)."""
 
     def __init__(self, client: ObjectClient, layout: Layout, *, cache: ChunkCache | None = None,
-                 coalesce_bytes: int = COALESCE_BYTES, max_request_bytes: int = MAX_REQUEST_BYTES,
-                 name: str = "vectors"):
+                 costs: CostModel = DEFAULT, name: str = "vectors"):
         self.client = client
         self.name = name
         self._layout_v = layout
         self.cache = cache
-        self.gap = int(coalesce_bytes)
-        self.cap = max(int(max_request_bytes), layout.chunk_bytes + 4)
+        self.costs = costs
+        self.gap = costs.gap_bytes  # (the cost model's rule: see .costs)
+        self.cap = max(costs.max_request_bytes, layout.chunk_bytes + 4)
         self.codec = make_codec(layout.compression, layout.dtype.itemsize)
         self._index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._keys_lock = threading.Lock()
