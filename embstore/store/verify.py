@@ -307,7 +307,7 @@ def verify(path: PathLike) -> VerifyReport:
 
 
 def _check_versions(root: Path, report: VerifyReport) -> None:
-    """Every retained version's manifest and delta files (docs/FORMAT.md V5, V6); the
+    """Every retained version's manifest and delta files (docs/FORMAT.md §6); the
     files they share with the live table were checked above."""
     for v in list_versions(root):  # a loop per version
         snap = snapshot_root(root, v)

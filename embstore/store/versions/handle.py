@@ -1,6 +1,6 @@
 """What a table handle (:class:`~embstore.store.table.ZarrTable`) does with versions: open
 one (its snapshot read as a table), commit writes and appends as new versions, follow them,
-compact past a threshold, and clean up (docs/FORMAT.md V5-V7).  Format-1 tables take the
+compact past a threshold, and clean up (docs/FORMAT.md §6-7).  Format-1 tables take the
 same paths without versions (their commits replace live files, section 5)."""
 
 from __future__ import annotations
