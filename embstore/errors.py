@@ -38,7 +38,7 @@ def table_label(table) -> str:
     return str(path) if path is not None else "the in-memory table"
 
 
-#: a file of a version's snapshot (docs/FORMAT.md V5), named in messages by its live name
+#: a file of a version's snapshot (docs/FORMAT.md §6a), named in messages by its live name
 _SNAPSHOT = re.compile(r"/vectors/\.embstore/versions/[0-9]+(?=/(?!manifest\.json|deltas/)|:|\s|$)")
 
 

@@ -160,7 +160,7 @@ class Table(abc.ABC):
     path: Any = None
     """Where the table is stored (a directory, or a URL on object storage); None in memory."""
     version: int = 0
-    """The version this handle reads (docs/FORMAT.md V5); 0: a table without versions."""
+    """The version this handle reads (docs/FORMAT.md §6a); 0: a table without versions."""
     _appends_check_keys = False  # _append_rows refuses keys the table holds (on disk)
 
     @property

@@ -59,7 +59,7 @@ def bf16_by_torch(x: np.ndarray) -> np.ndarray:
 
 
 def int8_by_spec(x: np.ndarray) -> np.ndarray:
-    """docs/FORMAT.md §2c written out in NumPy: quantise each row, then dequantise in float32
+    """docs/FORMAT.md §3c written out in NumPy: quantise each row, then dequantise in float32
     (rows whose step is a normal float32, as every row of random normal values)."""
     x64 = np.asarray(x, np.float64)
     lo, hi = x64.min(axis=1), x64.max(axis=1)

@@ -1,7 +1,7 @@
 """Compact storage: bfloat16 kept native, int8 rows with a per-row scale and offset.
 
 References are independent of embstore: PyTorch's bfloat16 conversion, NumPy arithmetic
-written out from docs/FORMAT.md §2c, zarr-python and tensorstore reading the stored arrays,
+written out from docs/FORMAT.md §3c, zarr-python and tensorstore reading the stored arrays,
 gensim's word vectors and the MiniLM safetensors read by the ``safetensors`` package.
 """
 
@@ -44,13 +44,13 @@ def torch_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def dequant_by_spec(codes, scale, offset):
-    """docs/FORMAT.md §2c, written out: float32(code) * scale + offset, in float32."""
+    """docs/FORMAT.md §3c, written out: float32(code) * scale + offset, in float32."""
     return codes.astype(np.float32) * scale[..., None] + offset[..., None]
 
 
 def half_step_bound(scale, x):
     """Half a step of each row, plus the float32 rounding of the result: one unit in the
-    last place of the value (docs/FORMAT.md §2c)."""
+    last place of the value (docs/FORMAT.md §3c)."""
     return 0.5 * scale.astype(np.float64)[:, None] + np.spacing(np.abs(x).astype(np.float32))
 
 

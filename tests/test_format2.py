@@ -1,4 +1,4 @@
-"""Format 2 (docs/FORMAT.md, "Format version 2"): rows at a fixed stride in plain Zarr
+"""Format 2 (docs/FORMAT.md §3a): rows at a fixed stride in plain Zarr
 chunks, a crc32c per 4 KiB page in ``page_crc``; read back against NumPy, zarr-python and
 the bytes on disk; damage found by lookups and ``verify``; writes, appends and ``upgrade``."""
 

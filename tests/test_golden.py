@@ -162,7 +162,7 @@ def test_golden_format_2_store_reads_back_and_is_rewritten_byte_for_byte(tmp_pat
     fresh = tmp_path / "t"
     embstore.save(fresh, values, keys=keys, dtype=name, format_version=2).close()
     want, got = _files(golden), _files(fresh)
-    # the private area: version 1 (docs/FORMAT.md V5), hard links to the live files
+    # the private area: version 1 (docs/FORMAT.md §6a), hard links to the live files
     private = {rel: p for rel, p in got.items() if rel.startswith("vectors/.embstore/")}
     snap = "vectors/.embstore/versions/1/"
     assert {rel[len(snap):] for rel in private} == set(want) | {"manifest.json"}

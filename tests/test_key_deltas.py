@@ -1,4 +1,4 @@
-"""Key deltas (docs/FORMAT.md V6): keys appended to a format-2 table go to one file per
+"""Key deltas (docs/FORMAT.md §6d): keys appended to a format-2 table go to one file per
 append, searched beside the key index, until a compaction folds them in.  Checked against a
 plain Python dict and list of the keys every version holds."""
 

@@ -1,4 +1,4 @@
-"""The stored row norms (``norms``, docs/FORMAT.md §2d): written by save/create/import, kept
+"""The stored row norms (``norms``, docs/FORMAT.md §3d): written by save/create/import, kept
 right by write and append inside the same commit (also when killed at any commit step),
 checked by verify; tables without them still search (and can get them later)."""
 

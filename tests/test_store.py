@@ -76,7 +76,7 @@ def test_default_layout_is_documented(tmp_path, rng):
     t = embstore.save(tmp_path / "t1", E, format_version=1)
     assert t.layout["chunk_rows"] == 10 and t.layout["shard_rows"] == 10  # clipped to size
     from embstore.store.codecs import choose_layout
-    assert choose_layout(256, "float32") == (1, 131072)  # docs/FORMAT.md section 3
+    assert choose_layout(256, "float32") == (1, 131072)  # docs/FORMAT.md §3b
     assert choose_layout(64, "float32") == (4, 524288)  # 1 KiB // 256 B -> 4 rows
     assert choose_layout(4096, "float32") == (1, 8192)  # at least one row
     assert choose_layout(300, "float32") == (1, 65536)

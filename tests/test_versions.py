@@ -1,4 +1,4 @@
-"""Tables that change (docs/FORMAT.md V5-V7): versions, snapshot reads, deltas, compaction,
+"""Tables that change (docs/FORMAT.md §6-7): versions, snapshot reads, deltas, compaction,
 retention.  Every expectation is a NumPy model of the table replayed from the operations
 made, never a value embstore computed."""
 

@@ -1,4 +1,4 @@
-"""changes: tables that change (docs/FORMAT.md V5-V7) against stores that change in place.
+"""changes: tables that change (docs/FORMAT.md §6-7) against stores that change in place.
 
 - **Random updates**: 10,000 random rows of a (rows, dim) float32 table written and made
   durable: embstore format 2 (a delta: one commit, a new version) against ``np.memmap``

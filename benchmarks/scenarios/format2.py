@@ -1,5 +1,5 @@
 """format2: what format 2 (rows at a fixed stride, page checksums) changes, against format 1
-and against the limits of the memory under it (docs/FORMAT.md, "Format version 2").
+and against the limits of the memory under it (docs/FORMAT.md §3a).
 
 - A fresh process, page cache warm, looks up (32, 512) uniform ids: embstore format 2 and
   format 1 (no row cache) against ``np.load(mmap_mode="r")[ids]`` in a fresh process.

@@ -1,4 +1,4 @@
-"""The commands about a table's versions: log, compact, vacuum (docs/FORMAT.md V5-V7)."""
+"""The commands about a table's versions: log, compact, vacuum (docs/FORMAT.md §6-7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``bfloat16``: the high 16 bits of a float32 (docs/FORMAT.md §2c).
+"""``bfloat16``: the high 16 bits of a float32 (docs/FORMAT.md §3c).
 
 NumPy has no such dtype: codes are ``uint16`` here, ``data_type: "bfloat16"`` on disk
 (zarr-python 3.1 creates the array as ``uint16``).  Stored from float32 rounding to nearest,

@@ -1,5 +1,5 @@
 """``int8``: row-wise affine quantisation, as FBGEMM/TorchRec store recommender tables
-(docs/FORMAT.md §2c).
+(docs/FORMAT.md §3c).
 
 Each row has a ``scale`` and an ``offset`` (float32, in the ``row_scale`` array beside
 ``vectors``) and its values are ``code * scale + offset`` (float32 arithmetic, codes

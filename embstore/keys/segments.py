@@ -1,5 +1,5 @@
 """Keys appended to a format-2 table since its key index was last written (docs/FORMAT.md
-V6): each append's keys are one segment (a key delta file of the version that made it),
+§6): each append's keys are one segment (a key delta file of the version that made it),
 searched beside the key index until a compaction folds them into it.
 
 A segment of ``m`` keys for rows ``first .. first + m - 1`` holds their hashes (under the

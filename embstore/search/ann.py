@@ -1,4 +1,4 @@
-"""An approximate nearest-neighbour index kept inside a table (docs/FORMAT.md §5).
+"""An approximate nearest-neighbour index kept inside a table (docs/FORMAT.md §10).
 
 ``build_index(table)`` builds a FAISS inverted-file index (IVF, :mod:`embstore.search.ivf`)
 by streaming the table's rows and saves it at ``<table>/vectors/.embstore/ann/``

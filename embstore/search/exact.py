@@ -12,7 +12,7 @@ the rows once.  Per part:
   for one query (``einsum``: one thread at memory speed, straight from the strided view),
   ``rows @ Q.T`` for a batch (a batch of queries shares one read of the table, and the
   scores come out in the layout the rest works on, no transpose);
-- a division (in place) by the rows' stored norms (``norms``, docs/FORMAT.md §2d; computed
+- a division (in place) by the rows' stored norms (``norms``, docs/FORMAT.md §3d; computed
   per block for tables without them).  An undefined cosine (a zero row or query) scores
   the lowest finite number instead of NaN, so it ranks below every real neighbour without
   a pass to find NaNs; it is reported as NaN;

@@ -5,7 +5,7 @@ sample of rows) and, per centroid, the list of the rows nearest to it, stored as
 rows' float32 vectors and int64 ids.  A search compares the query with the centroids and
 scans the rows of the ``nprobe`` nearest lists exactly.
 
-Files (docs/FORMAT.md §5): ``index.faiss`` (``faiss.write_index``: the header, the
+Files (docs/FORMAT.md §10): ``index.faiss`` (``faiss.write_index``: the header, the
 centroids and the lists' (size, offset) table: a few MB) and ``lists.ivfdata`` (the
 lists, in FAISS's ``OnDiskInvertedLists`` layout: per list its vectors then its ids).
 

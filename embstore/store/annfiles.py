@@ -1,4 +1,4 @@
-"""The approximate index's files in a table (docs/FORMAT.md §5): names, layout, and the
+"""The approximate index's files in a table (docs/FORMAT.md §10): names, layout, and the
 checks made before the index is trusted.
 
 The index (:mod:`embstore.search.ann`, :mod:`embstore.search.ivf`) is four files in

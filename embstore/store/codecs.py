@@ -1,5 +1,5 @@
 """Format-v1 building blocks: the ``vectors`` layout as read from its ``zarr.json``, its
-default (:func:`choose_layout`, docs/FORMAT.md section 3), the chunk codecs, and the byte
+default (:func:`choose_layout`, docs/FORMAT.md §3b), the chunk codecs, and the byte
 layout of a shard file (see docs/FORMAT.md)."""
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def check_chunk(buf, where: str) -> memoryview:
 
 #: bytes per inner chunk (uncompressed).  A cold random row costs the pages of its chunk (its
 #: crc32c is checked on first touch): a 1 KiB chunk + 4-byte checksum spans 1.25 pages on
-#: average, a 4 KiB one always 2 (docs/FORMAT.md section 3 has the measurements)
+#: average, a 4 KiB one always 2 (docs/design/format-rationale.md has the measurements)
 CHUNK_TARGET = 1 << 10
 #: compressed chunks are decoded whole on every read and read whole when cold: 1 KiB as well
 #: (16,384 uniform ids on 1M x 256 float32 decode 16 MiB instead of 64; the price is size:

@@ -356,7 +356,7 @@ def _check_stored_norms(root: Path, report: VerifyReport, one_pass: Callable | N
 
 
 def _check_versions(root: Path, report: VerifyReport) -> None:
-    """Every retained version's manifest and delta files (docs/FORMAT.md V5, V6); the
+    """Every retained version's manifest and delta files (docs/FORMAT.md §6); the
     files they share with the live table were checked above."""
     for v in list_versions(root):  # a loop per version
         snap = snapshot_root(root, v)

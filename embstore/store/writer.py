@@ -155,7 +155,7 @@ class TableWriter:
             "blosc": [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle",
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
-        if self.rows_layout:  # every row array: rows at a fixed stride (FORMAT.md V2)
+        if self.rows_layout:  # every row array: rows at a fixed stride (FORMAT.md §3a)
             self._decide_rows(rows)
             self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync)
             return
@@ -188,7 +188,7 @@ class TableWriter:
                                                  self._sync))  # the rows' norms (norms/calc.py)
 
     def _decide_rows(self, rows: int | None) -> None:
-        """Make ``vectors`` a format-2 row array (docs/FORMAT.md, "Format version 2")."""
+        """Make ``vectors`` a format-2 row array (docs/FORMAT.md §3a)."""
         rb = self.dim * self.record.code.itemsize
         cr = self._layout_args[0] or choose_chunk_rows(rb, rows)
         if (cr * rb) % PAGE and (rows is None or rows > cr):
@@ -337,7 +337,7 @@ class TableWriter:
                     set_rows(self._tmp, -(-self.rows // s.layout.chunk_rows),
                              os.path.basename(s.crc_root))
             set_rows(self._tmp, self.rows)
-            if self.format == 2:  # its first version, whatever its layout (FORMAT.md V5)
+            if self.format == 2:  # its first version, whatever its layout (FORMAT.md §6e)
                 first_version(Path(self._tmp), {"kind": "save", "rows": int(self.rows)})
             atomic.check_dest(self.path, self.overwrite)
             self._swap_in()

@@ -1,5 +1,5 @@
 """Derived data that the checksums pass but nobody can use: the subword n-grams of a table
-imported from a fastText ``.bin`` (embstore/store/ngrams.py, docs/FORMAT.md §2e).
+imported from a fastText ``.bin`` (embstore/store/ngrams.py, docs/FORMAT.md §5).
 
 A deleted or misshapen ``ngrams`` array, ``subwords.minn = -1``, ``subwords.hash = "md5"``,
 a non-integer ``bucket``, NaN or infinite n-gram rows (written with valid checksums):
@@ -77,7 +77,7 @@ def imported(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("derived")
     write_model(d / "model.bin")
     # the damage below is done to the live files and to the newest version's (its snapshot
-    # directory, which readers read: docs/FORMAT.md V5), as the two share their files
+    # directory, which readers read: docs/FORMAT.md §6a), as the two share their files
     res = invoke(["import", d / "model.bin", d / "good.emb", "--quiet", "--shard-rows", "4096"])
     assert res.exit_code == 0, res.output
     return d / "good.emb"

@@ -49,7 +49,7 @@ def _fill(mnt: Path, leave: int) -> Path:
 def _tree(path: Path) -> dict:
     """Every file's bytes; of a format-2 chunk file (``vectors``, ``norms``, ``row_scale``),
     the bytes of its committed rows only (an append writes the padding past them in place:
-    no version reads it, docs/FORMAT.md V6)."""
+    no version reads it, docs/FORMAT.md §3a)."""
     def committed(array_dir: str):  # (chunk rows, row bytes, rows) of a plain row array
         try:
             with open(os.path.join(array_dir, "zarr.json")) as f:

@@ -1,4 +1,4 @@
-"""A damaged or foreign approximate index (embstore/store/annfiles.py, docs/FORMAT.md §5) is
+"""A damaged or foreign approximate index (embstore/store/annfiles.py, docs/FORMAT.md §10) is
 reported, never trusted: flipped bits, another table's ``index.faiss``, an edited row id,
 truncated files, a flipped header byte, a ``meta.json`` with the wrong dim or garbage.
 
@@ -101,7 +101,7 @@ def assert_verify_names(path: Path, file: str, pattern: str) -> str:
 
 
 def header_of(path: Path):
-    """``(sizes, offsets)`` of the lists, read from ``index.faiss`` as FORMAT.md §5 lays it
+    """``(sizes, offsets)`` of the lists, read from ``index.faiss`` as FORMAT.md §10 lays it
     out (independently of embstore's parser)."""
     raw = (path / ANN / "index.faiss").read_bytes()
     at = raw.index(b"ilod")

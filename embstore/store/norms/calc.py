@@ -1,4 +1,4 @@
-"""Row norms as stored in the ``norms`` array (docs/FORMAT.md §2d): how they are computed
+"""Row norms as stored in the ``norms`` array (docs/FORMAT.md §3d): how they are computed
 and the stream a :class:`~embstore.store.writer.TableWriter` writes them with.
 
 ``norms[i]`` is the Euclidean norm of row ``i`` *as the table returns it* (after the

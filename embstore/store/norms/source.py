@@ -1,4 +1,4 @@
-"""The stored row norms of a table (``norms``, docs/FORMAT.md §2d) at read and write time.
+"""The stored row norms of a table (``norms``, docs/FORMAT.md §3d) at read and write time.
 
 - :class:`NormsSource` wraps the row source of a table that has ``norms``: reads go to the
   rows; ``write``/``append`` also rewrite the norms of the changed rows *in the same

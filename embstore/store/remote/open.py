@@ -1,6 +1,6 @@
 """Opening a table on object storage: its metadata (two GETs) and its row source.
 
-See :mod:`embstore.store.remote.source` for the reads and docs/FORMAT.md section 6 for the rules.
+See :mod:`embstore.store.remote.source` for the reads and docs/FORMAT.md section 11 for the rules.
 """
 
 from __future__ import annotations

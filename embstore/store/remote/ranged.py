@@ -6,7 +6,7 @@ instead of memory maps: a lookup fetches only the blocks of ``key_hash``, ``key_
 
 A chunk file of the four arrays is one crc32c over up to 64 MiB, which a ranged read
 cannot check.  So a table on object storage carries, for each chunk file ``<array>/c/<i>``,
-a *block sidecar* object ``<array>/blocks/<i>`` (docs/FORMAT.md section 6): the
+a *block sidecar* object ``<array>/blocks/<i>`` (docs/FORMAT.md section 11): the
 crc32c of every ``BLOCK``-byte block of the chunk file, and for ``key_hash`` the first
 hash of every block (the fences that place a query in one block, so a search costs one
 block, not a binary search by requests).  Every block is checked against its crc32c as

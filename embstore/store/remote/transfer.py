@@ -39,7 +39,7 @@ Progress = Callable[[int, int | None], None] | None
 
 def _local_files(root: Path) -> list[tuple[str, Path, int]]:
     """The files of the local table at ``root`` to upload: those of its newest version
-    (docs/FORMAT.md V5: a commit made meanwhile is not mixed in), and of its private area
+    (docs/FORMAT.md §6a: a commit made meanwhile is not mixed in), and of its private area
     the approximate index; never other versions or readers' leases.  A table with rows
     in deltas (written since its last compaction) is refused: remote readers read chunks."""
     n = newest(root)

@@ -1,4 +1,4 @@
-"""Appending rows to a format-2 row array (docs/FORMAT.md V6): into the padding of the last
+"""Appending rows to a format-2 row array (docs/FORMAT.md §3a, §7a): into the padding of the last
 chunk file, in place, and into new chunk files; only page checksums are restaged.
 
 The padding of the last chunk lies past the rows of every version (versions only grow), so

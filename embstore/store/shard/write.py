@@ -1,4 +1,4 @@
-"""Writing shard files (see docs/FORMAT.md §2): streaming the rows of a new array, and the
+"""Writing shard files (see docs/FORMAT.md §3b): streaming the rows of a new array, and the
 copy-on-write rewrite of one shard used by ``write``/``append``.
 
 :class:`RowStream` takes rows in blocks of any size and writes whole inner chunks as they

@@ -1,5 +1,5 @@
 """Rows written since the last compaction: delta files and the overlay that reads them
-(docs/FORMAT.md V6).
+(docs/FORMAT.md §6c).
 
 A ``write`` on a format-2 table does not rewrite the chunks its rows lie in: each row array
 it changes (``vectors``, and ``row_scale`` / ``norms`` where the table has them) gets one

@@ -1,4 +1,4 @@
-"""Key deltas (docs/FORMAT.md V6): the keys an append adds to a format-2 table, one file per
+"""Key deltas (docs/FORMAT.md §6d): the keys an append adds to a format-2 table, one file per
 append (``deltas/<N>.keys``), searched beside the key index (:mod:`embstore.keys.segments`)
 until a compaction folds them into it.  So an append writes its own keys, not the index of
 every key.  A key delta file is::

@@ -1,5 +1,5 @@
 """Which versions a format-2 table keeps: reader leases, ``vacuum`` and ``log``
-(docs/FORMAT.md V7).
+(docs/FORMAT.md §7c).
 
 - A reader of a version holds a lease: the empty file
   ``vectors/.embstore/readers/<host>-<pid>-<id>.<N>``, made when a handle opens version N,

@@ -1,4 +1,4 @@
-"""A version of a format-2 table is a snapshot: a directory of hard links (docs/FORMAT.md V5).
+"""A version of a format-2 table is a snapshot: a directory of hard links (docs/FORMAT.md §6a).
 
 ``vectors/.embstore/versions/<N>/`` holds, under the table's own relative names, a hard link
 to every file of version N (every file of the table but its private area), plus

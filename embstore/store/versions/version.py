@@ -1,4 +1,4 @@
-"""One version of a table as a handle reads it: :class:`Version` (docs/FORMAT.md V5-V7).
+"""One version of a table as a handle reads it: :class:`Version` (docs/FORMAT.md §6-7).
 
 A :class:`~embstore.store.table.ZarrTable` holds one ``Version`` and swaps it for another
 in one assignment (``refresh``, and after its own commits): the directory its files are
