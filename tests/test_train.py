@@ -326,3 +326,56 @@ def test_training_options_are_checked(tmp_path, weights):
         et.Embedding(ro, optimizer="sgd")
     with pytest.raises(embstore.EmbstoreError, match="max"):
         et.EmbeddingBag(embstore.MemoryTable(weights.copy()), mode="max", optimizer="sgd")
+
+
+def _final(path):
+    """Rows and optimizer state of the newest checkpoint of the table at ``path``."""
+    rec = read_checkpoints(path)[-1]
+    with embstore.open(path, version=rec["rows"]) as t:
+        rows = t.to_numpy()
+    state_path = path / "vectors" / ".embstore" / "train" / "state-rowwise_adagrad"
+    with embstore.open(state_path, version=rec["state"]["rowwise_adagrad"]) as s:
+        return rec["step"], rows, s.to_numpy()
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import trainchild
+    total, every = 40, 5
+    w = np.random.default_rng(5).standard_normal((trainchild.V, trainchild.D)) \
+        .astype(np.float32)
+    for name in ("ref", "count", "crash"):
+        embstore.save(tmp_path / name, w).close()
+    trainchild.train(tmp_path / "ref", total, every)
+    script = str(Path(trainchild.__file__))
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+
+    def child(path, kill_at):
+        return subprocess.run([sys.executable, script, str(path), str(total), str(every),
+                               str(kill_at)], env=env, capture_output=True, text=True,
+                              timeout=120)
+    done = child(tmp_path / "count", 0)
+    assert done.returncode == 0, done.stderr
+    n_calls = int(done.stdout.split()[-1])
+    rng = np.random.default_rng(0)
+    kills = 0
+    for kill_at in rng.integers(1, n_calls // 2, size=5):  # a loop per trial
+        r = child(tmp_path / "crash", int(kill_at))
+        assert r.returncode in (0, -9), r.stderr
+        kills += r.returncode == -9
+        with embstore.open(tmp_path / "crash"):
+            pass
+        assert embstore.verify(tmp_path / "crash").ok
+    r = child(tmp_path / "crash", 0)
+    assert r.returncode == 0, r.stderr
+    assert kills >= 3
+    step_a, rows_a, state_a = _final(tmp_path / "ref")
+    step_b, rows_b, state_b = _final(tmp_path / "crash")
+    assert step_a == step_b == total
+    np.testing.assert_array_equal(rows_a, rows_b)
+    np.testing.assert_array_equal(state_a, state_b)
+    assert embstore.verify(tmp_path / "crash").ok

@@ -4,12 +4,13 @@
 the prefetcher, persistent buffers and (for an on-disk table) the
 :class:`~embstore.train.persist.TrainStore` with the optimizer state and checkpoints.
 
-- :meth:`gather` (the forward): the batch's unique ids (``np.unique``), their slots in
-  the cache (missing rows read once), then one ``np.take`` of the rows into a reused
-  output buffer; the result is a tensor over that buffer.
-- :meth:`apply` (the backward): the gradient summed per unique row (one
-  ``index_add_`` into a persistent buffer), the optimizer applied to those rows of the
-  cache in place, each marked dirty: each row is updated once a step.
+- :meth:`gather` (the forward): the batch's unique ids (one stable ``argsort``), their
+  slots in the cache (missing rows read once), then one ``np.take`` of the rows into a
+  reused output buffer; the result is a tensor over that buffer.
+- :meth:`apply` (the backward): the gradient summed per unique row (over the sorted
+  gradient, :func:`~.rules.segment_sum`, into persistent buffers), the optimizer
+  applied to those rows of the cache in place, each marked dirty: each row is updated
+  once a step.
 - :meth:`checkpoint`: every dirty row (and its state) written back, then the checkpoint
   recorded; returns the rows' version.
 
@@ -33,7 +34,7 @@ from ..table import Table
 from .cache import WriteBackCache
 from .persist import TrainStore
 from .prefetch import Prefetcher
-from .rules import make_rule
+from .rules import make_rule, segment_sum
 
 if TYPE_CHECKING:
     import torch
@@ -101,11 +102,9 @@ class Trainer:
         self.cache = WriteBackCache(table, state, cap, write_back)
         self.prefetcher = Prefetcher(self.cache)
         self.cache.before_write = self.prefetcher.wait
-        self._rows_t = torch.from_numpy(self.cache.rows)
-        self._state_t = torch.from_numpy(self.cache.state)
         self._outs = _Buffers()
-        self._grad = torch.empty((0, table.dim), dtype=torch.float32)
-        self._tmp = torch.empty((0, table.dim), dtype=torch.float32)
+        self._scratch_n = self._scratch_u = -1
+        self._bufs: tuple[np.ndarray, ...] = ()
         self.anchor = torch.zeros(0, requires_grad=True)  # makes autograd call the backward
 
     def _write_memory(self, ids: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:
@@ -114,37 +113,54 @@ class Trainer:
         self.table.write(ids, rows)
 
     # -- forward and backward ----------------------------------------------------------
-    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(rows, uniq, inverse)``: rows of the int64 ``ids`` (validated) as an
-        ``(ids.size, dim)`` view of a reused buffer."""
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """``(rows, batch)``: rows of the int64 ``ids`` (validated) as an
+        ``(ids.size, dim)`` view of a reused buffer, and what :meth:`apply` needs of the
+        batch: its unique ids and how the ids sort into them."""
         flat = ids.reshape(-1)
-        uniq, inv = np.unique(flat, return_inverse=True)
+        n, d = flat.size, self.table.dim
+        perm = np.argsort(flat, kind="stable")  # (stable: sums in the order of the batch)
+        ordered = flat[perm]
+        head = np.empty(n, bool)
+        head[:1] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=head[1:])
+        starts = np.flatnonzero(head)
+        uniq = ordered[starts]
+        inv = np.empty(n, np.int64)
+        inv[perm] = np.cumsum(head) - 1
         slots = self.cache.resolve(uniq, self.prefetcher.staged_for)
-        d = self.table.dim
-        out = self._outs.get(flat.size * d)[: flat.size * d].reshape(flat.size, d)
-        np.take(self.cache.rows, slots[inv.reshape(-1)], axis=0, out=out, mode="clip")
-        return out, uniq, inv.reshape(-1)
+        out = self._outs.get(n * d)[: n * d].reshape(n, d)
+        np.take(self.cache.rows, slots[inv], axis=0, out=out, mode="clip")
+        return out, (uniq, perm, starts)
 
-    def apply(self, uniq: np.ndarray, inv: np.ndarray, grad: torch.Tensor) -> None:
-        """The backward: the optimizer on the rows ``uniq`` with the gradient ``grad`` of
-        the gathered rows (``inv``: each gathered row's place in ``uniq``)."""
+    def _scratch(self, n: int, u: int) -> tuple[np.ndarray, ...]:
         d = self.table.dim
-        g = grad.detach().reshape(-1, d)
+        if self._scratch_n < n or self._scratch_u < u:  # grows to the largest batch, stays
+            self._scratch_n, self._scratch_u = max(n, self._scratch_n), max(u, self._scratch_u)
+            self._bufs = (np.empty((self._scratch_n, d), np.float32),
+                          *(np.empty((self._scratch_u, d), np.float32) for _ in range(3)))
+        big, a, b, c = self._bufs
+        return big[:n], a[:u], b[:u], c[:u]
+
+    def apply(self, batch: tuple, grad: torch.Tensor) -> None:
+        """The backward: the optimizer on the batch's rows given ``grad``, the gradient of
+        the gathered rows: summed per unique row (in the order of the batch), applied to
+        each row once."""
+        uniq, perm, starts = batch
+        d = self.table.dim
+        g = grad.detach()
         if g.dtype != torch.float32 or g.device.type != "cpu":
             g = g.to(device="cpu", dtype=torch.float32)
-        u = uniq.size
-        if self._grad.shape[0] < u:  # grows to the largest batch, then stays
-            self._grad = torch.empty((u, d), dtype=torch.float32)
-            self._tmp = torch.empty((u, d), dtype=torch.float32)
-        gs, tmp = self._grad[:u], self._tmp[:u]
-        gs.zero_()
-        gs.index_add_(0, torch.from_numpy(inv), g)
+        g_np = g.reshape(-1, d).numpy()
+        ordered, gs, tmp, tmp2 = self._scratch(perm.size, uniq.size)
+        np.take(g_np, perm, axis=0, out=ordered, mode="clip")
+        segment_sum(ordered, starts, gs)
         if self.padding_idx is not None:  # as torch: the padding row gets no gradient
             at = int(np.searchsorted(uniq, self.padding_idx))
-            if at < u and uniq[at] == self.padding_idx:
+            if at < uniq.size and uniq[at] == self.padding_idx:
                 gs[at] = 0
         slots = self.cache.resolve(uniq)  # (again: another forward may have moved them)
-        self.rule.apply(self._rows_t, self._state_t, torch.from_numpy(slots), gs, tmp)
+        self.rule.apply(self.cache.rows, self.cache.state, slots, gs, tmp, tmp2)
         self.cache.dirty[slots] = True
         self.step += 1
 

@@ -84,13 +84,13 @@ class Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, trainer: Trainer,
                 ids: np.ndarray) -> torch.Tensor:
-        rows, uniq, inv = trainer.gather(ids)
-        ctx.trainer, ctx.uniq, ctx.inv = trainer, uniq, inv
+        rows, batch = trainer.gather(ids)
+        ctx.trainer, ctx.batch = trainer, batch
         return torch.from_numpy(rows)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        ctx.trainer.apply(ctx.uniq, ctx.inv, grad)
+        ctx.trainer.apply(ctx.batch, grad)
         return None, None, None
 
 
