@@ -379,3 +379,36 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
     np.testing.assert_array_equal(rows_a, rows_b)
     np.testing.assert_array_equal(state_a, state_b)
     assert embstore.verify(tmp_path / "crash").ok
+
+
+def test_steady_state_allocates_nothing_of_the_batch_size():
+    """tracemalloc over 100 steps (NumPy's buffers are traced): no growth, and no
+    allocation near the size of the batch's rows (the output and the gradient sums
+    live in reused buffers)."""
+    import gc
+    import tracemalloc
+    rows, dim = 5000, 128
+    w = np.random.default_rng(1).standard_normal((rows, dim)).astype(np.float32)
+    emb = et.Embedding(embstore.MemoryTable(w), optimizer="rowwise_adagrad", lr=0.01)
+    rng = np.random.default_rng(2)
+    batches = [torch.from_numpy(rng.integers(0, rows, size=(64, 32))) for _ in range(110)]
+    batch_bytes = 64 * 32 * dim * 4
+
+    def step(ids):
+        out = emb(ids)
+        out.pow(2).sum().backward()
+    for ids in batches[:10]:
+        step(ids)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for ids in batches[10:]:
+            step(ids)
+        gc.collect()  # (autograd leaves a few small reference cycles a step)
+        cur, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cur - base < 64 << 10
+    # the peak: O(batch) ids (8 bytes each), never the rows (512 bytes each)
+    assert peak - base < batch_bytes // 4, (peak - base, batch_bytes)

@@ -103,7 +103,7 @@ class Trainer:
         self.prefetcher = Prefetcher(self.cache)
         self.cache.before_write = self.prefetcher.wait
         self._outs = _Buffers()
-        self._scratch_n = self._scratch_u = -1
+        self._scratch_n = -1
         self._bufs: tuple[np.ndarray, ...] = ()
         self.anchor = torch.zeros(0, requires_grad=True)  # makes autograd call the backward
 
@@ -134,13 +134,14 @@ class Trainer:
         return out, (uniq, perm, starts)
 
     def _scratch(self, n: int, u: int) -> tuple[np.ndarray, ...]:
+        """Buffers for ``n`` gathered rows and ``u`` unique ones (sized for ``u == n``:
+        a batch's unique count varies, its size mostly not)."""
         d = self.table.dim
-        if self._scratch_n < n or self._scratch_u < u:  # grows to the largest batch, stays
-            self._scratch_n, self._scratch_u = max(n, self._scratch_n), max(u, self._scratch_u)
-            self._bufs = (np.empty((self._scratch_n, d), np.float32),
-                          *(np.empty((self._scratch_u, d), np.float32) for _ in range(3)))
+        if self._scratch_n < n:  # grows to the largest batch, then stays
+            self._scratch_n = n
+            self._bufs = tuple(np.empty((n, d), np.float32) for _ in range(4))
         big, a, b, c = self._bufs
-        return big[:n], a[:u], b[:u], c[:u]
+        return big[:n], a[:u], b[:n], c[:n]
 
     def apply(self, batch: tuple, grad: torch.Tensor) -> None:
         """The backward: the optimizer on the batch's rows given ``grad``, the gradient of
@@ -154,13 +155,14 @@ class Trainer:
         g_np = g.reshape(-1, d).numpy()
         ordered, gs, tmp, tmp2 = self._scratch(perm.size, uniq.size)
         np.take(g_np, perm, axis=0, out=ordered, mode="clip")
-        segment_sum(ordered, starts, gs)
+        segment_sum(ordered, starts, gs, (tmp, tmp2))
         if self.padding_idx is not None:  # as torch: the padding row gets no gradient
             at = int(np.searchsorted(uniq, self.padding_idx))
             if at < uniq.size and uniq[at] == self.padding_idx:
                 gs[at] = 0
         slots = self.cache.resolve(uniq)  # (again: another forward may have moved them)
-        self.rule.apply(self.cache.rows, self.cache.state, slots, gs, tmp, tmp2)
+        self.rule.apply(self.cache.rows, self.cache.state, slots, gs, tmp[: uniq.size],
+                        tmp2[: uniq.size])
         self.cache.dirty[slots] = True
         self.step += 1
 

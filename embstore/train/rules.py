@@ -23,12 +23,15 @@ from ..errors import InvalidOptionError
 __all__ = ["Rule", "make_rule", "OPTIMIZERS", "segment_sum"]
 
 
-def segment_sum(ordered: np.ndarray, starts: np.ndarray, out: np.ndarray) -> np.ndarray:
+def segment_sum(ordered: np.ndarray, starts: np.ndarray, out: np.ndarray,
+                scratch: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """Sums of the runs of rows of ``ordered`` that begin at ``starts`` (a batch's
     gradient sorted by id: one run per unique id) into ``out``.  Vectorised without a
     loop per id: single rows are copied; longer runs are summed pairwise, halving them
-    all at once (a pass per halving: log2 of the longest run).  ``np.add.reduceat``
-    would do it in one call but runs 10-50x slower over many short runs."""
+    all at once (a pass per halving: log2 of the longest run), through ``ordered`` and
+    the two ``scratch`` buffers (each as large as ``ordered``; ``ordered`` is
+    overwritten): nothing of the rows' size is allocated.  ``np.add.reduceat`` does it in
+    one call but runs 10-50x slower over many short runs."""
     n = ordered.shape[0]
     lens = np.diff(starts, append=n)
     np.take(ordered, starts, axis=0, out=out, mode="clip")
@@ -37,20 +40,30 @@ def segment_sum(ordered: np.ndarray, starts: np.ndarray, out: np.ndarray) -> np.
         return out
     length = lens[todo]
     first = np.cumsum(length) - length
-    cur = ordered[np.arange(int(length.sum())) - np.repeat(first - starts[todo], length)]
+    m = int(length.sum())
+    bufs = [scratch[0], scratch[1], ordered]
+    cur = np.take(ordered, np.arange(m) - np.repeat(first - starts[todo], length), axis=0,
+                  out=bufs[0][:m], mode="clip")
     while todo.size:  # a loop per halving
         first = np.cumsum(length) - length
-        local = np.arange(cur.shape[0]) - np.repeat(first, length)
-        odd = (local & 1).astype(bool)
-        new = cur[~odd]
         half = (length + 1) >> 1
         new_first = np.cumsum(half) - half
-        new[(np.repeat(new_first, length) + (local >> 1))[odd]] += cur[odd]
+        seg = np.repeat(np.arange(todo.size), half)
+        j = np.arange(int(half.sum())) - new_first[seg]
+        left = first[seg] + 2 * j
+        new = np.take(cur, left, axis=0, out=bufs[1][: left.size], mode="clip")
+        right = np.take(cur, left + 1, axis=0, out=bufs[2][: left.size], mode="clip")
+        np.add(new, right, out=new, where=(2 * j + 1 < length[seg])[:, None])
         done = half == 1
         if done.any():
-            out[todo[done]] = new[new_first[done]]
-            keep = np.repeat(~done, half)
-            new, half, todo = new[keep], half[~done], todo[~done]
+            out[todo[done]] = np.take(new, new_first[done], axis=0,
+                                      out=bufs[2][: int(done.sum())], mode="clip")
+            keep = np.flatnonzero(np.repeat(~done, half))
+            new = np.take(new, keep, axis=0, out=bufs[0][: keep.size], mode="clip")
+            half, todo = half[~done], todo[~done]
+            bufs = [bufs[0], bufs[1], bufs[2]]
+        else:
+            bufs = [bufs[1], bufs[0], bufs[2]]
         cur, length = new, half
     return out
 
