@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import embstore  # noqa: E402
 import embstore.torch as et  # noqa: E402
-from embstore.train import read_checkpoints  # noqa: E402
+from embstore.train.persist import TrainerBusyError, read_checkpoints  # noqa: E402
 
 V, D = 60, 8
 LR = 0.05
@@ -270,7 +270,7 @@ def test_resume_from_an_older_checkpoint(tmp_path, weights):
 def test_one_trainer_per_table(tmp_path, weights):
     embstore.save(tmp_path / "t", weights).close()
     emb = et.Embedding(tmp_path / "t", optimizer="sgd")
-    with pytest.raises(embstore.train.TrainerBusyError):
+    with pytest.raises(TrainerBusyError):
         et.Embedding(tmp_path / "t", optimizer="sgd")
     emb.close()
     et.Embedding(tmp_path / "t", optimizer="sgd").close()
@@ -412,3 +412,33 @@ def test_steady_state_allocates_nothing_of_the_batch_size():
     assert cur - base < 64 << 10
     # the peak: O(batch) ids (8 bytes each), never the rows (512 bytes each)
     assert peak - base < batch_bytes // 4, (peak - base, batch_bytes)
+
+
+@pytest.mark.parametrize("init", ["uniform", {"kind": "normal", "std": 0.01, "seed": 4}])
+def test_create_with_init_is_deterministic_per_row(tmp_path, init):
+    from embstore.train.rowinit import check_init, init_rows
+    a = embstore.create(tmp_path / "a", shape=(3000, 16), init=init)
+    b = embstore.create(tmp_path / "b", shape=(3000, 16), init=init)
+    np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+    spec = check_init(init, 16)
+    np.testing.assert_array_equal(init_rows(spec, 1234, 1240, 16), a[1234:1240])  # any block
+    rows = a.to_numpy()
+    if spec["kind"] == "uniform":
+        assert rows.min() >= -0.25 and rows.max() < 0.25 and abs(rows.mean()) < 0.01
+    else:
+        assert abs(rows.std() - 0.01) < 5e-4 and abs(rows.mean()) < 5e-4
+    other = embstore.create(tmp_path / "c", shape=(3000, 16), init={**spec, "seed": 99})
+    assert not np.array_equal(other[0:10], a[0:10])
+    emb = et.Embedding(a, optimizer="sgd", lr=0.1)  # trains from there
+    _loss(emb(torch.tensor([1, 2])), torch.ones(2, 16)).backward()
+    emb.close()
+    assert not np.array_equal(a[1:3], b[1:3]) and np.array_equal(a[3:], b[3:])
+
+
+def test_create_init_is_checked(tmp_path):
+    with pytest.raises(embstore.EmbstoreError, match="init must be"):
+        embstore.create(tmp_path / "a", shape=(10, 4), init="glorot")
+    with pytest.raises(embstore.EmbstoreError, match="takes"):
+        embstore.create(tmp_path / "a", shape=(10, 4), init={"kind": "uniform", "std": 1})
+    z = embstore.create(tmp_path / "z", shape=(10, 4), init="zeros")
+    assert not z.to_numpy().any()

@@ -3,9 +3,7 @@
 optimizer state and checkpoints on disk (:mod:`.persist`), the trainer (:mod:`.engine`)
 and the forwards of the trainable ``embstore.torch`` modules (:mod:`.modules`).
 
-The cache, the persistence and the rules import torch only where they need it; the
-modules are reached through :mod:`embstore.torch`."""
-
-from .persist import TrainerBusyError, read_checkpoints
-
-__all__ = ["TrainerBusyError", "read_checkpoints"]
+Deterministic initial rows for ``embstore.create(..., init=...)``: :mod:`.rowinit`.
+The package imports nothing itself (the store imports :mod:`.rowinit`; the modules are
+reached through :mod:`embstore.torch`; checkpoints are listed by
+:func:`embstore.train.persist.read_checkpoints`)."""
