@@ -110,6 +110,22 @@ def test_rowwise_adagrad_equals_numpy_reference(table, weights):
     emb.close()
 
 
+def test_a_module_used_twice_in_a_step_equals_torch(table, weights):
+    """Two lookups of one module in a loss (a skip-gram's contexts and negatives): two
+    backward passes, each applied; SGD equals torch's one step with the summed gradient."""
+    emb = et.Embedding(table, optimizer="sgd", lr=LR)
+    ref = torch.nn.Embedding.from_pretrained(torch.from_numpy(weights.copy()), freeze=False,
+                                             sparse=True)
+    opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    for (ids, c), (ids2, c2) in zip(_batches(50), _batches(50, seed=8)):
+        (_loss(emb(ids), c) + _loss(emb(ids2), c2)).backward()
+        opt.zero_grad()
+        (_loss(ref(ids), c) + _loss(ref(ids2), c2)).backward()
+        opt.step()
+    assert _rel(emb(torch.arange(V)).detach().numpy(), ref.weight.detach().numpy()) < 1e-6
+    emb.close()
+
+
 def test_padding_idx_row_is_not_trained(table, weights):
     emb = et.Embedding(table, optimizer="sgd", lr=LR, padding_idx=2)
     ref = torch.nn.Embedding.from_pretrained(torch.from_numpy(weights.copy()), freeze=False,
@@ -379,6 +395,8 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
     np.testing.assert_array_equal(rows_a, rows_b)
     np.testing.assert_array_equal(state_a, state_b)
     assert embstore.verify(tmp_path / "crash").ok
+    assert embstore.verify(tmp_path / "crash" / "vectors" / ".embstore" / "train" /
+                           "state-rowwise_adagrad").ok
 
 
 def test_steady_state_allocates_nothing_of_the_batch_size():
