@@ -460,3 +460,14 @@ def test_create_init_is_checked(tmp_path):
         embstore.create(tmp_path / "a", shape=(10, 4), init={"kind": "uniform", "std": 1})
     z = embstore.create(tmp_path / "z", shape=(10, 4), init="zeros")
     assert not z.to_numpy().any()
+
+
+def test_lookup_fills_a_torch_tensor(table, weights):
+    out = torch.empty((2, 3, D))
+    got = table.lookup(np.array([[1, 2, 3], [4, 5, 1]]), out=out)
+    assert got is out
+    np.testing.assert_array_equal(out.numpy(), weights[[[1, 2, 3], [4, 5, 1]]])
+    with pytest.raises(embstore.EmbstoreError, match="contiguous"):
+        table.lookup([1, 2], out=torch.empty((D, 2)).t())
+    with pytest.raises(embstore.EmbstoreError, match="shape"):
+        table.lookup([1, 2], out=torch.empty((3, D)))
