@@ -38,10 +38,10 @@ from .store.table import ZarrTable
 from .store.table import open as open_table
 from .table import Table
 from .train.engine import Trainer
-from .train.modules import Trainable, bag_forward, embedding_forward
+from .train.modules import Trainable, bag_forward, embedding_forward, prefetching
 
 __all__ = ["Embedding", "EmbeddingBag", "to_nn_embedding", "TorchIdError", "TorchShapeError",
-           "TorchNotImplementedError", "TorchPaddingIdxError"]
+           "TorchNotImplementedError", "TorchPaddingIdxError", "prefetching"]
 
 if TYPE_CHECKING:
     import torch

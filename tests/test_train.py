@@ -471,3 +471,24 @@ def test_lookup_fills_a_torch_tensor(table, weights):
         table.lookup([1, 2], out=torch.empty((D, 2)).t())
     with pytest.raises(embstore.EmbstoreError, match="shape"):
         table.lookup([1, 2], out=torch.empty((3, D)))
+
+
+def test_prefetching_iterates_every_batch_and_trains_the_same(tmp_path, weights):
+    batches = list(_batches(20))
+    got = []
+    for name, wrap in (("plain", lambda b, m: b), ("ahead", None)):
+        embstore.save(tmp_path / name, weights).close()
+        emb = et.Embedding(tmp_path / name, optimizer="rowwise_adagrad", lr=LR,
+                           row_cache_bytes=24 * (4 * (D + 1) + 17))
+        it = batches if wrap else et.prefetching(batches, emb, ids=lambda b: b[0])
+        seen = 0
+        for ids, c in it:
+            assert ids is batches[seen][0]
+            _loss(emb(ids), c).backward()
+            seen += 1
+        assert seen == len(batches)
+        with torch.no_grad():
+            got.append(emb(torch.arange(V)).numpy())
+        emb.close()
+    np.testing.assert_array_equal(got[0], got[1])
+    assert list(et.prefetching([], emb)) == []

@@ -10,6 +10,7 @@ entry's row, and to ``per_sample_weights`` too.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +27,22 @@ if TYPE_CHECKING:
 else:
     torch = require("torch", extra="torch", feature="embstore.torch training")
 
-__all__ = ["Gather", "embedding_forward", "bag_forward", "Trainable"]
+__all__ = ["Gather", "embedding_forward", "bag_forward", "Trainable", "prefetching"]
+
+
+def prefetching(batches: Iterable, *modules: Trainable,
+                ids: Callable[[Any], Any] = lambda batch: batch) -> Iterator:
+    """The batches of ``batches`` (a DataLoader, any iterable), each yielded once every
+    module has started reading the *next* batch's rows (``ids(batch)``: a batch's ids for
+    the modules, by default the batch itself)."""
+    it = iter(batches)
+    for cur in it:  # (the first batch)
+        for nxt in it:  # a loop per batch
+            for m in modules:  # a loop per module (one or two)
+                m.prefetch(ids(nxt))
+            yield cur
+            cur = nxt
+        yield cur
 
 
 def _ids(value, vocab_size: int) -> np.ndarray:

@@ -66,12 +66,16 @@ class Prefetcher:
 
     def staged_for(self, miss: np.ndarray) -> Staged | None:
         """Rows read ahead for any of the missing ids ``miss`` (sorted), still valid; waits
-        for the read only if it holds some of them."""
+        for a read in flight only if it holds at least half of them (else it is another
+        batch's, and this forward reads its rows itself meanwhile)."""
         if not self._ids.size or not miss.size:
             return None
         pos = np.minimum(np.searchsorted(self._ids, miss), self._ids.size - 1)
-        if not (self._ids[pos] == miss).any():
+        held = self._ids[pos] == miss
+        if not held.any():
             return None
+        if self._job is not None and not self._job.done() and held.mean() < 0.5:
+            return None  # another batch's read (prefetched before this forward): not waited for
         self.wait()
         if self._epoch != self.cache.flushes:  # a write-back since the read: not served
             self._staged, self._ids = None, np.empty(0, np.int64)
