@@ -16,6 +16,13 @@ carries its path and options, never rows, and the worker opens the table again; 
 
 :func:`to_nn_embedding` hands an ordinary, trainable-if-you-like ``torch.nn.Embedding``
 the whole table.
+
+Given ``optimizer=`` (``"sgd"``, ``"rowwise_adagrad"``) and ``lr=``, a module over a table
+opened ``"r+"`` (or a path, or a MemoryTable) trains its rows: the backward updates the
+batch's rows in a write-back row cache of ``row_cache_bytes``, ``checkpoint()`` commits
+rows and optimizer state as a version, ``prefetch(ids)`` reads ahead, and a new module
+resumes from the newest checkpoint (``resume=N``: from rows version N).  See
+docs/training.md and :mod:`embstore.train`.
 """
 
 from __future__ import annotations

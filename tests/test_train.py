@@ -492,3 +492,30 @@ def test_prefetching_iterates_every_batch_and_trains_the_same(tmp_path, weights)
         emb.close()
     np.testing.assert_array_equal(got[0], got[1])
     assert list(et.prefetching([], emb)) == []
+
+
+def test_a_failure_between_the_state_and_the_rows_commits_is_rolled_back(tmp_path, weights):
+    from embstore.train.persist import TrainStore
+    embstore.save(tmp_path / "t", weights).close()
+    emb = _train(tmp_path / "t", 5)
+    v5 = emb.checkpoint()
+    state5 = emb.optimizer_state(np.arange(V))
+    store = emb.trainer.store
+    real = store.table.write
+
+    def fail(ids, rows):  # the state is committed, the rows are not
+        raise OSError("disk full")
+    store.table.write = fail
+    for ids, c in _batches(3, seed=4):
+        _loss(emb(ids), c).backward()
+    with pytest.raises(OSError):
+        emb.flush()
+    store.table.write = real
+    emb.trainer.close(checkpoint=False)
+    assert isinstance(store, TrainStore)
+    again = et.Embedding(tmp_path / "t", optimizer="rowwise_adagrad", lr=LR)
+    assert again.step == 5
+    np.testing.assert_array_equal(again.optimizer_state(np.arange(V)), state5)
+    with embstore.open(tmp_path / "t", version=v5) as t, torch.no_grad():
+        np.testing.assert_array_equal(again(torch.arange(V)).numpy(), t.to_numpy())
+    again.close()
