@@ -519,3 +519,18 @@ def test_a_failure_between_the_state_and_the_rows_commits_is_rolled_back(tmp_pat
     with embstore.open(tmp_path / "t", version=v5) as t, torch.no_grad():
         np.testing.assert_array_equal(again(torch.arange(V)).numpy(), t.to_numpy())
     again.close()
+
+
+def test_empty_and_scalar_batches(weights):
+    emb = et.Embedding(embstore.MemoryTable(weights.copy()), optimizer="sgd", lr=1.0)
+    out = emb(torch.tensor(3))
+    assert out.shape == (D,)
+    out.sum().backward()
+    np.testing.assert_allclose(emb.trainer.cache.peek(np.array([3]))[0], weights[3] - 1.0)
+    empty = emb(torch.zeros((0, 4), dtype=torch.int64))
+    assert empty.shape == (0, 4, D)
+    empty.sum().backward()
+    with pytest.raises(IndexError):
+        emb(torch.tensor([V]))
+    bag = et.EmbeddingBag(embstore.MemoryTable(weights.copy()), mode="sum", optimizer="sgd")
+    assert bag(torch.zeros((0, 3), dtype=torch.int64)).shape == (0, D)

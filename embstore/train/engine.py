@@ -97,9 +97,14 @@ class Trainer:
             write_back, self.step = self._write_memory, 0
         self._state_table = state
         row_bytes = 4 * (table.dim + self.rule.state_cols) + 17
-        cap = (min(AUTO_CACHE_BYTES, row_bytes * table.vocab_size)
-               if row_cache_bytes == "auto" else parse_bytes(row_cache_bytes))
-        self.cache = WriteBackCache(table, state, cap, write_back)
+        try:
+            cap = (min(AUTO_CACHE_BYTES, row_bytes * table.vocab_size)
+                   if row_cache_bytes == "auto" else parse_bytes(row_cache_bytes))
+            self.cache = WriteBackCache(table, state, cap, write_back)
+        except BaseException:
+            if self.store is not None:  # (its lock and leases)
+                self.store.close()
+            raise
         self.prefetcher = Prefetcher(self.cache)
         self.cache.before_write = self.prefetcher.wait
         self._outs = _Buffers()
