@@ -534,3 +534,25 @@ def test_empty_and_scalar_batches(weights):
         emb(torch.tensor([V]))
     bag = et.EmbeddingBag(embstore.MemoryTable(weights.copy()), mode="sum", optimizer="sgd")
     assert bag(torch.zeros((0, 3), dtype=torch.int64)).shape == (0, D)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_bag_padding_idx_equals_torch(weights, mode):
+    emb = et.EmbeddingBag(embstore.MemoryTable(weights.copy()), mode=mode, padding_idx=3,
+                          optimizer="sgd", lr=LR)
+    ref = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(weights.copy()), mode=mode,
+                                                freeze=False, sparse=True, padding_idx=3)
+    opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        ids = torch.from_numpy(rng.integers(0, 8, size=(6, 4)))
+        ids[0] = 3  # a bag of padding only
+        c = torch.from_numpy(rng.standard_normal((6, D)).astype(np.float32))
+        _loss(emb(ids), c).backward()
+        opt.zero_grad()
+        _loss(ref(ids), c).backward()
+        opt.step()
+    got = emb(torch.arange(V).view(V, 1)).detach().numpy()
+    got[3] = emb.trainer.cache.peek(np.array([3]))[0]  # (a bag of the padding id is zero)
+    np.testing.assert_array_equal(got[3], weights[3])
+    assert _rel(got, ref.weight.detach().numpy()) < 1e-6
