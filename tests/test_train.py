@@ -220,7 +220,8 @@ def test_small_cache_evicts_and_equals_a_large_one(tmp_path, weights):
 def test_a_batch_larger_than_the_cache_is_refused(weights):
     emb = et.Embedding(embstore.MemoryTable(weights.copy()), optimizer="sgd",
                        row_cache_bytes=4 * (4 * D + 17))
-    with pytest.raises(embstore.EmbstoreError, match="row_cache_bytes"):
+    from embstore.train.cache import CacheTooSmallError
+    with pytest.raises(CacheTooSmallError, match="row_cache_bytes"):
         emb(torch.arange(10))
 
 
@@ -555,3 +556,24 @@ def test_bag_padding_idx_equals_torch(weights, mode):
     got[3] = emb.trainer.cache.peek(np.array([3]))[0]  # (a bag of the padding id is zero)
     np.testing.assert_array_equal(got[3], weights[3])
     assert _rel(got, ref.weight.detach().numpy()) < 1e-6
+
+
+@pytest.mark.slow
+def test_the_checkpoint_outlives_vacuum_while_training_goes_on(tmp_path, weights):
+    embstore.save(tmp_path / "t", weights).close()
+    emb = _train(tmp_path / "t", 3, cache=32 * (4 * (D + 1) + 17))
+    v = emb.checkpoint()
+    with embstore.open(tmp_path / "t", version=v) as t:
+        at_v = t.to_numpy()
+    rng = np.random.default_rng(2)
+    for _ in range(40):  # write-backs: more versions than retained (8)
+        ids = torch.from_numpy(rng.integers(0, V, size=(6, 5)))
+        _loss(emb(ids), torch.ones(6, 5, D)).backward()
+    table = emb.trainer.table
+    assert table.version > v + 8
+    emb.trainer.close(checkpoint=False)  # as a crash leaves it
+    again = et.Embedding(tmp_path / "t", optimizer="rowwise_adagrad", lr=LR)
+    assert again.step == 3
+    with torch.no_grad():
+        np.testing.assert_array_equal(again(torch.arange(V)).numpy(), at_v)
+    again.close()

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..table import Table
 
-__all__ = ["WriteBackCache", "WriteBack", "Staged", "StagedFor"]
+__all__ = ["WriteBackCache", "WriteBack", "Staged", "StagedFor", "CacheTooSmallError"]
 
 #: ``write_back(ids, rows, state)``: persist rows (sorted unique ids) and their state
 WriteBack = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
@@ -36,6 +36,10 @@ WriteBack = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 Staged = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: ``staged_for(missing ids)``: rows read ahead for some of them (checked first), or None
 StagedFor = Callable[[np.ndarray], "Staged | None"]
+
+
+class CacheTooSmallError(InvalidOptionError):
+    """A batch has more distinct rows than the training row cache holds."""
 
 
 class WriteBackCache:
@@ -82,7 +86,7 @@ class WriteBackCache:
         if n_miss:
             self.stats["misses"] += n_miss
             if uniq.size > self.capacity:
-                raise InvalidOptionError(
+                raise CacheTooSmallError(
                     f"a batch of {uniq.size} distinct rows does not fit the training row "
                     f"cache of {self.capacity} rows ({self.nbytes} bytes): give a larger "
                     "row_cache_bytes")
