@@ -165,6 +165,13 @@ def _training(optimizer, lr, eps, row_cache_bytes, resume) -> dict | None:
             "resume": resume}
 
 
+def _on_device(out: torch.Tensor, like) -> torch.Tensor:
+    """A trained module's rows on the device of its ids (the copy is in the graph)."""
+    if isinstance(like, torch.Tensor) and like.device.type != "cpu":
+        return out.to(like.device)
+    return out
+
+
 class _TableModule(Trainable, torch.nn.Module):
     """What both modules share: the table, its options, pickling by path, fork safety."""
 
@@ -320,7 +327,7 @@ class Embedding(_TableModule):
         with _torch_errors():
             if self._trainer is not None:
                 ids = as_ids(_numpy(input, "input"), self._table.vocab_size)
-                return embedding_forward(self._trainer, ids)
+                return _on_device(embedding_forward(self._trainer, ids), input)
             return _tensor(self._live()(_numpy(input, "input")), input, self._dtype)
 
 
@@ -375,10 +382,10 @@ class EmbeddingBag(_TableModule):
             ids = _numpy(input, "input")
             off = None if offsets is None else _numpy(offsets, "offsets")
             if self._trainer is not None:
-                return bag_forward(self._trainer, as_ids(ids, self._table.vocab_size), off,
-                                   None if psw is None else torch.as_tensor(psw),
-                                   mode=self.mode,
-                                   include_last_offset=self.include_last_offset)
+                return _on_device(bag_forward(
+                    self._trainer, as_ids(ids, self._table.vocab_size), off,
+                    None if psw is None else torch.as_tensor(psw).cpu(), mode=self.mode,
+                    include_last_offset=self.include_last_offset), input)
             w = None if psw is None else _numpy(psw, "per_sample_weights")
             rows = self._live().bag(ids, off, w, mode=self.mode,  # type: ignore[arg-type]
                                     include_last_offset=self.include_last_offset)
