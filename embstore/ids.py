@@ -179,7 +179,7 @@ def check_out(out, want: tuple[int, ...], dtype) -> np.ndarray:
     if out is None:
         return alloc_result(want, dtype)
     if not isinstance(out, np.ndarray):
-        raise ShapeMismatchError(f"out must be a NumPy array, got {type(out).__name__}")
+        out = _tensor_memory(out)
     if out.shape != want or out.dtype != dtype:
         raise ShapeMismatchError(
             f"out must have shape {want} and dtype {dtype}, got shape {out.shape} "
@@ -187,6 +187,22 @@ def check_out(out, want: tuple[int, ...], dtype) -> np.ndarray:
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ShapeMismatchError("out must be a writeable C-contiguous array")
     return out
+
+
+def _tensor_memory(out) -> np.ndarray:
+    """A CPU torch tensor (pinned or not) given as ``out``: the NumPy array over its memory
+    (torch is not imported: a tensor is recognised by its type's module)."""
+    if type(out).__module__.partition(".")[0] != "torch" or not hasattr(out, "numpy"):
+        raise ShapeMismatchError(f"out must be a NumPy array or a CPU torch tensor, got "
+                                 f"{type(out).__name__}")
+    if out.device.type != "cpu" or out.requires_grad or not out.is_contiguous():
+        raise ShapeMismatchError("a torch tensor as out must be on the CPU (pinned or not), "
+                                 "contiguous and not require grad")
+    try:
+        return out.numpy()
+    except TypeError:  # a dtype NumPy lacks (bfloat16)
+        raise ShapeMismatchError(f"out of dtype {out.dtype}: NumPy has no such dtype (give "
+                                 "a float32 tensor)") from None
 
 
 @contextmanager

@@ -203,10 +203,10 @@ class Table(abc.ABC):
         """Rows for ``ids`` of any shape: an array of shape ``ids.shape + (dim,)``."""
         self._check_open()
         ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
-        out = self._check_out(out, ids.shape)
+        given, out = out, self._check_out(out, ids.shape)
         with memory_refused(out.shape, self.dtype):  # (a gather's own buffers, too)
             self._gather(ids.reshape(-1), out.reshape(-1, self.dim))
-        return out
+        return out if given is None or isinstance(given, np.ndarray) else given  # a tensor
 
     @property
     def _row_bytes(self) -> int:

@@ -16,6 +16,13 @@ carries its path and options, never rows, and the worker opens the table again; 
 
 :func:`to_nn_embedding` hands an ordinary, trainable-if-you-like ``torch.nn.Embedding``
 the whole table.
+
+Given ``optimizer=`` (``"sgd"``, ``"rowwise_adagrad"``) and ``lr=``, a module over a table
+opened ``"r+"`` (or a path, or a MemoryTable) trains its rows: the backward updates the
+batch's rows in a write-back row cache of ``row_cache_bytes``, ``checkpoint()`` commits
+rows and optimizer state as a version, ``prefetch(ids)`` reads ahead, and a new module
+resumes from the newest checkpoint (``resume=N``: from rows version N).  See
+docs/training.md and :mod:`embstore.train`.
 """
 
 from __future__ import annotations
@@ -30,15 +37,18 @@ from collections.abc import Iterator
 
 from .errors import (EmbstoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
                      ShapeMismatchError)
+from .ids import as_ids
 from .layer import Embedding as _Layer
 from .memory import MemoryTable
 from .optional import require
 from .store.table import ZarrTable
 from .store.table import open as open_table
 from .table import Table
+from .train.engine import Trainer
+from .train.modules import Trainable, bag_forward, embedding_forward, prefetching
 
 __all__ = ["Embedding", "EmbeddingBag", "to_nn_embedding", "TorchIdError", "TorchShapeError",
-           "TorchNotImplementedError", "TorchPaddingIdxError"]
+           "TorchNotImplementedError", "TorchPaddingIdxError", "prefetching"]
 
 if TYPE_CHECKING:
     import torch
@@ -147,17 +157,48 @@ def _tensor(rows: np.ndarray, like, dtype: torch.dtype | None = None) -> torch.T
     return out
 
 
-class _TableModule(torch.nn.Module):
+def _training(optimizer, lr, eps, row_cache_bytes, resume) -> dict | None:
+    """The trainer's options (None: a frozen module)."""
+    if optimizer is None:
+        return None
+    return {"optimizer": optimizer, "lr": lr, "eps": eps, "row_cache_bytes": row_cache_bytes,
+            "resume": resume}
+
+
+def _on_device(out: torch.Tensor, like) -> torch.Tensor:
+    """A trained module's rows on the device of its ids (the copy is in the graph)."""
+    if isinstance(like, torch.Tensor) and like.device.type != "cpu":
+        return out.to(like.device)
+    return out
+
+
+class _TableModule(Trainable, torch.nn.Module):
     """What both modules share: the table, its options, pickling by path, fork safety."""
 
     def __init__(self, table, *, padding_idx: int | None = None, max_norm: float | None = None,
-                 norm_type: float = 2.0, cache_bytes="auto"):
+                 norm_type: float = 2.0, cache_bytes="auto", training: dict | None = None):
         super().__init__()
-        self._table, self._owns_table = _as_table(table, cache_bytes)
+        if training is not None and isinstance(table, (str, os.PathLike)):
+            table = open_table(table, mode="r+", cache_bytes=0)  # (the trainer caches rows)
+            self._table, self._owns_table = table, True
+        else:
+            self._table, self._owns_table = _as_table(table, cache_bytes)
         self._dtype = _rows_dtype(self._table, table)
         self._options: dict[str, Any] = {"padding_idx": padding_idx, "max_norm": max_norm,
                          "norm_type": norm_type}
-        self._build()
+        self._trainer: Trainer | None = None
+        try:
+            self._build()
+            if training is not None:
+                if max_norm is not None:
+                    raise InvalidOptionError("max_norm with an optimizer: not supported (a "
+                                             "trained table is not renormalised)")
+                self._trainer = Trainer(self._table, padding_idx=self.padding_idx,
+                                        **training)
+        except BaseException:
+            if self._owns_table:
+                self._table.close()
+            raise
 
     def _build(self) -> None:
         with _torch_errors({InvalidIdError: TorchPaddingIdxError}):  # checks the options
@@ -211,6 +252,9 @@ class _TableModule(torch.nn.Module):
 
     # -- pickling: the path and the options, never rows read from a store ----------------
     def __getstate__(self) -> dict:
+        if self._trainer is not None:
+            raise InvalidTypeError("a module that trains its table is not pickled (one "
+                                   "trainer per table: checkpoint() and open it again)")
         state = self.__dict__.copy()
         table = state.pop("_table")
         del state["_layer"], state["_pid"]
@@ -234,12 +278,19 @@ class _TableModule(torch.nn.Module):
         else:
             raise EmbstoreError(f"cannot restore an embstore.torch module from a table "
                                 f"source of kind {kind!r}")
+        self._trainer = None
         self._build()
 
     def close(self) -> None:
-        """Close the table if this module opened it (from a path, or again in a worker)."""
-        if self._owns_table:
-            self._table.close()
+        """Close the table if this module opened it (from a path, or again in a worker); a
+        trained module checkpoints first."""
+        try:
+            if self._trainer is not None:
+                self._trainer.close()
+                self._trainer = None
+        finally:
+            if self._owns_table:
+                self._table.close()
 
 
 class Embedding(_TableModule):
@@ -256,6 +307,14 @@ class Embedding(_TableModule):
     :class:`embstore.InvalidIdError` (an ``IndexError``, as PyTorch raises).
     """
 
+    def __init__(self, table, *, padding_idx: int | None = None,
+                 max_norm: float | None = None, norm_type: float = 2.0, cache_bytes="auto",
+                 optimizer: str | None = None, lr: float = 0.01, eps: float = 1e-8,
+                 row_cache_bytes="auto", resume: int | None = None):
+        super().__init__(table, padding_idx=padding_idx, max_norm=max_norm,
+                         norm_type=norm_type, cache_bytes=cache_bytes,
+                         training=_training(optimizer, lr, eps, row_cache_bytes, resume))
+
     @classmethod
     def from_table(cls, path_or_table, *, padding_idx: int | None = None,
                    max_norm: float | None = None, norm_type: float = 2.0,
@@ -266,6 +325,9 @@ class Embedding(_TableModule):
 
     def forward(self, input) -> torch.Tensor:  # noqa: A002 (torch's name)
         with _torch_errors():
+            if self._trainer is not None:
+                ids = as_ids(_numpy(input, "input"), self._table.vocab_size)
+                return _on_device(embedding_forward(self._trainer, ids), input)
             return _tensor(self._live()(_numpy(input, "input")), input, self._dtype)
 
 
@@ -283,12 +345,18 @@ class EmbeddingBag(_TableModule):
 
     def __init__(self, table, *, mode: str = "mean", include_last_offset: bool = False,
                  padding_idx: int | None = None, max_norm: float | None = None,
-                 norm_type: float = 2.0, cache_bytes="auto"):
+                 norm_type: float = 2.0, cache_bytes="auto", optimizer: str | None = None,
+                 lr: float = 0.01, eps: float = 1e-8, row_cache_bytes="auto",
+                 resume: int | None = None):
         if mode not in _BAG_MODES:
             raise InvalidOptionError(f"mode must be one of {', '.join(map(repr, _BAG_MODES))}, "
                                      f"got {mode!r}")
+        if optimizer is not None and mode == "max":
+            raise InvalidOptionError("a trained EmbeddingBag pools with 'sum' or 'mean', not "
+                                     "'max'")
         super().__init__(table, padding_idx=padding_idx, max_norm=max_norm,
-                         norm_type=norm_type, cache_bytes=cache_bytes)
+                         norm_type=norm_type, cache_bytes=cache_bytes,
+                         training=_training(optimizer, lr, eps, row_cache_bytes, resume))
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
@@ -313,6 +381,11 @@ class EmbeddingBag(_TableModule):
         with _torch_errors():
             ids = _numpy(input, "input")
             off = None if offsets is None else _numpy(offsets, "offsets")
+            if self._trainer is not None:
+                return _on_device(bag_forward(
+                    self._trainer, as_ids(ids, self._table.vocab_size), off,
+                    None if psw is None else torch.as_tensor(psw).cpu(), mode=self.mode,
+                    include_last_offset=self.include_last_offset), input)
             w = None if psw is None else _numpy(psw, "per_sample_weights")
             rows = self._live().bag(ids, off, w, mode=self.mode,  # type: ignore[arg-type]
                                     include_last_offset=self.include_last_offset)

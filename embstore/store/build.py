@@ -25,6 +25,7 @@ from ..dtypes.bfloat16 import is_ml_bfloat16
 from .table import ZarrTable
 from .remote.transfer import staged
 from .writer import TableWriter
+from ..train.rowinit import check_init, init_rows
 
 __all__ = ["create", "save", "upgrade"]
 
@@ -35,9 +36,12 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
            keys: KeysLike | None = None, chunk_rows: int | None = None,
            shard_rows: int | None = None, compression: Compression = "none",
            overwrite: bool = False, cache_bytes: Bytes = "auto",
-           lock_timeout: float | None = None, format_version: int | None = None) -> ZarrTable:
+           lock_timeout: float | None = None, format_version: int | None = None,
+           init=None) -> ZarrTable:
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``).
-    ``format_version=2``: an uncompressed table of the format-2 row layout (docs/FORMAT.md)."""
+    ``format_version=2``: an uncompressed table of the format-2 row layout (docs/FORMAT.md).
+    ``init``: deterministic initial rows instead of zeros, ``"uniform"``, ``"normal"`` or
+    a dict with a seed and a scale (:mod:`embstore.train.rowinit`; written at creation)."""
     if is_url(path):
         raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
                             "copy), not created empty and written in place")
@@ -52,11 +56,18 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
         names = key_list(list(keys))
         if len(names) != rows:
             raise ShapeMismatchError(f"got {len(names)} keys for a table of {rows} rows")
+    spec = check_init(init, dim)
     with TableWriter(path, dim=dim, dtype=dtype, has_keys=names is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
                      overwrite=overwrite, expected_rows=rows, duplicate_keys="error",
                      format_version=format_version) as w:
-        w.add_zeros(rows, names)
+        if spec is None:
+            w.add_zeros(rows, names)
+        else:
+            step = max(1, _SAVE_BLOCK_BYTES // max(1, 8 * dim))
+            for a in range(0, rows, step):  # a loop per block
+                b = min(rows, a + step)
+                w.add(init_rows(spec, a, b, dim), None if names is None else names[a:b])
     return ZarrTable(path, mode="r+", cache_bytes=cache_bytes, lock_timeout=lock_timeout)
 
 

@@ -201,15 +201,15 @@ class ZarrTable(Table):
                     "has_keys")}}
 
     # -- reads ------------------------------------------------------------------------------
-    def lookup(self, ids, out: np.ndarray | None = None) -> np.ndarray:
+    def lookup(self, ids, out: Any = None) -> np.ndarray:  # out: an array, a CPU tensor
         self._check_open()
         ids = as_ids(ids, self.vocab_size, row_bytes=0 if out is not None else self._row_bytes)
-        out = None if out is None else self._check_out(out, ids.shape)
+        given, out = out, None if out is None else self._check_out(out, ids.shape)
         src = self._source  # once: a refresh() in another thread swaps it
         with memory_refused(ids.shape + (self.dim,), self.dtype):  # not NumPy's MemoryError
             rows = self._cache.gather(ids.reshape(-1), None if out is None else out.reshape(
                 -1, self.dim), src.gather, src.take, src)  # (src's rows only: never mixed)
-        return rows.reshape(ids.shape + (self.dim,)) if out is None else out
+        return rows.reshape(ids.shape + (self.dim,)) if out is None else given
 
     def raw(self, ids) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Rows ``ids`` (any shape) as stored, for computing on the codes: ``(codes, scale,
