@@ -435,7 +435,7 @@ def test_steady_state_allocates_nothing_of_the_batch_size():
 
 @pytest.mark.parametrize("init", ["uniform", {"kind": "normal", "std": 0.01, "seed": 4}])
 def test_create_with_init_is_deterministic_per_row(tmp_path, init):
-    from embstore.train.rowinit import check_init, init_rows
+    from embstore.store.rowinit import check_init, init_rows
     a = embstore.create(tmp_path / "a", shape=(3000, 16), init=init)
     b = embstore.create(tmp_path / "b", shape=(3000, 16), init=init)
     np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())

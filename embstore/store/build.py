@@ -25,7 +25,7 @@ from ..dtypes.bfloat16 import is_ml_bfloat16
 from .table import ZarrTable
 from .remote.transfer import staged
 from .writer import TableWriter
-from ..train.rowinit import check_init, init_rows
+from .rowinit import check_init, init_rows
 
 __all__ = ["create", "save", "upgrade"]
 
@@ -41,7 +41,7 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``).
     ``format_version=2``: an uncompressed table of the format-2 row layout (docs/FORMAT.md).
     ``init``: deterministic initial rows instead of zeros, ``"uniform"``, ``"normal"`` or
-    a dict with a seed and a scale (:mod:`embstore.train.rowinit`; written at creation)."""
+    a dict with a seed and a scale (:mod:`embstore.store.rowinit`; written at creation)."""
     if is_url(path):
         raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
                             "copy), not created empty and written in place")

@@ -3,7 +3,7 @@
 optimizer state and checkpoints on disk (:mod:`.persist`), the trainer (:mod:`.engine`)
 and the forwards of the trainable ``embstore.torch`` modules (:mod:`.modules`).
 
-Deterministic initial rows for ``embstore.create(..., init=...)``: :mod:`.rowinit`.
-The package imports nothing itself (the store imports :mod:`.rowinit`; the modules are
+Deterministic initial rows for ``embstore.create(..., init=...)`` are the store's
+(:mod:`embstore.store.rowinit`).  The package imports nothing itself (the modules are
 reached through :mod:`embstore.torch`; checkpoints are listed by
 :func:`embstore.train.persist.read_checkpoints`)."""

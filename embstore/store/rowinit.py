@@ -1,4 +1,4 @@
-"""Deterministic initial rows for ``create(path, shape, init=...)`` (docs/training.md).
+"""Deterministic initial rows of a new table (``embstore.create(..., init=...)``).
 
 Row ``i``'s values depend only on ``(seed, i)`` and the spec, never on which rows are
 made together or in what order: each value is a counter-based draw, a splitmix64 hash of
