@@ -143,3 +143,19 @@ def test_a_format_1_tables_first_append_makes_key_deltas_and_a_version(tmp_path)
     with embstore.open(path) as t:
         assert list(t.keys) == keys + [f"n{i}" for i in range(20)]
     shutil.rmtree(path)
+
+
+def test_a_key_delta_with_hashes_out_of_order_is_refused():
+    """The order checks compare neighbours: an unsigned difference wraps and never goes
+    below zero (hashes in descending order loaded, and ids_of reported their keys missing)."""
+    from embstore.keys.segments import KeySegment
+
+    utf8 = np.frombuffer(b"abcd" + b"\0" * 8, np.uint8)
+    offsets = np.array([0, 2, 4], np.uint64)
+    rows = np.array([10, 11], np.int64)
+    KeySegment(10, np.array([3, 5], np.uint64), rows, offsets, utf8, "ok")  # in order: fine
+    with pytest.raises(CorruptStoreError, match="hashes not sorted"):
+        KeySegment(10, np.array([5, 3], np.uint64), rows, offsets, utf8, "delta")
+    with pytest.raises(CorruptStoreError, match="offsets do not fit"):
+        KeySegment(10, np.array([3, 5], np.uint64), rows, np.array([0, 4, 2], np.uint64),
+                   utf8, "delta")

@@ -597,6 +597,48 @@ def test_hostile_versions_are_refused(t2, E, tmp_path):
     assert len(data) > 0
 
 
+def test_a_version_directory_is_what_its_name_says(t2, E):
+    """A newest version copied over by an older one, a manifest stating another number (and
+    re-checksummed), or a newest version removed: each is refused, never read as the table
+    (3,000 rows for 3,010, appended keys missing, no error)."""
+    from embstore.store.versions.snapshot import manifest_crc
+
+    with embstore.open(t2, "r+") as t:
+        t.append(np.ones((10, D), np.float32), keys=[f"n{i}" for i in range(10)])
+        t.write([3], np.zeros((1, D), np.float32))
+        assert t.version == 3
+    vdir = t2 / "vectors" / ".embstore" / "versions"
+    kept = t2.parent / "kept"
+    shutil.copytree(vdir, kept, symlinks=True)
+
+    def restore():
+        shutil.rmtree(vdir)
+        shutil.copytree(kept, vdir, symlinks=True)
+    shutil.rmtree(vdir / "3")  # version 3 holding version 1's files
+    shutil.copytree(vdir / "1", vdir / "3")
+    with pytest.raises(CorruptStoreError, match="says version 1"):
+        embstore.open(t2)
+    restore()
+    doc = json.loads((vdir / "3" / "manifest.json").read_text())
+    doc["embstore_version"] = 99
+    doc["crc32c"] = manifest_crc(doc)
+    (vdir / "3" / "manifest.json").unlink()
+    (vdir / "3" / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match="says version 99"):
+        embstore.open(t2)
+    restore()
+    shutil.rmtree(vdir / "3")  # the newest removed: the table would roll back a write
+    with pytest.raises(CorruptStoreError, match="last commit"):
+        embstore.open(t2)
+    with embstore.open(t2, version=2) as t:  # (an older version asked for still reads)
+        assert len(t) == V + 10
+    restore()
+    with embstore.open(t2) as t:
+        want = np.concatenate([E, np.ones((10, D), np.float32)])
+        want[3] = 0
+        np.testing.assert_array_equal(t.to_numpy(), want)
+
+
 def test_a_forked_child_leaves_its_parents_lease(t2):
     t = embstore.open(t2)
     readers = t2 / "vectors" / ".embstore" / "readers"

@@ -340,7 +340,7 @@ class DiskVocab(Vocab):
         for a in range(0, self._n + 1, block):
             offsets = self._offsets.read(a, min(self._n + 1, a + block))
             if (a == 0 and offsets[0] != 0) or offsets[0] < prev or \
-                    (np.diff(offsets) < 0).any():
+                    (offsets[1:] < offsets[:-1]).any():  # (an unsigned diff would wrap)
                 return "key_offsets are not increasing from 0"
             prev = int(offsets[-1])
         return None

@@ -31,10 +31,12 @@ class KeySegment:
         self.first, self.n, self.where = int(first), len(hashes), where
         self.hashes, self.rows, self.offsets, self.utf8 = hashes, rows, offsets, utf8
         bad = None
+        # (order by comparing neighbours: a difference of unsigned values wraps, never < 0)
+        h = hashes.view(np.uint64)
         if len(rows) != self.n or len(offsets) != self.n + 1 or offsets[0] != 0 or \
-                (np.diff(offsets) < 0).any() or int(offsets[-1]) + 8 > len(utf8):
+                (offsets[1:] < offsets[:-1]).any() or int(offsets[-1]) + 8 > len(utf8):
             bad = "sizes or offsets do not fit"
-        elif (np.diff(hashes.view(np.uint64)) < 0).any() if self.n > 1 else False:
+        elif (h[1:] < h[:-1]).any():
             bad = "hashes not sorted"
         elif self.n and not np.array_equal(np.sort(rows), np.arange(
                 self.first, self.first + self.n, dtype=np.int64)):

@@ -263,9 +263,10 @@ def _open_array(root: Path, meta: dict, mode: str, name: str, checked: bool) -> 
     if rows is not None and (root / crc / "zarr.json").is_file():
         return PagedSource(root, rows, name, crc)  # rows at a fixed stride
     layout = Layout.from_metadata(meta)
-    if checked and (layout is None or not layout.has_crc):
+    if checked and (layout is None or not (layout.has_crc and layout.index_crc)):
         what = (f"{crc}/zarr.json: missing (the page checksums of {name})" if rows is not None
-                else f"{name}/zarr.json: not a checksummed layout")
+                else f"{name}/zarr.json: not a checksummed layout (a crc32c per chunk and "
+                "per shard index)")
         raise CorruptStoreError(f"{root}/{what}: the table says format 2, whose every row "
                                 "array is checksummed; the store is damaged", path=str(root))
     if layout is None:

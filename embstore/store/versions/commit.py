@@ -210,7 +210,7 @@ def raise_format(root: Path, staged: dict[str, Path], doc: dict | None) -> dict 
     meta = read_json(staged.get("vectors/zarr.json", root / "vectors" / "zarr.json"),
                      "vectors/zarr.json", root=root)
     layout = Layout.from_metadata(meta)
-    if layout is None or not layout.has_crc:
+    if layout is None or not (layout.has_crc and layout.index_crc):
         return doc  # (rows without checksums stay format 1, versioned all the same)
     attrs["format"] = 2
     return group

@@ -21,7 +21,7 @@ from ..base import RowSource
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
 from ..source import keeps_versions, open_source, same_array
-from .commit import last_commit
+from .commit import last_commit, settle
 from .delta import Overlays, OverlaySource
 from .retain import Lease
 from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
@@ -94,8 +94,13 @@ class Version:
             root = pin.path
             manifest = read_manifest(root)
             seen = manifest.get("txn")
+            _check_named(path, n, manifest, want is None)
             overlays = Overlays(root, manifest, writable=mode == "r+")
         attrs, meta = read_table_meta(root)
+        if n is not None and manifest.get("rows") != meta["shape"][0]:
+            raise CorruptStoreError(f"{path}: version {n}'s manifest says {manifest.get('rows')}"
+                                    f" rows, its vectors/zarr.json {meta['shape'][0]}: the "
+                                    "version's files are not its own", path=str(path))
         wrap = overlays.wrap if overlays is not None else same_array
         checked = attrs.get("format") == 2  # (every row array checksummed, or damage)
         source = attach_norms(root, open_source(root, meta, mode, wrap, checked=checked), wrap)
@@ -132,6 +137,27 @@ class Version:
         """The lease goes (threads still reading keep the pinned directory, not the lease)."""
         if self.pin is not None:
             self.pin.release()
+
+
+def _check_named(path: Path, n: int, manifest: dict, newest_one: bool) -> None:
+    """A version directory is what its name says: its manifest states the same number, and
+    the newest one is the table's last commit (a removed newest version, or an older one
+    copied in its place, is damage; a commit rolling forward meanwhile is waited for)."""
+    if manifest.get("embstore_version") != n:
+        raise CorruptStoreError(
+            f"{path}: versions/{n}/manifest.json says version "
+            f"{manifest.get('embstore_version')!r}: the version directory is not what its "
+            "name says", path=str(path))
+    last = last_commit(path)
+    if not newest_one or last is None or last == manifest.get("txn"):
+        return
+    settle(path)  # (a commit between the listing and now: rolled forward first)
+    if newest(path) == n and last_commit(path) not in (None, manifest.get("txn")):
+        raise CorruptStoreError(
+            f"{path}: the last commit ({last_commit(path)}) is not version {n}'s, the newest "
+            "version there (a version directory was removed or replaced)", path=str(path))
+    if newest(path) != n:  # (a newer version now: opened again by Version.open)
+        raise CorruptStoreError(f"{path}: version {n} is no longer the newest", path=str(path))
 
 
 def _signature(path: Path):
