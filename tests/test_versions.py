@@ -385,6 +385,8 @@ def test_readers_never_see_part_of_a_commit(tmp_path, layout):
     writer commits whole-table rewrites, random updates and appends with keys: each read
     is exactly the table after one commit, keys included, whatever the layout
     (EMBSTORE_TORN_COMMITS scales it)."""
+    if layout == "bfloat16" and COMMITS > 256:  # (commit k writes k: exact up to 256)
+        pytest.skip("bfloat16 holds the integers up to 256 exactly: at most 256 commits")
     p = tmp_path / "t"
     embstore.save(p, np.zeros((ROWS, COLS), np.float32), keys=[f"r{i}" for i in range(ROWS)],
                   **TORN_LAYOUTS[layout]).close()
