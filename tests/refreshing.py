@@ -26,3 +26,27 @@ def hammer(t, read: Callable[[int, threading.Event], None], wait: Callable[[], o
         done.set()
         for th in threads:
             th.join()
+
+
+class MixCounter:
+    """``read(seed, done)`` for :func:`hammer`: random lookups of ``batch`` rows of a table
+    of ``rows`` rows whose every commit writes one value everywhere; counts the lookups,
+    those holding two values (rows of two versions mixed) and the errors."""
+
+    def __init__(self, t, rows: int, batch: int):
+        self.t, self.rows, self.batch = t, rows, batch
+        self.lookups = self.mixed = 0
+        self.errors: list[str] = []
+
+    def read(self, seed: int, done: threading.Event) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        while not done.is_set():
+            try:
+                got = self.t[rng.integers(0, self.rows, self.batch)]
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                self.errors.append(repr(exc))
+                continue
+            self.mixed += int(got.min() != got.max())
+            self.lookups += 1

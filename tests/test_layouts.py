@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 import embstore
 from embstore.cli import cli
-from refreshing import hammer
+from refreshing import MixCounter, hammer
 
 V, D = 4000, 16
 DATA = Path(__file__).parent / "data"
@@ -151,25 +151,15 @@ def test_threads_sharing_a_refreshing_handle_of_a_compressed_table(tmp_path, E):
     and a writer commits whole-table rewrites: every lookup is one version's rows."""
     p = tmp_path / "t"
     embstore.save(p, np.zeros((V, D), np.float32), compression="zstd").close()
-    errors, mixed, lookups = [], [0], [0]
     with embstore.open(p, cache_bytes="4MiB") as t:
-        def read(seed, done):
-            rng = np.random.default_rng(seed)
-            while not done.is_set():
-                try:
-                    rows = t[rng.integers(0, V, 256)]
-                except Exception as exc:  # noqa: BLE001 - any failure is the finding
-                    errors.append(repr(exc))
-                    return
-                mixed[0] += int(rows.min() != rows.max())
-                lookups[0] += 1
+        count = MixCounter(t, V, 256)
 
         def write():
             with embstore.open(p, "r+") as w:
                 for k in range(1, 16):
                     w.write(np.arange(V), np.full((V, D), k, np.float32))
-        hammer(t, read, write)
-    assert errors == [] and mixed[0] == 0 and lookups[0] > 10
+        hammer(t, count.read, write)
+    assert count.errors == [] and count.mixed == 0 and count.lookups > 10
 
 
 @pytest.mark.parametrize("golden", ["golden-v1-zstd", "golden-v1-none", "golden-v1-int8"])

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import embstore
 from embstore import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from embstore.cli import cli
-from refreshing import hammer
+from refreshing import MixCounter, hammer
 
 V, D = 3000, 16
 
@@ -418,23 +418,13 @@ def test_a_row_cache_never_mixes_versions_under_a_refreshing_handle(tmp_path):
             "for k in range(1, 61):\n"
             f"    t.write(np.arange({n}), np.full(({n}, {d}), k, np.float32))\n")
     writer = subprocess.Popen([sys.executable, "-c", code])
-    mixed, lookups, errors = [0], [0], []
     with embstore.open(p, cache_bytes="16MB") as t:
-        def read(seed: int, done: threading.Event) -> None:
-            rng = np.random.default_rng(seed)
-            while not done.is_set():
-                try:
-                    rows = t[rng.integers(0, n, 64)]
-                except Exception as exc:  # noqa: BLE001 - any failure is the finding
-                    errors.append(repr(exc))
-                    continue
-                mixed[0] += int(rows.min() != rows.max())
-                lookups[0] += 1
-        hammer(t, read, lambda: writer.wait(timeout=300))
+        count = MixCounter(t, n, 64)
+        hammer(t, count.read, lambda: writer.wait(timeout=300))
         assert writer.returncode == 0
         t.refresh()
         assert (t[np.arange(n)] == 60).all() and t.cache_info().hits > 0
-    assert errors == [] and lookups[0] > 100 and mixed[0] == 0
+    assert count.errors == [] and count.lookups > 100 and count.mixed == 0
 
 
 def test_threads_sharing_a_refreshing_handle(t2, E):
