@@ -34,8 +34,10 @@ import tempfile
 import numpy as np
 
 import embstore
-from embstore.store.remote.costs import CostModel
-from embstore.store.remote.rows import RemotePagedSource
+from embstore.store.place.costs import CostModel
+from embstore.store.place.objects import ObjectStore
+from embstore.store.rows.ranged import RangedRows
+from embstore.store.rows.source import PagedSource
 
 from .. import data
 from ..common import ROOT, Measurement, Method, Skip, compare, interleave, log
@@ -83,14 +85,15 @@ def _zarr(endpoint: str, path: str):
 
 def _ideal(t, ids: np.ndarray) -> tuple[int, int, int]:
     """``(requests, bytes, bytes of the rows' pages)`` the cost model asks for ``ids``."""
-    src = t._objects  # the vectors source
-    if not isinstance(src, RemotePagedSource):
-        raise Skip("not a format-2 table")
-    L = src._rows
+    src = t.row_source  # the vectors source
+    if not isinstance(src, PagedSource) or src._ranged is None:
+        raise Skip("not a table of rows at a fixed stride")
+    L, ranged = src.row_layout, src._ranged
     ids = np.unique(ids)
     chunk, at = ids // L.chunk_rows, ids % L.chunk_rows * L.row_bytes
-    k, lo, hi = src.plan(chunk, at)
-    gap0 = RemotePagedSource(src.client, L, costs=CostModel(0.0, 1.0, 1 << 62))
+    k, lo, hi = ranged.plan(chunk, at)
+    gap0 = RangedRows(ObjectStore(t._objects.client, costs=CostModel(0.0, 1.0, 1 << 62)), L,
+                      "vectors", ranged.crc_name)
     _, plo, phi = gap0.plan(chunk, at)  # no gap read through: the pages alone
     return int(k.size), int((hi - lo).sum()), int((phi - plo).sum())
 

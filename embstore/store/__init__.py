@@ -21,7 +21,7 @@ from .versions.commit import repair
 from .build import create, save, upgrade
 from .table import ZarrTable, open  # noqa: A004
 from .verify import Damage, VerifyReport
-from .remote.verify import verify
+from .verify import verify
 from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",

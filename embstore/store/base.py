@@ -1,7 +1,8 @@
 """The row-source interface of :class:`~embstore.store.table.ZarrTable`: where rows leave
-(and enter) the store.  Implementations: :mod:`embstore.store.source` (format-1 shards,
-zarr-python, the compact dtypes' decoding), :mod:`embstore.store.rows.source` (format-2 row
-arrays) and :mod:`embstore.store.remote.source` (object storage).
+(and enter) the store.  Implementations: one per layout, over any place
+(:mod:`embstore.store.place`): :mod:`embstore.store.rows.source` (rows at a fixed stride)
+and :mod:`embstore.store.source` (sharded chunks; there too zarr-python's source for other
+tools' layouts, and the compact dtypes' decoding).
 
 Ids given to a source are validated 1-D int64 arrays; rows are ``(n, dim)`` arrays of the
 source's dtype.

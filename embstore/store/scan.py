@@ -75,23 +75,28 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
     return buf[0][first: first + b - a]
 
 
+def _mapped(source, kind: type) -> bool:
+    """Whether ``source`` is a ``kind`` source over files its place maps."""
+    return type(source) is kind and source.fast_path
+
+
 def rows_in_place(table: Table) -> bool:
     """Whether :func:`scan_blocks` gives ``table``'s rows as views of its mapped shards (an
     uncompressed table of one-row chunks: nothing copied, whatever the block's size)."""
     if not isinstance(table, ZarrTable):
         return False
     src = table.row_source
-    if type(src) is PagedSource:  # format 2: every row at a fixed stride
+    if _mapped(src, PagedSource):  # every row at a fixed stride
         return True
-    return type(src) is ShardSource and src.layout["compression"] == "none" and \
+    return _mapped(src, ShardSource) and src.layout["compression"] == "none" and \
         src.reader.layout.chunk_rows == 1
 
 
 def _read(source, start: int, stop: int, buf: list | None = None) -> np.ndarray:
     """Rows ``start..stop-1`` of ``source``: a view when it can be one, else a copy."""
-    if type(source) is PagedSource:
+    if _mapped(source, PagedSource):
         return source.rows_view(start, stop)
-    if type(source) is ShardSource and source.layout["compression"] == "none":
+    if _mapped(source, ShardSource) and source.layout["compression"] == "none":
         reader = source.reader
         sr = reader.layout.shard_rows
         k = start // sr
@@ -146,7 +151,7 @@ def _blocks(table: ZarrTable, block_rows: int, reuse: bool, unread: bool
     rbuf: list | None = [None] if reuse else None
     for start, stop in _bounds(table.vocab_size, block_rows, src, norms):
         rows: np.ndarray | None = None
-        if not (unread and norms is not None and type(src) is PagedSource and
+        if not (unread and norms is not None and _mapped(src, PagedSource) and
                 not src.checked(start, stop)):
             rows = _read(src, start, stop, rbuf) if type(src) in (ShardSource, PagedSource) \
                 else table[start:stop]

@@ -1,22 +1,24 @@
 """Where rows leave (and enter) the store: the row-source interface of :class:`ZarrTable`.
 
 A :class:`~embstore.store.base.RowSource` reads and writes the ``vectors`` array of one
-table:
+table.  There is one source per array layout, each over a place
+(:mod:`embstore.store.place`: a local directory or object storage):
 
-- :class:`ShardSource`, the fast path: format-v1 shard files read through their indexes
-  (memory-mapped gathers, crc32c checked once per chunk) and rewritten copy-on-write;
-- :class:`ZarrSource`, any other Zarr v3 layout (other codecs, no sharding), read and
-  written by zarr-python;
-- :class:`~embstore.store.rows.source.PagedSource` (format 2): rows at a fixed stride.
+- :class:`~embstore.store.rows.source.PagedSource`: rows at a fixed stride, a crc32c per
+  page;
+- :class:`ShardSource`: sharded chunks with a codec and a crc32c per chunk, read through
+  their indexes (memory-mapped gathers where the place maps its files, ranged reads
+  elsewhere) and rewritten copy-on-write;
+- :class:`ZarrSource`, any other Zarr v3 layout (other codecs, no sharding) of a local
+  table, read and written by zarr-python.
 
-- :class:`CodedSource` wraps the source of the stored codes (and of a side array such as
-  int8's ``row_scale``) of a compact storage dtype and decodes rows through the dtype's
-  record (:mod:`embstore.dtypes`) as they leave the store, so :class:`ZarrTable` and its row
-  cache only ever see float rows.
+:class:`CodedSource` wraps the source of the stored codes (and of a side array such as
+int8's ``row_scale``) of a compact storage dtype and decodes rows through the dtype's
+record (:mod:`embstore.dtypes`) as they leave the store, so :class:`ZarrTable` and its row
+cache only ever see float rows.
 
 Ids given to a source are validated 1-D int64 arrays; rows are ``(n, dim)`` arrays of the
-table's dtype.  A remote table is one more implementation
-(:mod:`embstore.store.remote.source`).
+table's dtype.
 """
 
 from __future__ import annotations
@@ -27,14 +29,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptStoreError, FormatError
+from ..errors import CorruptStoreError, FormatError, ReadOnlyError
 from .codecs import Layout
-from .meta import check_vectors_meta, read_json, set_rows
+from .meta import check_vectors_meta, set_rows
 from ..dtypes import DTYPES, StorageDtype
 from .base import LayoutSource, RowSource
+from .place.base import Place
+from .place.local import LocalDir
 from .versions.commit import Transaction
 from .rows.layout import RowLayout, crc_array
 from .rows.source import PagedSource
+from .shard.ranged import RangedShards
 from .shard.read import ShardReader
 from .shard.write import rewrite_shard
 
@@ -43,32 +48,54 @@ __all__ = ["ShardSource", "ZarrSource", "CodedSource",
 
 
 class ShardSource(LayoutSource):
-    """Format-v1 shard files: the fast path (see :mod:`embstore.store.shard.read`)."""
+    """A sharded array (``name``, default ``vectors``) of the table at ``place``: shard
+    files mapped where the place maps its files (:mod:`embstore.store.shard.read`), else
+    chunks read by ranges (:mod:`embstore.store.shard.ranged`)."""
 
-    def __init__(self, root: Path, layout: Layout, name: str = "vectors"):
-        self.root, self.name = root, name
-        self.reader = ShardReader(str(root / name), layout)
-        self.cheap_reads = layout.compression == "none"
+    def __init__(self, place: Place, layout: Layout, name: str = "vectors"):
+        self.place, self.name = place, name
+        self.fast_path = place.maps_files
+        if place.maps_files:
+            self.root = Path(place.url)
+            self.reader = ShardReader(place.path(name), layout)
+            self.cheap_reads = layout.compression == "none"
+        else:
+            self.ranged = RangedShards(place, layout, name)
 
     @property
     def _layout(self) -> Layout:
-        return self.reader.layout
+        return self.reader.layout if self.fast_path else self.ranged.layout
+
+    @property
+    def layout(self) -> dict:
+        return {**super().layout, "checksummed": self._layout.has_crc}
 
     def reads_cold(self) -> bool:
-        return self.reader.cold_hint
+        return self.fast_path and self.reader.cold_hint
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        self.reader.gather(ids, out)
+        if self.fast_path:
+            self.reader.gather(ids, out)
+        else:
+            self.ranged.gather(ids, out)
 
     def take(self, ids: np.ndarray) -> np.ndarray:
-        return self.reader.take(ids)
+        if self.fast_path:
+            return self.reader.take(ids)
+        return super().take(ids)
 
     def _rewrite(self, txn: Transaction, k: int, local, values, valid_rows: int) -> None:
         L = self._layout
         dest = txn.file("/".join([self.name, *L.shard_key(k).split(L.separator)]))
         rewrite_shard(self.reader, k, local, values, valid_rows, dest)
 
+    def _local(self) -> None:
+        if not self.fast_path:
+            raise ReadOnlyError(f"{self.place.url}: tables on object storage are read-only "
+                                "(write a local table and upload it with embstore.copy)")
+
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        self._local()
         L = self._layout
         sr = L.shard_rows
         sh = ids // sr
@@ -81,6 +108,7 @@ class ShardSource(LayoutSource):
         txn.after(lambda: self.reader.forget(touched))
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
+        self._local()
         L = self._layout
         sr = L.shard_rows
         n0 = L.rows
@@ -92,6 +120,7 @@ class ShardSource(LayoutSource):
         txn.after(lambda: self.reader.forget(ks))
 
     def publish_rows(self, rows: int, txn: Transaction) -> None:
+        self._local()
         set_rows(str(self.root), rows, self.name, txn)
 
         def publish():
@@ -99,10 +128,11 @@ class ShardSource(LayoutSource):
         txn.after(publish)
 
     def refresh(self) -> None:
-        self.reader.forget()
+        (self.reader if self.fast_path else self.ranged).forget()
 
     def close(self) -> None:
-        self.reader.forget()  # unmaps once no thread is reading
+        (self.reader if self.fast_path else self.ranged).forget()  # (unmaps once no thread
+        # is reading)
 
 
 class ZarrSource(RowSource):
@@ -254,14 +284,17 @@ def check_side_meta(record: StorageDtype, side_meta: dict, meta: dict, where, pa
             f"({side.meaning}), got {side_meta['data_type']} {side_meta['shape']}", path=path)
 
 
-def _open_array(root: Path, meta: dict, mode: str, name: str, checked: bool) -> RowSource:
-    """The fast path when it knows the layout of the array (``meta``), else zarr-python.
-    ``checked`` (the group says format 2): the array is one of embstore's layouts with its
-    checksums, or damage (a missing ``page_crc`` never means "read unchecked")."""
+def _open_array(place: Place, meta: dict, mode: str, name: str, checked: bool) -> RowSource:
+    """The source of the layout of the array (``meta``) embstore knows, else zarr-python's
+    (local tables only).  ``checked`` (the group says format 2): the array is one of
+    embstore's layouts with its checksums, or damage (a missing ``page_crc`` never means
+    "read unchecked")."""
     rows = RowLayout.from_metadata(meta)
     crc = crc_array(name)
-    if rows is not None and (root / crc / "zarr.json").is_file():
-        return PagedSource(root, rows, name, crc)  # rows at a fixed stride
+    root = place.url
+    there = place.present(f"{crc}/zarr.json")  # (None: a request to know; format 2 says)
+    if rows is not None and (there or (there is None and checked)):  # rows at a fixed stride
+        return PagedSource(place, rows, name, crc)
     layout = Layout.from_metadata(meta)
     if checked and (layout is None or not (layout.has_crc and layout.index_crc)):
         what = (f"{crc}/zarr.json: missing (the page checksums of {name})" if rows is not None
@@ -269,9 +302,14 @@ def _open_array(root: Path, meta: dict, mode: str, name: str, checked: bool) -> 
                 "per shard index)")
         raise CorruptStoreError(f"{root}/{what}: the table says format 2, whose every row "
                                 "array is checksummed; the store is damaged", path=str(root))
+    if layout is None and not place.maps_files:
+        raise FormatError(f"{name} is not stored in a layout of embstore's (rows at a fixed "
+                          "stride, or crc32c-checked chunks in shards), which reads from "
+                          "object storage need; copy the table to a local folder to read it",
+                          path=root)
     if layout is None:
-        return ZarrSource(root, mode, name)
-    return ShardSource(root, layout, name)
+        return ZarrSource(Path(root), mode, name)
+    return ShardSource(place, layout, name)
 
 
 def keeps_versions(src: RowSource) -> bool:
@@ -291,22 +329,24 @@ def same_array(name: str, src: RowSource) -> RowSource:
     return src
 
 
-def open_source(root: Path, meta: dict, mode: str,
+def open_source(where: Place | Path, meta: dict, mode: str,
                 wrap: Callable[[str, RowSource], RowSource] = same_array, *,
                 checked: bool = False) -> RowSource:
-    """The row source of the table at ``root`` whose ``vectors/zarr.json`` is ``meta``;
+    """The row source of the table at ``where`` (a place, or a local folder) whose
+    ``vectors/zarr.json`` is ``meta``;
     ``wrap(name, source)`` is given each row array as it is opened (a version's deltas go
     on top there: :class:`~embstore.store.versions.delta.Overlays`); ``checked``: every row
     array must carry its checksums (a format-2 table)."""
-    codes = wrap("vectors", _open_array(root, meta, mode, "vectors", checked))
+    place = where if isinstance(where, Place) else LocalDir(where)
+    codes = wrap("vectors", _open_array(place, meta, mode, "vectors", checked))
     record = DTYPES.get(meta.get("data_type"))  # type: ignore[arg-type]
     if record is None or not record.compact:
         return codes
     if record.side is None:
         return CodedSource(codes, record)
     name = record.side.name
-    where = root / name / "zarr.json"
-    smeta = read_json(where, f"{name}/zarr.json ({record.name} vectors need their "
-                             f"{record.side.called})")
-    check_side_meta(record, smeta, meta, where, str(root))
-    return CodedSource(codes, record, wrap(name, _open_array(root, smeta, mode, name, checked)))
+    smeta = place.get_json(f"{name}/zarr.json", f"{name}/zarr.json ({record.name} vectors "
+                           f"need their {record.side.called})")
+    check_side_meta(record, smeta, meta, place.where(f"{name}/zarr.json"), place.url)
+    return CodedSource(codes, record, wrap(name, _open_array(place, smeta, mode, name,
+                                                             checked)))

@@ -16,7 +16,7 @@ import pytest
 import embstore
 from embstore import CorruptStoreError
 from embstore.errors import InvalidOptionError
-from embstore.store.remote.costs import CostModel, merge_ranges, split_regions
+from embstore.store.place.costs import CostModel, merge_ranges, split_regions
 
 PAGE = 4096
 

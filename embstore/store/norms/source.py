@@ -30,6 +30,7 @@ from ..shard.write import RowStream
 from ..base import RowSource
 from ..rows.layout import RowLayout, choose_chunk_rows, crc_array
 from ..rows.stream import PagedStream, create_paged_array
+from ..place.local import LocalDir
 from ..rows.source import PagedSource
 from ..source import ShardSource, keeps_versions, open_source, same_array
 from ..versions.delta import Overlays
@@ -160,8 +161,8 @@ def _paged_norms_rows(root: Path, rows: int, dt: np.dtype) -> int:
 
 def _norms_source(root: Path, layout: Layout | RowLayout) -> RowSource:
     if isinstance(layout, RowLayout):
-        return PagedSource(root, layout, NORMS_ARRAY, crc_array(NORMS_ARRAY))
-    return ShardSource(root, layout, NORMS_ARRAY)
+        return PagedSource(LocalDir(root), layout, NORMS_ARRAY, crc_array(NORMS_ARRAY))
+    return ShardSource(LocalDir(root), layout, NORMS_ARRAY)
 
 
 def _newest(root: Path):

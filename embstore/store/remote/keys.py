@@ -22,7 +22,7 @@ from ...fs.atomic import replace
 from ...keys.index import DiskVocab, MemoryKeyIndex
 from .ranged import RangedVocab, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
-from .chunkcache import ChunkCache
+from ..place.chunkcache import ChunkCache
 from .objstore import ObjectClient
 from ...dtypes import SIDE_ARRAYS
 

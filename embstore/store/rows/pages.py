@@ -20,11 +20,13 @@ from ...errors import CorruptStoreError
 from ...fs.checksum import as_bytes_array, crc32c, value
 from ...fs.files import open_regular, read_small
 from ..codecs import pool
+from ..place.base import Place
 from .layout import PAGE, RowLayout
 from .runs import check_groups
 
 __all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks", "PageMismatch",
-           "crcs_at", "read_crc_file", "bad_pages"]
+           "crcs_at", "read_crc_file", "bad_pages", "load_crcs", "page_spans",
+           "pages_in_chunk"]
 
 _PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling thread
 
@@ -89,6 +91,50 @@ def read_crc_file(path: str, pages: int) -> np.ndarray:
     return decode_crc_file(data, pages, path)
 
 
+def load_crcs(place: Place, rel: str, pages: int, what: str) -> np.ndarray:
+    """The page checksums of ``what`` (a chunk of rows), object ``rel`` of ``place``,
+    checked (through the place's on-disk cache, if it has one)."""
+    where = place.where(rel)
+
+    def load():
+        data = place.get(rel, limit=8 * pages + 4096)  # (decode names a wrong size)
+        if data is None:
+            raise CorruptStoreError(f"{where}: missing (the page checksums of {what})",
+                                    path=where)
+        return data
+    return place.cached(rel, "crcs", load, lambda data: decode_crc_file(bytes(data), pages,
+                                                                        where))
+
+
+def _row_pages(at: np.ndarray, row_bytes: int) -> np.ndarray:
+    """The pages rows starting at byte offsets ``at`` lie on (unsorted, with repeats)."""
+    first, last = at // PAGE, (at + row_bytes - 1) // PAGE
+    if row_bytes <= PAGE:  # a row lies on one page or two
+        return np.concatenate((first, last)) if (first != last).any() else first
+    n = last - first + 1  # wide rows: every page between (a loop-free expansion)
+    return np.repeat(first, n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
+
+
+def _unique_sorted(cand: np.ndarray) -> np.ndarray:
+    if cand.size > 1:
+        cand = np.sort(cand)
+        cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
+    return cand
+
+
+def pages_in_chunk(at: np.ndarray, row_bytes: int) -> np.ndarray:
+    """The pages (sorted, unique) that rows starting at byte offsets ``at`` lie on."""
+    return _unique_sorted(_row_pages(at, row_bytes))
+
+
+def page_spans(at: np.ndarray, row_bytes: int, end) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``: the bytes of the whole pages rows starting at ``at`` lie on (chunk
+    offsets; a chunk's last page ends at ``end``, its committed bytes)."""
+    lo = at // PAGE * PAGE
+    hi = np.minimum((at + row_bytes - 1) // PAGE * PAGE + PAGE, end)
+    return lo, hi
+
+
 class PageMismatch(CorruptStoreError):
     """A page that fails its checksum (chunk ``k``, page ``q``): damage, unless a commit
     replaced the chunk's files while this process read them (see ``PagedSource``)."""
@@ -101,9 +147,10 @@ class PageMismatch(CorruptStoreError):
 class PageChecks:
     """Which pages of a row array this process has checked, and the check itself."""
 
-    def __init__(self, layout: RowLayout, crc_root: str, chunk_path: Callable[[int], str]):
+    def __init__(self, layout: RowLayout, place: Place, crc_name: str,
+                 chunk_path: Callable[[int], str]):
         self.layout = layout
-        self.crc_root = crc_root
+        self.place, self.crc_name = place, crc_name
         self.chunk_path = chunk_path
         self.ppc = layout.pages_per_chunk
         self.checked = np.zeros(layout.n_chunks * self.ppc, dtype=bool)
@@ -111,23 +158,22 @@ class PageChecks:
         self.ends: dict[int, int] = {}  # chunks checked against a later commit's checksums
         self._lock = threading.Lock()
 
-    def _crc_path(self, k: int) -> str:
-        return os.path.join(self.crc_root, *self.layout.chunk_key(k).split(
-            self.layout.separator))
+    def _crc_rel(self, k: int) -> str:
+        return f"{self.crc_name}/{self.layout.chunk_key(k)}"
 
     def prefetch(self, pages: np.ndarray) -> None:
         """Start reading the checksum files of the chunks of ``pages`` (sorted) not loaded
         yet, without waiting: a cold batch asks for them before its rows, so the check does
         not wait for them one by one afterwards (2 GiB table, 16,384 cold ids: 32 files
         read in turn took 19 of 200 ms)."""
-        if not pages.size or not hasattr(os, "posix_fadvise"):
+        if not pages.size or not hasattr(os, "posix_fadvise") or not self.place.maps_files:
             return
         ks = pages // self.ppc
         for k in ks[np.r_[True, ks[1:] != ks[:-1]]].tolist():  # a loop per chunk
             if k in self._crcs:
                 continue
             try:
-                fd = open_regular(self._crc_path(k))
+                fd = open_regular(self.place.path(self._crc_rel(k)))
             except OSError:
                 continue  # (the check reports it)
             try:
@@ -138,12 +184,7 @@ class PageChecks:
     def crcs(self, k: int) -> np.ndarray:
         got = self._crcs.get(k)
         if got is None:
-            path = self._crc_path(k)
-            try:
-                got = read_crc_file(path, self.ppc)
-            except FileNotFoundError:
-                raise CorruptStoreError(f"{path}: missing (the page checksums of "
-                                        f"{self.chunk_path(k)})", path=path) from None
+            got = load_crcs(self.place, self._crc_rel(k), self.ppc, self.chunk_path(k))
             with self._lock:
                 self._crcs[k] = got
         return got
@@ -160,22 +201,9 @@ class PageChecks:
 
     def pages_of(self, ids: np.ndarray) -> np.ndarray:
         """The global pages rows ``ids`` occupy that are not checked yet (sorted, unique)."""
-        L = self.layout
-        rb = L.row_bytes
-        start = ids * rb
-        first = start // PAGE
-        last = (start + rb - 1) // PAGE
-        if rb <= PAGE:  # a row lies on one page or two
-            cand = np.concatenate((first, last)) if (first != last).any() else first
-        else:  # wide rows: every page between (a loop-free expansion)
-            n = last - first + 1
-            step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-            cand = np.repeat(first, n) + step
-        cand = cand[~self.checked[cand]]
-        if cand.size > 1:
-            cand = np.sort(cand)
-            cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
-        return cand
+        rb = self.layout.row_bytes
+        cand = _row_pages(ids * rb, rb)  # (global: chunks are whole pages side by side)
+        return _unique_sorted(cand[~self.checked[cand]])
 
     def check(self, pages: np.ndarray, raw: np.ndarray) -> None:
         """Check ``pages`` (global, unchecked) of the mapped bytes ``raw`` (all chunk files

@@ -12,7 +12,6 @@ through the table's transaction, as format 1 stages shards.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from dataclasses import replace
@@ -21,102 +20,52 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import CorruptStoreError, unpinned
+from ...errors import CorruptStoreError, ReadOnlyError, unpinned
 from ..shard import prefetch
 from ..codecs import pool
 from ..versions.commit import Transaction, settle
 from ..shard import arena
 from ..base import LayoutSource
 from ..meta import set_rows
+from ..place.base import Place
 from .append import append_rows
-from .layout import PAGE, PAGE_CRC, RowLayout, open_chunk
+from .layout import PAGE, RowLayout, crc_array, open_chunk
 from ..meta import read_json
 from .pages import (PageChecks, PageMismatch, bad_pages, crcs_at, encode_crc_file, page_crcs,
                     read_crc_file)
-from ...ids import unique_ints
+from .mapped import MappedChunks
+from .ranged import RangedRows
 
 __all__ = ["PagedSource"]
-
-_HUGE = 2 << 20  # the range's alignment
-
 
 def _chunk_file(array: Path, k: int) -> str:
     return str(array / "c" / str(k) / "0")  # (RowLayout.from_metadata: separator "/" only)
 
 
-class _Unmap:
-    """Releases a reserved range when the last array over it is gone (it hangs on the ctypes
-    array every view of the range leads back to): a view a scan holds, or a gather another
-    thread runs, stays valid after ``refresh()`` or ``close()`` replaced the range."""
-
-    def __init__(self, base: int, total: int):
-        self.base, self.total = base, total
-
-    def __del__(self) -> None:
-        arena.release(self.base, self.total)
-
-
-class _Range:
-    """The chunk files of one layout mapped side by side (a reserved address range)."""
-
-    def __init__(self, layout: RowLayout, chunk_path):
-        self.layout, self.chunk_path = layout, chunk_path
-        n = max(1, layout.n_chunks)
-        self.total = -(-n * layout.chunk_bytes // PAGE) * PAGE
-        # 2 MiB-aligned (chunks are whole 2 MiB units when large): the page cache's 2 MiB
-        # folios of the chunk files can then be mapped as such, a page table entry each
-        whole = self.total + _HUGE
-        start = arena.reserve(whole)
-        self.base = start + -start % _HUGE
-        cells = (ctypes.c_uint8 * self.total).from_address(self.base)
-        cells._unmap = _Unmap(start, whole)  # type: ignore[attr-defined]
-        raw = np.ctypeslib.as_array(cells)
-        self.raw = raw
-        self.view = raw[: n * layout.chunk_bytes].view(layout.dtype).reshape(
-            n * layout.chunk_rows, layout.dim)
-        self.view.flags.writeable = False
-        self.mapped = np.zeros(n, dtype=bool)
-        self.all_mapped = False
-        self.lock = threading.Lock()
-
-    def ensure(self, ks: np.ndarray) -> None:
-        """Map the chunks ``ks`` (any order, repeats allowed) not mapped yet."""
-        if self.all_mapped:
-            return
-        todo = ks[~self.mapped[ks]]
-        if not todo.size:
-            return
-        with self.lock:
-            for k in unique_ints(todo).tolist():  # a loop per chunk file, once
-                if self.mapped[k]:
-                    continue
-                fd, size = open_chunk(self.chunk_path(k), k, self.layout)
-                try:
-                    arena.map_fixed(self.base + k * self.layout.chunk_bytes, fd, size)
-                finally:
-                    os.close(fd)
-                self.mapped[k] = True
-            self.all_mapped = bool(self.mapped.all())
-
-
 class PagedSource(LayoutSource):
-    """A format-2 row array (``name``, default ``vectors``) of the table at ``root``."""
+    """A row array (``name``, default ``vectors``) of the table at ``place``: mapped and
+    gathered in one ``np.take`` where the place maps its files, else read by ranges
+    (:class:`~.ranged.RangedRows`)."""
 
-    cheap_reads = True
-
-    def __init__(self, root: Path, layout: RowLayout, name: str = "vectors",
-                 crc_name: str = PAGE_CRC):
-        if not arena.available():
-            raise CorruptStoreError(f"{root}: format-2 tables are read on 64-bit Linux only "
-                                    "for now", path=str(root))
-        self.root, self.name, self.crc_name = Path(root), name, crc_name
-        # the table's own directory (``root`` may be a version's snapshot in it, held open)
-        real = Path(unpinned(str(self.root)))
-        snap = real.parent.name == "versions" and real.parent.parent.name == ".embstore"
-        self.live_root = real.parents[3] if snap else real
+    def __init__(self, place: Place, layout: RowLayout, name: str = "vectors",
+                 crc_name: str | None = None):
+        self.place, self.name = place, name
+        self.crc_name = crc_array(name) if crc_name is None else crc_name
         self._rl = layout
+        self.fast_path = self.cheap_reads = place.maps_files
+        self._ranged = None if place.maps_files else RangedRows(place, layout, name,
+                                                                self.crc_name)
+        if place.maps_files:
+            if not arena.available():
+                raise CorruptStoreError(f"{place.url}: format-2 tables are read on 64-bit "
+                                        "Linux only for now", path=place.url)
+            self.root = Path(place.url)
+            # the table's own directory (a version's snapshot in it, held open, or itself)
+            real = Path(unpinned(str(self.root)))
+            snap = real.parent.name == "versions" and real.parent.parent.name == ".embstore"
+            self.live_root = real.parents[3] if snap else real
         self._lock = threading.Lock()
-        self._range: _Range | None = None
+        self._range: MappedChunks | None = None
         self._checks: PageChecks | None = None
         self.cold_hint = False
 
@@ -129,7 +78,7 @@ class PagedSource(LayoutSource):
     def layout(self) -> dict:
         L = self._rl
         return {"chunk_rows": L.chunk_rows, "shard_rows": L.chunk_rows, "compression": "none",
-                "fast_path": True, "format": 2}
+                "fast_path": self.fast_path, "format": 2, "checksummed": True}
 
     @property
     def row_layout(self) -> RowLayout:
@@ -142,7 +91,7 @@ class PagedSource(LayoutSource):
         L = self._rl
         return str(self.root / self.crc_name / Path(*L.chunk_key(k).split(L.separator)))
 
-    def _state(self) -> tuple[_Range, PageChecks]:
+    def _state(self) -> tuple[MappedChunks, PageChecks]:
         r, c = self._range, self._checks
         if r is None or c is None:
             with self._lock:
@@ -150,8 +99,8 @@ class PagedSource(LayoutSource):
                     # (a function of the path, not a bound method: no cycle, so a source
                     # a refresh left goes, and its version's lease with it, when unused)
                     where = partial(_chunk_file, self.root / self.name)
-                    self._range = _Range(self._rl, where)
-                    self._checks = PageChecks(self._rl, str(self.root / self.crc_name), where)
+                    self._range = MappedChunks(self._rl, where)
+                    self._checks = PageChecks(self._rl, self.place, self.crc_name, where)
                 r, c = self._range, self._checks
         return r, c
 
@@ -183,7 +132,7 @@ class PagedSource(LayoutSource):
         self._check_pages(pages, r, checks)
         return r.view
 
-    def _check_pages(self, pages: np.ndarray, r: _Range, checks: PageChecks) -> None:
+    def _check_pages(self, pages: np.ndarray, r: MappedChunks, checks: PageChecks) -> None:
         """``checks.check``, with a mismatch confirmed before it is called damage: a commit
         (an append) may have replaced a chunk's files after this handle read its layout; rows
         it holds are unchanged then, but the checksum of the page holding their end covers
@@ -197,7 +146,7 @@ class PagedSource(LayoutSource):
                 pages = pages[~checks.checked[pages]]
         checks.check(pages, r.raw)
 
-    def _confirm(self, exc: PageMismatch, r: _Range, checks: PageChecks) -> None:
+    def _confirm(self, exc: PageMismatch, r: MappedChunks, checks: PageChecks) -> None:
         """Re-read chunk ``exc.chunk`` as the table now stands (once its commit is rolled
         forward) and check the page against the checksums written with it, over the rows
         committed now; raise ``exc`` if it fails that too (damage)."""
@@ -239,7 +188,9 @@ class PagedSource(LayoutSource):
         return r.view
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        if ids.size:
+        if self._ranged is not None:
+            self._ranged.gather(ids, out)
+        elif ids.size:
             view = self._ready(ids)
             np.take(view, ids, axis=0, out=out.view(view.dtype), mode="clip")  # ids checked
 
@@ -257,6 +208,9 @@ class PagedSource(LayoutSource):
         if out is None:
             out = np.empty((max(0, stop - start), L.dim), dtype=self.dtype)
         if stop <= start:
+            return out
+        if self._ranged is not None:
+            self._ranged.gather(np.arange(start, stop, dtype=np.int64), out)
             return out
         dst = out.reshape(-1).view(np.uint8)
         rb, cr = L.row_bytes, L.chunk_rows
@@ -365,7 +319,13 @@ class PagedSource(LayoutSource):
                 f.flush()
                 os.fsync(f.fileno())
 
+    def _local(self) -> None:
+        if self._ranged is not None:
+            raise ReadOnlyError(f"{self.place.url}: tables on object storage are read-only "
+                                "(write a local table and upload it with embstore.copy)")
+
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        self._local()
         L = self._rl
         ks = ids // L.chunk_rows
         cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
@@ -377,10 +337,12 @@ class PagedSource(LayoutSource):
     def append(self, values: np.ndarray, txn: Transaction) -> None:
         """New rows go into the padding of the last chunk file in place and into new chunk
         files (:mod:`.append`)."""
+        self._local()
         append_rows(self, values, txn)
         txn.after(self.refresh)
 
     def publish_rows(self, rows: int, txn: Transaction) -> None:
+        self._local()
         n_chunks = -(-rows // self._rl.chunk_rows)
         set_rows(str(self.root), n_chunks, self.crc_name, txn)
         set_rows(str(self.root), rows, self.name, txn)
@@ -392,6 +354,8 @@ class PagedSource(LayoutSource):
 
     # -- housekeeping -----------------------------------------------------------------------
     def refresh(self) -> None:
+        if self._ranged is not None:
+            self._ranged.refresh()
         with self._lock:  # the range goes once no view of it and no gather on it is left
             self._range, self._checks = None, None
 

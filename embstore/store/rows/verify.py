@@ -1,25 +1,23 @@
-"""``verify`` of a format-2 row array: every chunk file's size, every page checksum chunk's
+"""``verify`` of a row array, on any place: every chunk's size, every page checksum chunk's
 own crc32c, and every page of committed rows against its checksum (the chunks split between
-two threads: crc32c releases the GIL).  Each chunk is read in pieces of 4 MiB into a buffer
-reused piece after piece, so the page checks (a crc32c call per group of pages,
-:mod:`.runs`) and the norms' check run on bytes in cache: 1M x 256 float32 warm, 0.38 s
-with a 64 MiB read and a call per page; 0.25-0.39 s in pieces (``benchmarks`` scans, load
-4-5, ``np.load`` of the same bytes 0.46-0.90 s there)."""
+the place's readers: crc32c releases the GIL, requests wait on the network).  Each chunk is
+read in pieces of 4 MiB into a buffer reused piece after piece, so the page checks (a
+crc32c call per group of pages, :mod:`.runs`) and the norms' check run on bytes in cache:
+1M x 256 float32 warm, 0.38 s with a 64 MiB read and a call per page; 0.25-0.39 s in pieces
+(``benchmarks`` scans, load 4-5, ``np.load`` of the same bytes 0.46-0.90 s there)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ...errors import CorruptStoreError
-from ...fs.files import open_regular
-from ..codecs import pool
+from ..place.base import Place
 from .layout import PAGE, RowLayout, crc_array
 from .runs import GROUP
-from .pages import bad_pages, read_crc_file
+from .pages import bad_pages, decode_crc_file
 
 __all__ = ["verify_rows"]
 
@@ -35,35 +33,38 @@ def _piece_bytes(L: RowLayout) -> int:
     return span * -(-max(PIECE, 2 * L.row_bytes) // span)
 
 
-def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
-           on_rows=None) -> list[Problem]:
-    key = Path(*L.chunk_key(k).split(L.separator))
-    path, crc_path = str(root / name / key), str(root / crc_array(name) / key)
+def _stored_crcs(place: Place, rel: str, L: RowLayout, k: int) -> np.ndarray | Problem:
+    where = place.where(rel)
     try:
-        stored = read_crc_file(crc_path, L.pages_per_chunk)
-    except FileNotFoundError:
-        return [(crc_path, k, f"{crc_path}: missing (the page checksums of chunk {k})")]
+        raw = place.get(rel, limit=8 * L.pages_per_chunk + 4096)
+        if raw is None:
+            return (where, k, f"{where}: missing (the page checksums of chunk {k})")
+        return decode_crc_file(raw, L.pages_per_chunk, where)
     except CorruptStoreError as exc:
-        return [(crc_path, k, str(exc))]
+        return (where, k, str(exc))
+
+
+def _chunk(place: Place, name: str, L: RowLayout, k: int, buf: np.ndarray,
+           on_rows=None) -> list[Problem]:
+    key = L.chunk_key(k)
+    rel = f"{name}/{key}"
+    stored = _stored_crcs(place, f"{crc_array(name)}/{key}", L, k)
+    if isinstance(stored, tuple):
+        return [stored]
+    path = place.where(rel)
     try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        return [(path, k, f"{path}: missing (chunk {k} of the rows)")]
+        size = place.size(rel)
     except CorruptStoreError as exc:
         return [(path, k, str(exc))]
-    try:
-        size = os.fstat(fd).st_size
-        if size != L.chunk_bytes:
-            return [(path, k, f"{path}: {size} bytes, expected {L.chunk_bytes}")]
-        end = L.chunk_end(k)
-        # cold: the chunk's reads all in flight at once (0.2 ms warm; A/B, 1M x 256, pages
-        # evicted: 0.58-0.83 s against 0.74-1.28 s without, a dd of the files 0.67-0.90 s)
-        os.posix_fadvise(fd, 0, end, os.POSIX_FADV_WILLNEED)
-        bad = _pieces(fd, path, L, k, end, stored, buf, on_rows)
-        if isinstance(bad, str):
-            return [(path, k, bad)]
-    finally:
-        os.close(fd)
+    if size is None:
+        return [(path, k, f"{path}: missing (chunk {k} of the rows)")]
+    if size != L.chunk_bytes:
+        return [(path, k, f"{path}: {size} bytes, expected {L.chunk_bytes}")]
+    end = L.chunk_end(k)
+    place.will_read(rel, 0, end)
+    bad = _pieces(place, rel, L, k, end, stored, buf, on_rows)
+    if isinstance(bad, str):
+        return [(path, k, bad)]
     used = -(-end // PAGE)  # pages of committed rows; the padding's entries are 0
     bad = np.r_[bad, used + np.flatnonzero(stored[used:] != 0)]
     if not bad.size:
@@ -73,32 +74,21 @@ def _chunk(root: Path, name: str, L: RowLayout, k: int, buf: np.ndarray,
                       f" pages ({shown}): the stored {'rows' if name == 'vectors' else name} are damaged")]
 
 
-def _read(fd: int, dst: np.ndarray, at: int) -> int:
-    """Read ``dst.size`` bytes at ``at`` into ``dst``; the bytes read (fewer: the file ends)."""
-    done = 0
-    while done < dst.size:
-        n = os.preadv(fd, [dst[done:].data], at + done)
-        if n <= 0:
-            break
-        done += n
-    return done
-
-
-def _pieces(fd: int, path: str, L: RowLayout, k: int, end: int, stored: np.ndarray,
+def _pieces(place: Place, rel: str, L: RowLayout, k: int, end: int, stored: np.ndarray,
             buf: np.ndarray, on_rows) -> np.ndarray | str:
-    """The damaged pages of chunk ``k`` (open as ``fd``), read a piece at a time into
+    """The damaged pages of chunk ``k`` (object ``rel``), read a piece at a time into
     ``buf`` (a piece, then the partial row carried over from the one before), each piece's
     pages checked and its whole rows given to ``on_rows`` while they are in cache (rows of
     damaged pages too: verify reports no norm problem of a damaged table); a message if
-    the file is short."""
+    the object is short."""
     piece, rb = _piece_bytes(L), L.row_bytes
     bad: list[np.ndarray] = []
     carry = 0  # bytes of a row begun in the last piece, at the front of ``buf``
     for lo in range(0, end, piece):  # a loop per piece
         n = min(piece, end - lo)
-        got = _read(fd, buf[carry: carry + n], lo)
+        got = place.read_into(rel, lo, buf[carry: carry + n])
         if got < n:
-            return f"{path}: ends at byte {lo + got}"
+            return f"{place.where(rel)}: ends at byte {lo + got}"
         part = buf[carry: carry + n]
         qs = np.arange(lo // PAGE, (lo + n - 1) // PAGE + 1)
         bad.append(bad_pages(part, -lo, qs, end, stored))
@@ -112,20 +102,30 @@ def _pieces(fd: int, path: str, L: RowLayout, k: int, end: int, stored: np.ndarr
     return np.concatenate(bad) if bad else np.zeros(0, dtype=np.int64)
 
 
-def verify_rows(root: Path, layout: RowLayout, name: str = "vectors",
+def verify_rows(place: Place, layout: RowLayout, name: str = "vectors",
                 on_rows=None) -> Iterator[Problem]:
     """``(file, chunk, message)`` for every damage found in the row array ``name``;
-    ``on_rows(start, rows)`` gets the rows as they are read, a piece at a time (from two
-    threads; rows of damaged pages too: a check of derived data reports nothing then)."""
+    ``on_rows(start, rows)`` gets the rows as they are read, a piece at a time (from the
+    place's reader threads; rows of damaged pages too: a check of derived data reports
+    nothing then)."""
     n = layout.n_chunks
-    half = n // 2
+    workers = max(1, min(place.readers, n))
     size = _piece_bytes(layout) + layout.row_bytes
-    bufs = [np.empty(size, dtype=np.uint8) for _ in range(2 if n > 1 else 1)]
-    other = pool().submit(lambda: [p for k in range(half, n) for p in _chunk(
-        root, name, layout, k, bufs[-1], on_rows)])
-    try:
-        for k in range(half):  # a loop per chunk file
-            yield from _chunk(root, name, layout, k, bufs[0], on_rows)
-    finally:
-        rest = other.result()
-    yield from rest
+    bufs = [np.empty(size, dtype=np.uint8) for _ in range(workers)]
+
+    def part(w: int) -> list[Problem]:  # chunks w, w + workers, ...: one buffer each
+        return [p for k in range(w, n, workers) for p in _chunk(place, name, layout, k,
+                                                                 bufs[w], on_rows)]
+    if workers == 1:
+        yield from part(0)
+        return
+    with ThreadPoolExecutor(max_workers=workers - 1,
+                            thread_name_prefix="embstore-verify") as threads:
+        futures = [threads.submit(part, w) for w in range(1, workers)]
+        try:
+            mine = part(0)
+        finally:
+            rest = [f.result() for f in futures]
+    yield from mine
+    for r in rest:
+        yield from r

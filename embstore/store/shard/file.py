@@ -13,7 +13,40 @@ from ...errors import CorruptStoreError, ResourceLimitError
 from ...fs.files import map_file, open_regular
 from ..codecs import ABSENT, Layout, check_chunk
 
-__all__ = ["ShardFile", "crcs"]
+__all__ = ["ShardFile", "crcs", "parse_index"]
+
+
+def parse_index(tail, size: int, layout: Layout, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, nbytes)`` of a shard's chunks (offset -1: absent) from the ``tail`` of
+    the shard (its index, and the index's crc32c), ``size`` bytes long, checked: the
+    crc32c, every chunk inside the data bytes and, uncompressed, of the one size they all
+    have (docs/FORMAT.md)."""
+    n = layout.n_inner
+    index_len = 16 * n + (4 if layout.index_crc else 0)
+    buf = memoryview(tail).cast("B")
+    if size < index_len or len(buf) != index_len:
+        raise CorruptStoreError(f"shard {where}: {size} bytes, shorter than its "
+                                f"{index_len}-byte index (truncated?)", path=where)
+    body = buf[: 16 * n]
+    if layout.index_crc and crc32c(body) != int.from_bytes(buf[16 * n:], "little"):
+        raise CorruptStoreError(f"shard {where}: the shard index fails its crc32c "
+                                "(damaged or truncated)", path=where)
+    index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
+    present = index[:, 0] != ABSENT
+    data_len = size - index_len
+    bad = present & ((index[:, 0] > data_len) | (index[:, 1] > data_len - np.minimum(
+        index[:, 0], data_len)))
+    want = layout.chunk_bytes + (4 if layout.has_crc else 0)
+    if layout.compression == "none":
+        bad |= present & (index[:, 1].astype(np.int64) != want)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise CorruptStoreError(
+            f"shard {where}, chunk {i}: index says offset {int(index[i, 0])}, "
+            f"{int(index[i, 1])} bytes, outside the {data_len} data bytes or not the {want} "
+            "expected", path=where)
+    return (np.where(present, index[:, 0].astype(np.int64), -1),
+            np.where(present, index[:, 1].astype(np.int64), 0))
 
 
 class ShardFile:
@@ -86,35 +119,14 @@ class ShardFile:
 
     def _parse_index(self, tail: bytes, data_len: int, layout: Layout
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(present, offsets, nbytes)`` of every inner chunk from the index bytes ``tail``,
-        checked: its crc32c, every chunk inside the ``data_len`` data bytes (and, for
-        uncompressed chunks, of the one size they all have)."""
-        path, n = self.path, layout.n_inner
-        body = tail[: 16 * n]
-        stored = int.from_bytes(tail[16 * n:], "little")
-        if layout.index_crc and crc32c(body) != stored:
-            raise CorruptStoreError(f"shard {path}: the shard index fails its crc32c "
-                                    "(damaged or truncated)", path=path)
-        index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
-        present = index[:, 0] != ABSENT
-        off = index[:, 0].astype(np.int64)
-        nb = index[:, 1].astype(np.int64)
-        bad = present & ((index[:, 0] > data_len) | (index[:, 1] > data_len - np.minimum(
-            index[:, 0], data_len)))
-        want = layout.chunk_bytes + (4 if layout.has_crc else 0)
+        """``(present, offsets, nbytes)`` of every inner chunk (:func:`parse_index`;
+        uncompressed chunks all of one size, 8 bytes a chunk less)."""
+        off, nb = parse_index(tail, data_len + len(tail), layout, self.path)
+        present = off >= 0
         if layout.compression == "none":
-            bad |= present & (nb != want)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise CorruptStoreError(
-                f"shard {path}, chunk {i}: index says offset {int(index[i, 0])}, {int(nb[i])} "
-                f"bytes, outside the {data_len} data bytes or not the {want} expected",
-                path=path)
-        if layout.compression == "none":  # all the same (checked above): 8 bytes a chunk less
-            nbytes = np.broadcast_to(np.int64(want), (n,))
-        else:
-            nbytes = np.where(present, nb, 0)
-        return present, np.where(present, off, -1), nbytes
+            want = layout.chunk_bytes + (4 if layout.has_crc else 0)
+            nb = np.broadcast_to(np.int64(want), (layout.n_inner,))
+        return present, off, nb
 
     def _map(self, mm: np.ndarray, size: int, data_len: int, present: np.ndarray,
              layout: Layout) -> None:

@@ -29,6 +29,7 @@ from ..codecs import Layout, make_codec
 from ..meta import check_vectors_meta, read_json
 from ..shard.write import BackgroundSync, RowStream
 from ..base import RowSource
+from ..place.local import LocalDir
 from ..source import ShardSource, ZarrSource
 from ..codecs import choose_layout
 from ..meta import set_rows
@@ -108,7 +109,7 @@ class Subwords:
                                     "subword n-grams)", path=str(root / NGRAMS))
         meta = read_json(where, f"{NGRAMS}/zarr.json (the table's subword n-grams)", root=root)
         layout = self._check_meta(meta, str(where), dim, str(root))
-        self.source: RowSource = (ShardSource(root, layout, NGRAMS) if layout is not None
+        self.source: RowSource = (ShardSource(LocalDir(root), layout, NGRAMS) if layout is not None
                                   else ZarrSource(root, mode, NGRAMS))
 
     @classmethod

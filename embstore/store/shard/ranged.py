@@ -1,76 +1,37 @@
-"""The remote read path: format-v1 shards on object storage, read by ranges.
+"""Chunks of a sharded array read by ranges: the read path of
+:class:`~embstore.store.source.ShardSource` on a place whose files are not mapped (object
+storage; any place, in tests).
 
-:class:`RemoteShardSource` is the third :class:`~embstore.store.source.RowSource` (a
-:class:`~embstore.store.base.LayoutSource`, as the local shard source).  For a
-batch of ids it
+For a batch of ids it
 
-1. fetches the index of each touched shard it has not seen yet: one suffix-range GET of
-   ``16 * n_inner + 4`` bytes per shard, all at once, crc32c checked, kept for the process;
-2. looks the touched chunks up in the on-disk chunk cache (``cache_dir=``), if any;
-3. coalesces the other chunks of a shard into byte ranges by the cost model of
-   :mod:`.costs` (a gap is read through when that costs less than another request;
-   requests of at most ``max_request_bytes``) and issues every request concurrently;
+1. fetches the index of each touched shard it has not seen yet: one suffix-range read of
+   ``16 * n_inner + 4`` bytes per shard, all at once, crc32c checked, kept for the handle;
+2. looks the touched chunks up in the place's on-disk chunk cache (``cache_dir=``), if any;
+3. coalesces the other chunks of a shard into byte ranges by the place's cost model
+   (:mod:`embstore.store.place.costs`: a gap is read through when that costs less than
+   another request; requests of at most ``max_request_bytes``) and issues every request
+   concurrently;
 4. checks each chunk's crc32c as its bytes arrive, decodes it (zstd, blosc), and scatters
    the rows into the output (vectorised per request).
-
-Opening (:mod:`embstore.store.remote.open`) reads the group and ``vectors`` ``zarr.json``
-(2 requests).  The row cache of :class:`~embstore.store.table.ZarrTable` sits in front, as
-for local tables.
 """
 
 from __future__ import annotations
 
-import shutil
-import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
+from ..codecs import Layout, check_chunk, make_codec
+from ..place.base import Place
+from ..place.costs import merge_ranges, split_units
+from .file import parse_index
 
-from ...errors import CorruptStoreError, ReadOnlyError
-from .chunkcache import ChunkCache
-from .costs import DEFAULT, CostModel, merge_ranges, split_units
-from ..codecs import ABSENT, Layout, check_chunk, make_codec
-from .objstore import ObjectClient
-from .keys import download_key_arrays, open_remote_vocab
-from ..base import LayoutSource
-
-__all__ = ["RemoteShardSource", "parse_index"]
+__all__ = ["RangedShards", "regions"]
 
 
-
-def parse_index(tail, size: int, layout: Layout, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(offsets, nbytes)`` of a shard's chunks (offset -1: absent) from its index tail."""
-    n = layout.n_inner
-    index_len = 16 * n + (4 if layout.index_crc else 0)
-    buf = memoryview(tail).cast("B")
-    if size < index_len or len(buf) != index_len:
-        raise CorruptStoreError(f"shard {where}: {size} bytes, shorter than its "
-                                f"{index_len}-byte index (truncated?)", path=where)
-    body = buf[: 16 * n]
-    if layout.index_crc and crc32c(body) != int.from_bytes(buf[16 * n:], "little"):
-        raise CorruptStoreError(f"shard {where}: the shard index fails its crc32c "
-                                "(damaged or truncated)", path=where)
-    index = np.frombuffer(body, dtype="<u8").reshape(n, 2)
-    present = index[:, 0] != ABSENT
-    data_len = size - index_len
-    bad = present & ((index[:, 0] > data_len) | (index[:, 1] > data_len - np.minimum(
-        index[:, 0], data_len)))
-    want = layout.chunk_bytes + (4 if layout.has_crc else 0)
-    if layout.compression == "none":
-        bad |= present & (index[:, 1].astype(np.int64) != want)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise CorruptStoreError(
-            f"shard {where}, chunk {i}: index says offset {int(index[i, 0])}, "
-            f"{int(index[i, 1])} bytes, outside the {data_len} data bytes or not the {want} "
-            "expected", path=where)
-    return (np.where(present, index[:, 0].astype(np.int64), -1),
-            np.where(present, index[:, 1].astype(np.int64), 0))
-
-
-def _regions(shard: np.ndarray, off: np.ndarray, nb: np.ndarray, gap: int, cap: int):
+def regions(shard: np.ndarray, off: np.ndarray, nb: np.ndarray, gap: int, cap: int):
     """Cut chunks (sorted by shard, offset) into requests: ``[(first, stop), ...]``, by the
     cost model's rule (:mod:`.costs`: gaps up to ``gap`` read through, requests of about
     ``cap`` bytes at most, cut between chunks)."""
@@ -90,33 +51,21 @@ class _Batch:
         self.off = self.nb = None
 
 
-class RemoteShardSource(LayoutSource):
-    """Rows of a format-v1 ``vectors`` array on object storage (read-only)."""
+class RangedShards:
+    """The ranged reads of sharded array ``name`` (layout ``layout``) of ``place``."""
 
-    def __init__(self, client: ObjectClient, layout: Layout, *, cache: ChunkCache | None = None,
-                 costs: CostModel = DEFAULT, name: str = "vectors"):
-        self.client = client
-        self.name = name
-        self._layout_v = layout
-        self.cache = cache
-        self.costs = costs
-        self.gap = costs.gap_bytes  # (the cost model's rule: see .costs)
+    def __init__(self, place: Place, layout: Layout, name: str = "vectors"):
+        self.place, self.name, self.layout = place, name, layout
+        self.cache = place.cache
+        costs = place.costs
+        self.gap = costs.gap_bytes  # (the cost model's rule: see embstore.store.place.costs)
         self.cap = max(costs.max_request_bytes, layout.chunk_bytes + 4)
         self.codec = make_codec(layout.compression, layout.dtype.itemsize)
         self._index: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._keys_lock = threading.Lock()
-        self._keys_dir: Path | None = None
-        self._keys_tmp: Path | None = None
-
-    fast_path = False  # not the local mapped path
 
     @property
     def _layout(self) -> Layout:
-        return self._layout_v
-
-    @property
-    def layout(self) -> dict:
-        return {**super().layout, "checksummed": self._layout.has_crc}
+        return self.layout
 
     def shard_object(self, k: int) -> str:
         return f"{self.name}/{self._layout.shard_key(k)}"
@@ -127,7 +76,7 @@ class RemoteShardSource(LayoutSource):
 
     def _load_index(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         obj = self.shard_object(k)
-        where = self.client.where(obj)
+        where = self.place.where(obj)
         if self.cache is not None:
             hit = self.cache.get(obj, "index")
             if hit is not None and len(hit) >= 8:
@@ -136,9 +85,9 @@ class RemoteShardSource(LayoutSource):
                     return self._parsed(hit[8:], size, where)
                 except CorruptStoreError:
                     self.cache.drop(obj, "index")  # a damaged cache entry: fetch again
-        got = self.client.get_tail(obj, self._index_len())
+        got = self.place.get_tail(obj, self._index_len())
         size, tail = (-1, b"") if got is None else (got[1], got[0])
-        if got is None and self.client.head("zarr.json") is None:  # never the fill value
+        if got is None and self.place.get_tail("zarr.json", 1) is None:  # never the fill value
             raise CorruptStoreError(f"{where}: the table was removed under this reader "
                                     "(reopen it)", path=where)
         parsed = self._parsed(tail, size, where)
@@ -155,7 +104,7 @@ class RemoteShardSource(LayoutSource):
 
     def _indexes(self, shards: list[int]) -> None:
         todo = [k for k in shards if k not in self._index]
-        loaded: list[Any] = self.client.map(self._load_index, todo)
+        loaded: list[Any] = self.place.map(self._load_index, todo)
         for k, idx in zip(todo, loaded):
             self._index[k] = idx
 
@@ -185,31 +134,31 @@ class RemoteShardSource(LayoutSource):
         if sel.size == 0:
             return
         sel = sel[np.lexsort((b.off[sel], shard[sel]))]  # by shard, then by offset
-        regions = _regions(shard[sel], b.off[sel], b.nb[sel], self.gap, self.cap)
+        reqs = regions(shard[sel], b.off[sel], b.nb[sel], self.gap, self.cap)
         # ids grouped by request: one argsort, then a slice per request
         region_of_chunk = np.full(chunks.size, -1, dtype=np.int64)
-        for r, (lo, hi) in enumerate(regions):
+        for r, (lo, hi) in enumerate(reqs):
             region_of_chunk[sel[lo:hi]] = r
         rid = region_of_chunk[b.inv]
         order = np.argsort(rid, kind="stable")
-        cuts = np.searchsorted(rid[order], np.arange(len(regions) + 1)).tolist()
-        jobs = [(sel[lo:hi], order[cuts[r]: cuts[r + 1]]) for r, (lo, hi) in enumerate(regions)]
-        self.client.map(lambda job: self._fetch(b, *job), jobs)
+        cuts = np.searchsorted(rid[order], np.arange(len(reqs) + 1)).tolist()
+        jobs = [(sel[lo:hi], order[cuts[r]: cuts[r + 1]]) for r, (lo, hi) in enumerate(reqs)]
+        self.place.map(lambda job: self._fetch(b, *job), jobs)
 
     def _where(self, b: _Batch, j: int) -> str:
         k, i = divmod(int(b.chunks[j]), self._layout.n_inner)
-        return f"shard {self.client.where(self.shard_object(k))}, chunk {i}"
+        return f"shard {self.place.where(self.shard_object(k))}, chunk {i}"
 
     def _fetch(self, b: _Batch, js: np.ndarray, pos: np.ndarray) -> None:
         """One request: chunks ``js`` (one shard, by offset) for the ids at ``pos``."""
         L = self._layout
         obj = self.shard_object(int(b.chunks[js[0]]) // L.n_inner)
         start, stop = int(b.off[js[0]]), int(b.off[js[-1]] + b.nb[js[-1]])
-        buf = np.frombuffer(self.client.get_range(obj, start, stop), dtype=np.uint8)
+        buf = np.frombuffer(self.place.get_range(obj, start, stop), dtype=np.uint8)
         if buf.size != stop - start:
-            raise CorruptStoreError(f"shard {self.client.where(obj)}: got {buf.size} bytes "
+            raise CorruptStoreError(f"shard {self.place.where(obj)}: got {buf.size} bytes "
                                     f"for range {start}-{stop} (object truncated?)",
-                                    path=self.client.where(obj))
+                                    path=self.place.where(obj))
         payloads = []
         for j in js.tolist():  # a loop per chunk: its checksum, and the disk cache
             a = int(b.off[j]) - start
@@ -249,7 +198,7 @@ class RemoteShardSource(LayoutSource):
                     self.codec.decode(p, out=flat[s])
             except Exception as exc:  # noqa: BLE001 - a codec's own error type
                 raise CorruptStoreError(f"{self._where(b, int(j))}: cannot decode ({exc})",
-                                        path=self.client.url) from exc
+                                        path=self.place.url) from exc
         slot = np.empty(b.chunks.size, dtype=np.int64)
         slot[js] = np.arange(len(js))
         b.out[pos] = dec.reshape(-1, L.dim)[slot[b.inv[pos]] * L.chunk_rows
@@ -279,43 +228,5 @@ class RemoteShardSource(LayoutSource):
                           np.flatnonzero(served[b.inv]))
         return served
 
-    # -- writes: refused ----------------------------------------------------------------------
-    def _refuse(self) -> None:
-        raise ReadOnlyError(f"{self.client.url}: tables on object storage are read-only (write "
-                            "a local table and upload it with embstore.copy)")
-
-    def write(self, ids: np.ndarray, values: np.ndarray, txn: Any = None) -> None:
-        self._refuse()
-
-    def append(self, values: np.ndarray, txn: Any = None) -> None:
-        self._refuse()
-
-    def publish_rows(self, rows: int, txn: Any = None) -> None:
-        self._refuse()
-
-    # -- keys -------------------------------------------------------------------------------
-    def vocab(self, rows: int):
-        """The table's key index, read by ranges (:mod:`embstore.store.remote.keys`); None
-        when the table has no keys."""
-        return open_remote_vocab(self.client, self.cache, rows, self._key_index_dir)
-
-    def _key_index_dir(self) -> Path:
-        """A local folder holding the key arrays of a table uploaded without block sidecars
-        (downloaded once; a temporary folder is removed on close)."""
-        with self._keys_lock:
-            if self._keys_dir is None:
-                self._keys_dir = download_key_arrays(self.client, self.cache)
-                if self.cache is None:
-                    self._keys_tmp = self._keys_dir
-            return self._keys_dir
-
-    def refresh(self) -> None:
+    def forget(self) -> None:
         self._index.clear()
-
-    def close(self) -> None:
-        self._index.clear()
-        if self.name == "vectors":  # the client is the table's (row scales share it)
-            self.client.close()
-        if self._keys_tmp is not None:
-            shutil.rmtree(self._keys_tmp, ignore_errors=True)
-            self._keys_tmp = self._keys_dir = None

@@ -1,20 +1,21 @@
-"""Format-2 rows on object storage: :class:`RemotePagedSource`.
+"""Rows of a row array read by ranges: the read path of :class:`~.source.PagedSource` on a
+place whose files are not mapped (object storage; any place, in tests).
 
-The same layout as a local format-2 table (:mod:`embstore.store.rows`), read by ranges.  For
-a batch of ids it
+For a batch of ids it
 
 1. loads, all at once, the ``page_crc`` chunk of each chunk of rows it touches for the first
-   time (from the on-disk cache, ``cache_dir=``, else one GET each; kept for the process);
-2. serves the rows it can from the on-disk cache: entries are byte ranges of chunk objects
-   fetched before (by any process), and every page a row lies on is checked against its
-   crc32c on every read from the cache (a damaged entry is dropped and fetched again);
-3. reads the others by the cost model of :mod:`.costs`: the page ranges of the rows, gaps
-   that cost less to read than another request read through, regions cut into requests of
-   at most ``max_request_bytes`` at offsets that are both row and page boundaries (so every
-   row and page lies in one request), all issued concurrently;
+   time (through the place's cache, if any; kept for the handle);
+2. serves the rows it can from the place's on-disk cache (``cache_dir=``): entries are byte
+   ranges of chunk objects fetched before (by any process), every page a row lies on checked
+   against its crc32c on every read from the cache (a damaged entry is dropped and fetched
+   again);
+3. reads the others by the place's cost model (:mod:`embstore.store.place.costs`): the page
+   ranges of the rows, gaps that cost less to read than another request read through,
+   regions cut into requests of at most ``max_request_bytes`` at offsets that are both row
+   and page boundaries (so every row and page lies in one request), all issued concurrently;
 4. checks the pages of the rows in each response against their crc32c (whole runs of pages
-   with one call, :mod:`embstore.store.rows.runs`) and scatters the rows (vectorised per
-   request); the response is kept in the disk cache, if any.
+   with one call, :mod:`.runs`) and scatters the rows (vectorised per request); the
+   response is kept in the place's cache, if any.
 
 Nothing is read at open beyond the metadata: a row's place is arithmetic.
 """
@@ -27,108 +28,50 @@ import threading
 import numpy as np
 
 from ...errors import CorruptStoreError
-from ..rows.layout import PAGE, RowLayout, crc_array
-from ..rows.pages import bad_pages, decode_crc_file
-from .chunkcache import ChunkCache
-from .costs import DEFAULT, CostModel, merge_ranges, split_regions
-from .objstore import ObjectClient
-from .source import RemoteShardSource
+from ..place.base import Place
+from ..place.costs import merge_ranges, split_regions
+from .layout import PAGE, RowLayout
+from .pages import bad_pages, load_crcs, page_spans, pages_in_chunk
 
-__all__ = ["RemotePagedSource", "page_spans"]
+__all__ = ["RangedRows"]
 
-_CRCS = "crcs"  # the cache entry of a chunk's page checksums (the page_crc object, whole)
+class RangedRows:
+    """The ranged reads of row array ``name`` (layout ``layout``) of ``place``."""
 
-
-def page_spans(at: np.ndarray, row_bytes: int, end) -> tuple[np.ndarray, np.ndarray]:
-    """``(lo, hi)``: the bytes of the whole pages rows starting at ``at`` lie on (chunk
-    offsets; a chunk's last page ends at ``end``, its committed bytes)."""
-    lo = at // PAGE * PAGE
-    hi = np.minimum((at + row_bytes - 1) // PAGE * PAGE + PAGE, end)
-    return lo, hi
-
-
-def _pages(at: np.ndarray, row_bytes: int) -> np.ndarray:
-    """The chunk-local pages (sorted, unique) that rows starting at ``at`` lie on."""
-    first, last = at // PAGE, (at + row_bytes - 1) // PAGE
-    if row_bytes <= PAGE:
-        cand = np.concatenate((first, last))
-    else:  # wide rows: every page between (a loop-free expansion)
-        n = last - first + 1
-        cand = np.repeat(first, n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
-    cand = np.sort(cand)
-    return cand[np.r_[True, cand[1:] != cand[:-1]]] if cand.size else cand
-
-
-class RemotePagedSource(RemoteShardSource):
-    """Rows of a format-2 ``vectors`` array on object storage (read-only); the key index,
-    refusals and closing are those of the format-1 remote source."""
-
-    def __init__(self, client: ObjectClient, layout: RowLayout, *,
-                 cache: ChunkCache | None = None, costs: CostModel = DEFAULT,
-                 name: str = "vectors"):
-        self.client, self.name, self.cache = client, name, cache
-        self._rows = layout
-        self.costs = costs
-        self.gap = costs.gap_bytes
-        self.cap = costs.max_request_bytes
+    def __init__(self, place: Place, layout: RowLayout, name: str, crc_name: str):
+        self.place, self.layout, self.name, self.crc_name = place, layout, name, crc_name
+        self.cache = place.cache
+        costs = place.costs
+        self.gap, self.cap = costs.gap_bytes, costs.max_request_bytes
         self.step = math.lcm(layout.row_bytes, PAGE)  # requests are cut at these offsets only
         self._crcs: dict[int, np.ndarray] = {}
         self._crc_lock = threading.Lock()
-        self._index: dict = {}
-        self._keys_lock = threading.Lock()
-        self._keys_dir = self._keys_tmp = None
-
-    @property
-    def _layout(self) -> RowLayout:  # type: ignore[override]
-        return self._rows
-
-    @property
-    def layout(self) -> dict:
-        L = self._rows
-        return {"chunk_rows": L.chunk_rows, "shard_rows": L.chunk_rows, "compression": "none",
-                "fast_path": False, "format": 2, "checksummed": True}
 
     def _object(self, name: str, k: int) -> str:
-        return f"{name}/{self._rows.chunk_key(k)}"
+        return f"{name}/{self.layout.chunk_key(k)}"
 
     # -- page checksums -----------------------------------------------------------------------
-    def _load_crcs(self, k: int) -> np.ndarray:
-        obj = self._object(crc_array(self.name), k)
-        where, pages = self.client.where(obj), self._rows.pages_per_chunk
-        if self.cache is not None:
-            hit = self.cache.get(obj, _CRCS)
-            if hit is not None:
-                try:
-                    return decode_crc_file(hit, pages, where)
-                except CorruptStoreError:
-                    self.cache.drop(obj, _CRCS)  # damaged in the cache: fetched again
-        data = self.client.get(obj)
-        if data is None:
-            raise CorruptStoreError(f"{where}: missing (the page checksums of chunk {k})",
-                                    path=where)
-        crcs = decode_crc_file(bytes(data), pages, where)
-        if self.cache is not None:
-            self.cache.put(obj, _CRCS, data)
-        return crcs
-
     def _need_crcs(self, chunks: np.ndarray) -> None:
         todo = [k for k in chunks.tolist() if k not in self._crcs]  # a loop per chunk
-        for k, crcs in zip(todo, self.client.map(self._load_crcs, todo)):
+        pages = self.layout.pages_per_chunk
+        got = self.place.map(lambda k: load_crcs(self.place, self._object(self.crc_name, k),
+                                                 pages, f"chunk {k} of {self.name}"), todo)
+        for k, crcs in zip(todo, got):
             with self._crc_lock:
                 self._crcs[k] = crcs
 
     def _bad_page(self, buf: np.ndarray, lo: int, k: int, at: np.ndarray) -> int | None:
         """The first page (chunk-local) of rows ``at`` whose bytes in ``buf`` (chunk bytes
         from ``lo``) fail their crc32c, or None."""
-        qs = _pages(at, self._rows.row_bytes)
-        bad = bad_pages(buf, -lo, qs, self._rows.chunk_end(k), self._crcs[k])
+        qs = pages_in_chunk(at, self.layout.row_bytes)
+        bad = bad_pages(buf, -lo, qs, self.layout.chunk_end(k), self._crcs[k])
         return int(bad[0]) if bad.size else None
 
     # -- reads --------------------------------------------------------------------------------
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         if ids.size == 0:
             return
-        L = self._rows
+        L = self.layout
         chunk = ids // L.chunk_rows
         at = (ids % L.chunk_rows) * L.row_bytes  # byte offset of each row in its chunk
         order = np.lexsort((at, chunk))  # rows by chunk, then offset
@@ -148,7 +91,7 @@ class RemotePagedSource(RemoteShardSource):
                                                                  np.ndarray]:
         """The requests for rows ``at`` of chunks ``chunk`` (sorted by chunk, then offset):
         ``(chunk, start, stop)`` of each (chunk byte offsets), by the cost model."""
-        L = self._rows
+        L = self.layout
         ends = (np.minimum(L.rows, (chunk + 1) * L.chunk_rows) - chunk * L.chunk_rows) * \
             L.row_bytes
         lo, hi = page_spans(at, L.row_bytes, ends)
@@ -159,24 +102,24 @@ class RemotePagedSource(RemoteShardSource):
         return chunk[first][preg], plo, phi
 
     def _fetch_rows(self, chunk: np.ndarray, at: np.ndarray, pos: np.ndarray,
-               view: np.ndarray) -> None:
+                    view: np.ndarray) -> None:
         pk, plo, phi = self.plan(chunk, at)
-        cb = self._rows.chunk_bytes
+        cb = self.layout.chunk_bytes
         part = np.searchsorted(pk * cb + plo, chunk * cb + at, side="right") - 1
         cuts = np.searchsorted(part, np.arange(pk.size + 1)).tolist()
         jobs = [(int(pk[r]), int(plo[r]), int(phi[r]), pos[cuts[r]: cuts[r + 1]],
                  at[cuts[r]: cuts[r + 1]]) for r in range(pk.size)  # a loop per request
                 if cuts[r + 1] > cuts[r]]
-        self.client.map(lambda job: self._fetch_part(job[0], job[1], job[2], job[3], job[4],
-                                                     view), jobs)
+        self.place.map(lambda job: self._fetch_part(job[0], job[1], job[2], job[3], job[4],
+                                                    view), jobs)
 
     def _fetch_part(self, k: int, lo: int, hi: int, pos: np.ndarray, at: np.ndarray,
                     view: np.ndarray) -> None:
         """One request: bytes ``lo..hi-1`` of chunk ``k``, for the rows ``at`` going to
         ``view[pos]``."""
         obj = self._object(self.name, k)
-        where = self.client.where(obj)
-        data = self.client.get_range(obj, lo, hi)
+        where = self.place.where(obj)
+        data = self.place.get_range(obj, lo, hi)
         buf = np.frombuffer(data, dtype=np.uint8)
         if buf.size != hi - lo:
             raise CorruptStoreError(f"{where}: got {buf.size} bytes for range {lo}-{hi} "
@@ -185,25 +128,16 @@ class RemotePagedSource(RemoteShardSource):
         if q is not None:
             raise CorruptStoreError(f"{where}: crc32c mismatch in page {q}: the stored rows "
                                     "are damaged", path=where)
-        self._rows_to(view, pos, buf, lo, at)
+        _rows_to(view, pos, buf, lo, at)
         if self.cache is not None:
             self.cache.put(obj, f"{lo}-{hi}", data)
 
-    @staticmethod
-    def _rows_to(view: np.ndarray, pos: np.ndarray, buf: np.ndarray, lo: int,
-                 at: np.ndarray) -> None:
-        """``view[pos]`` = the rows at chunk offsets ``at`` of ``buf`` (bytes from ``lo``)."""
-        rb = view.dtype.itemsize
-        rows = np.ndarray(shape=(buf.size - rb + 1,), dtype=np.dtype((np.void, rb)),
-                          buffer=buf, strides=(1,))
-        view[pos] = rows[at - lo]
-
     # -- the disk cache -----------------------------------------------------------------------
     def _from_disk(self, chunk: np.ndarray, at: np.ndarray, pos: np.ndarray,
-                    heads: np.ndarray, view: np.ndarray) -> np.ndarray:
+                   heads: np.ndarray, view: np.ndarray) -> np.ndarray:
         """Serve rows from cached ranges of their chunk objects; the mask of rows left."""
         assert self.cache is not None  # (only called with a disk cache)
-        L = self._rows
+        L = self.layout
         left = np.ones(chunk.size, dtype=bool)
         jobs = []
         bounds = np.r_[heads, chunk.size].tolist()
@@ -221,7 +155,7 @@ class RemotePagedSource(RemoteShardSource):
             cuts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]]).tolist() + [e.size]
             for i, j in zip(cuts[:-1], cuts[1:]):  # a loop per cache entry used
                 jobs.append((obj, k, int(elo[e[i]]), int(ehi[e[i]]), rows[i:j]))
-        served = self.client.map(
+        served = self.place.map(
             lambda job: self._cached(job[0], job[1], job[2], job[3], pos[job[4]],
                                      at[job[4]], view), jobs)
         for job, ok in zip(jobs, served):  # a loop per cache entry used
@@ -242,12 +176,17 @@ class RemotePagedSource(RemoteShardSource):
         if buf.size != hi - lo or self._bad_page(buf, lo, k, at) is not None:
             self.cache.drop(obj, name)
             return False
-        self._rows_to(view, pos, buf, lo, at)
+        _rows_to(view, pos, buf, lo, at)
         return True
 
     def refresh(self) -> None:
         self._crcs.clear()
 
-    def close(self) -> None:
-        self._crcs.clear()
-        super().close()
+
+def _rows_to(view: np.ndarray, pos: np.ndarray, buf: np.ndarray, lo: int,
+             at: np.ndarray) -> None:
+    """``view[pos]`` = the rows at chunk offsets ``at`` of ``buf`` (bytes from ``lo``)."""
+    rb = view.dtype.itemsize
+    rows = np.ndarray(shape=(buf.size - rb + 1,), dtype=np.dtype((np.void, rb)),
+                      buffer=buf, strides=(1,))
+    view[pos] = rows[at - lo]
