@@ -17,7 +17,7 @@ import json
 import numpy as np
 
 from ..errors import DestinationExistsError, EmbstoreError, FormatError, InvalidIdError
-from ..store.remote.objstore import ObjectClient, is_url
+from ..store.place.objstore import ObjectClient, is_url
 from .idblocks import IdBlocks
 
 __all__ = ["RemoteNpyIds", "RemoteZarrSink", "is_url", "remote_stamp"]

@@ -11,7 +11,7 @@ import click
 
 from ..formats import SPECS
 from ..progress import display as progress
-from ..store.remote.objstore import is_url
+from ..store.place.objstore import is_url
 from ..store.remote.transfer import staged
 
 

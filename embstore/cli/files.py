@@ -20,7 +20,7 @@ from ..formats.source import inner_name
 from ..progress import display as progress, plural
 from ..store import open as open_store
 from ..store.codecs import COMPRESSIONS
-from ..store.remote.objstore import is_url
+from ..store.place.objstore import is_url
 from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, SourceArg, flag_terms, local_for, options,
                      version_option,
                      print_json, say)

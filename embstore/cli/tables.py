@@ -21,7 +21,7 @@ from ..store import repair as repair_table
 from ..store import upgrade as upgrade_table
 from ..store import verify as verify_table
 from ..store.norms.source import store_norms
-from ..store.remote.objstore import is_url
+from ..store.place.objstore import is_url
 from ..store.remote.transfer import copy_table
 from ..store.verify import checksum_status
 from ..progress import display as progress, plural

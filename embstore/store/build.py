@@ -19,7 +19,7 @@ from ..ids import key_list
 from ..table import Table
 from .codecs import Compression
 from .subword.ngrams import subword_attrs
-from .remote.objstore import is_url
+from .place.objstore import is_url
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import is_ml_bfloat16
 from .table import ZarrTable

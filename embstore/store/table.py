@@ -33,7 +33,7 @@ from ..keys.index import DiskVocab, has_key_index
 from ..keys.mapped import read_array_meta
 from ..keys.segments import SegmentedVocab
 from .subword.ngrams import Subwords
-from .remote.objstore import is_url
+from .place.objstore import is_url
 from .remote.open import open_remote_ngrams, open_remote_source
 from .norms.source import NormsSource
 from ..table import Table
@@ -496,6 +496,8 @@ class ZarrTable(Table):
         self._load_meta()
         if not self._versioned:  # (a version's files stay readable: threads still reading
             old.source.close()   # the old one finish, and it goes with them)
+            if old.objects is not None:
+                old.objects.close()
             if old.vocab is not None:
                 old.vocab.close()
         self._cache.resize_for(self.vocab_size)
@@ -527,6 +529,8 @@ class ZarrTable(Table):
             v = self._v
             v.release()  # (threads still reading keep the pin, not the lease)
             v.source.close()
+            if v.objects is not None:  # (a table on object storage: its client, its keys)
+                v.objects.close()
             self._drop_subwords()
             self._cache.clear(keep_stats=True)
             if v.vocab is not None:

@@ -36,7 +36,7 @@ from .shard.verify import verify_shards
 from .place.base import Place
 from .place.local import LocalDir
 from .place.objects import ObjectStore
-from .remote.objstore import ObjectClient, is_url
+from .place.objstore import ObjectClient, is_url
 from .remote.open import read_remote_meta
 from .remote.verify import downloaded
 from .annfiles import verify_index

@@ -103,7 +103,7 @@ def broken_endpoint(request, s3, monkeypatch):
     """AWS_ENDPOINT_URL pointing at a broken object store (timeouts lowered to a second)."""
     from datetime import timedelta
 
-    from embstore.store.remote import objstore
+    from embstore.store.place import objstore
 
     monkeypatch.setattr(objstore, "REQUEST_TIMEOUT", timedelta(seconds=1))
     monkeypatch.setattr(objstore, "RETRY_TIMEOUT", timedelta(milliseconds=500))

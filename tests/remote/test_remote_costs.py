@@ -219,7 +219,7 @@ def test_the_benchmarks_latency_proxy_adds_latency_and_caps_bandwidth(s3):
     import time
 
     from benchmarks.latencyproxy import LatencyProxy
-    from embstore.store.remote.objstore import ObjectClient
+    from embstore.store.place.objstore import ObjectClient
 
     data = os.urandom(4 << 20)
     s3.client().put_object(Bucket=s3.bucket, Key="p/o", Body=data)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import embstore
 from embstore.cli import cli
-from embstore.store.remote.objstore import RemoteError
+from embstore.store.place.objstore import RemoteError
 from embstore.store.remote.transfer import copy_table
 
 EXPECT = {"deny": "access denied, check the credentials (InvalidAccessKeyId",
@@ -73,7 +73,7 @@ def test_library_calls_against_a_broken_endpoint(broken_endpoint, inputs):
 
 def test_a_failing_batch_stops_issuing_requests(s3, monkeypatch):
     """After the first failed request the others are cancelled, not each timed out."""
-    from embstore.store.remote.objstore import ObjectClient
+    from embstore.store.place.objstore import ObjectClient
 
     client = ObjectClient(f"s3://{s3.bucket}/t.emb", concurrency=2)
     calls = []
@@ -91,7 +91,7 @@ def test_a_failing_batch_stops_issuing_requests(s3, monkeypatch):
 
 KILLED_IMPORT = """
 import os, signal, sys
-from embstore.store.remote import objstore
+from embstore.store.place import objstore
 put, calls = objstore.ObjectClient.put, []
 def dying_put(self, rel, data):
     calls.append(rel)

@@ -55,7 +55,7 @@ def test_save_to_a_url_in_format_2_and_a_damaged_page(s3, rng, E):
 def test_a_remote_table_deleted_under_a_reader_never_reads_zeros(s3, E, fmt):
     """Every object of the table deleted while a reader is open: the rows it asks for
     later are a clear error (or rows it had), never the fill value."""
-    from embstore.store.remote.objstore import ObjectClient
+    from embstore.store.place.objstore import ObjectClient
 
     url = f"s3://{s3.bucket}/gone-{fmt}.emb"
     layout = {"format_version": 2, "chunk_rows": 1024} if fmt == 2 else {
@@ -79,7 +79,7 @@ def test_a_remote_table_deleted_under_a_reader_never_reads_zeros(s3, E, fmt):
 
 
 def test_verify_finds_a_damaged_page_of_a_remote_format_2_table(s3, E, tmp_path):
-    from embstore.store.remote.objstore import ObjectClient
+    from embstore.store.place.objstore import ObjectClient
 
     url = f"s3://{s3.bucket}/bad.emb"
     embstore.save(url, E, format_version=2, chunk_rows=1024).close()

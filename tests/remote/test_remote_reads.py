@@ -13,7 +13,7 @@ import pytest
 import embstore
 from embstore import CorruptStoreError, ReadOnlyError
 from embstore.errors import EmbstoreError, FormatError
-from embstore.store.remote.objstore import RemoteError
+from embstore.store.place.objstore import RemoteError
 from embstore.fs import beside
 from embstore.store.remote.transfer import copy_table, download_table
 
@@ -239,7 +239,7 @@ def test_unreachable_endpoint_fails_fast(s3, monkeypatch):
 
 
 def test_refused_credentials_are_one_line(s3):
-    from embstore.store.remote.objstore import ObjectClient
+    from embstore.store.place.objstore import ObjectClient
     client = ObjectClient(f"s3://{s3.bucket}/t.emb")
     exc = RuntimeError('Client error with status 403 Forbidden: <?xml version="1.0"?>\n<Error>'
                        "<Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you "

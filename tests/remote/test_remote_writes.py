@@ -10,7 +10,7 @@ import embstore
 from embstore import DestinationExistsError
 from embstore.cli import cli
 from embstore.errors import FormatError
-from embstore.store.remote import objstore
+from embstore.store.place import objstore
 from embstore.store.remote.transfer import copy_table, upload_table
 
 

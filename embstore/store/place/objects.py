@@ -1,6 +1,6 @@
 """A table on object storage: :class:`ObjectStore`.
 
-Objects are read by ranged GETs (:class:`~embstore.store.remote.objstore.ObjectClient`:
+Objects are read by ranged GETs (:class:`~embstore.store.place.objstore.ObjectClient`:
 S3 and compatible through obstore, a helper process after ``fork``), many in flight at once;
 the layouts coalesce their ranges by the place's cost model (:mod:`.costs`: a gap shorter
 than what a connection moves in one request's latency is read through) and keep what they
@@ -10,14 +10,10 @@ fetch in the on-disk chunk cache (``cache_dir=``, :mod:`.chunkcache`), shared by
 from __future__ import annotations
 
 import json
-import shutil
-import threading
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ...errors import CorruptStoreError, FormatError
-from ..remote.keys import download_key_arrays, open_remote_vocab
-from ..remote.objstore import ObjectClient
+from .objstore import ObjectClient
 from .base import Place
 from .chunkcache import ChunkCache
 from .costs import DEFAULT, CostModel
@@ -34,9 +30,6 @@ class ObjectStore(Place):
         self.url = client.url
         self.cache = cache
         self.costs = costs
-        self._keys_lock = threading.Lock()
-        self._keys_dir: Path | None = None
-        self._keys_tmp: Path | None = None
 
     def where(self, rel: str = "") -> str:
         return self.client.where(rel)
@@ -89,27 +82,8 @@ class ObjectStore(Place):
             self.cache.put(obj, name, data)
         return got
 
-    # -- keys -------------------------------------------------------------------------------
-    def vocab(self, rows: int):
-        """The table's key index, read by ranges (:mod:`embstore.store.remote.keys`); None
-        when the table has no keys."""
-        return open_remote_vocab(self.client, self.cache, rows, self._key_index_dir)
-
-    def _key_index_dir(self) -> Path:
-        """A local folder holding the key arrays of a table uploaded without block sidecars
-        (downloaded once; a temporary folder is removed on close)."""
-        with self._keys_lock:
-            if self._keys_dir is None:
-                self._keys_dir = download_key_arrays(self.client, self.cache)
-                if self.cache is None:
-                    self._keys_tmp = self._keys_dir
-            return self._keys_dir
-
     def close(self) -> None:
         self.client.close()
-        if self._keys_tmp is not None:
-            shutil.rmtree(self._keys_tmp, ignore_errors=True)
-            self._keys_tmp = self._keys_dir = None
 
 
 def parse_json(raw: bytes | None, where: str, what: str, url: str) -> dict:

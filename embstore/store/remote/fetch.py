@@ -1,7 +1,7 @@
 """Source files named by URL, for :func:`embstore.import_file`: read once, in order, as a pipe.
 
 - ``s3://bucket/key`` (and the other schemes obstore speaks: ``gs://``, ``az://``...)
-  through the project's object-store client (:mod:`embstore.store.remote.objstore`: its
+  through the project's object-store client (:mod:`embstore.store.place.objstore`: its
   credentials, endpoint and error messages), read in 8 MiB requests;
 - ``http://`` and ``https://`` through ``urllib``, streamed from the response.
 
@@ -21,7 +21,7 @@ from typing import IO
 
 from ...errors import FormatError
 from ...optional import require
-from .objstore import RemoteError, connect, is_url
+from ..place.objstore import RemoteError, connect, is_url
 
 __all__ = ["is_source_url", "open_url", "url_name", "READ_BYTES"]
 

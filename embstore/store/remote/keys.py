@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,10 @@ from ...keys.index import DiskVocab, MemoryKeyIndex
 from .ranged import RangedVocab, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from ..place.chunkcache import ChunkCache
-from .objstore import ObjectClient
+from ..place.objstore import ObjectClient
 from ...dtypes import SIDE_ARRAYS
 
-__all__ = ["ObjectRanges", "open_remote_vocab", "download_key_arrays"]
+__all__ = ["RemoteKeys", "ObjectRanges", "open_remote_vocab", "download_key_arrays"]
 
 
 class ObjectRanges:
@@ -166,3 +167,32 @@ def download_key_arrays(client: ObjectClient, cache: ChunkCache | None) -> Path:
     except OSError:  # another process was first: its copy is the same
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+class RemoteKeys:
+    """The key index of a table on object storage (``place``): read by ranges, or from its
+    arrays downloaded once when the upload has no block sidecars (a temporary folder, removed
+    on :meth:`close`, unless the place has an on-disk cache)."""
+
+    def __init__(self, place: Any):
+        self.place = place
+        self._lock = threading.Lock()
+        self._dir: Path | None = None
+        self._tmp: Path | None = None
+
+    def vocab(self, rows: int):
+        """The key index (None when the table has no keys)."""
+        return open_remote_vocab(self.place.client, self.place.cache, rows, self._folder)
+
+    def _folder(self) -> Path:
+        with self._lock:
+            if self._dir is None:
+                self._dir = download_key_arrays(self.place.client, self.place.cache)
+                if self.place.cache is None:
+                    self._tmp = self._dir
+            return self._dir
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = self._dir = None

@@ -18,9 +18,26 @@ from ..place.costs import CostModel
 from ..place.objects import ObjectStore, parse_json
 from ..source import ShardSource, open_source
 from ..subword.ngrams import NGRAMS, Subwords
-from .objstore import ObjectClient
+from .keys import RemoteKeys
+from ..place.objstore import ObjectClient
 
-__all__ = ["open_remote_source", "read_remote_meta", "open_remote_ngrams"]
+__all__ = ["open_remote_source", "read_remote_meta", "open_remote_ngrams", "RemoteTable"]
+
+
+class RemoteTable:
+    """What a handle on a table on object storage holds beside its row source: its place
+    (the client and the chunk cache) and its key index."""
+
+    def __init__(self, place: ObjectStore):
+        self.place, self.client, self.cache = place, place.client, place.cache
+        self.keys = RemoteKeys(place)
+
+    def vocab(self, rows: int):
+        return self.keys.vocab(rows)
+
+    def close(self) -> None:
+        self.keys.close()
+        self.place.close()
 
 
 def read_remote_meta(client: ObjectClient) -> tuple[dict, dict, str]:
@@ -42,8 +59,8 @@ def read_remote_meta(client: ObjectClient) -> tuple[dict, dict, str]:
 def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | None = None,
                        cache_dir=None, cache_dir_bytes="4GiB", request_latency=None,
                        request_bandwidth=None, max_request_bytes=None,
-                       ) -> tuple[dict, RowSource, ObjectStore]:
-    """``(embstore attributes, row source, place)`` of the table at ``url`` (the row source
+                       ) -> tuple[dict, RowSource, RemoteTable]:
+    """``(embstore attributes, row source, table)`` of the table at ``url`` (the row source
     decodes bfloat16 and int8 rows): two requests, and one to find the layout (two more for
     int8 rows, whose row scales are an array of their own).
 
@@ -61,16 +78,16 @@ def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | Non
                                                           parse_bytes(cache_dir_bytes))
         place = ObjectStore(client, cache=cache, costs=costs)
         source = open_source(place, meta, mode, checked=attrs.get("format") == 2)
-        return attrs, source, place
+        return attrs, source, RemoteTable(place)
     except BaseException:
         client.close()
         raise
 
 
-def open_remote_ngrams(place: ObjectStore, attrs: dict, dim: int) -> Subwords:
+def open_remote_ngrams(table: RemoteTable, attrs: dict, dim: int) -> Subwords:
     """The n-gram matrix of a fastText table on object storage (one GET; rows read by range,
     through the table's chunk cache, like ``vectors``)."""
-    rel = f"{NGRAMS}/zarr.json"
+    place, rel = table.place, f"{NGRAMS}/zarr.json"
     meta = place.get_json(rel, f"{rel} (the table's subword n-grams)")
     where = place.where(rel)
 

@@ -28,7 +28,7 @@ from ...errors import DestinationExistsError, FormatError
 from ...fs.atomic import replace
 from .ranged import block_sidecar, is_sidecar, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
-from .objstore import ObjectClient, is_url
+from ..place.objstore import ObjectClient, is_url
 from ..versions.snapshot import DELTAS, MANIFEST, newest, read_manifest, snapshot_root
 
 __all__ = ["upload_table", "download_table", "copy_table", "staged"]

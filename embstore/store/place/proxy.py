@@ -66,7 +66,7 @@ class Proxy:
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(  # noqa: S603 - this interpreter, a module of ours
-            [sys.executable, "-c", "from embstore.store.remote.proxy import serve; serve()"],
+            [sys.executable, "-c", "from embstore.store.place.proxy import serve; serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                 p for p in sys.path if p)})

@@ -17,7 +17,7 @@ and never replaced; its threads do not exist in a child forked afterwards, so a 
 made there waited forever (no timeout fires either: the timers are driven by those
 threads), with this process's clients and with new ones alike.  In a forked child of a
 process that made requests, each client therefore makes its requests through a helper
-process (:mod:`embstore.store.remote.proxy`): the child reconnects, one request at a time.
+process (:mod:`embstore.store.place.proxy`): the child reconnects, one request at a time.
 zarr-python's store over the table (``prefixed_store``, used by ``verify`` for the keys)
 cannot go that way: it is refused there with a :class:`RemoteError` saying so.
 """
