@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from typing import Any
+
 import numpy as np
 
 from ..table import Table
@@ -75,7 +77,7 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
     return buf[0][first: first + b - a]
 
 
-def _mapped(source, kind: type) -> bool:
+def _mapped(source: Any, kind: type) -> bool:
     """Whether ``source`` is a ``kind`` source over files its place maps."""
     return type(source) is kind and source.fast_path
 
