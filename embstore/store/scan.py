@@ -77,7 +77,7 @@ def _view(reader: ShardReader, sf: ShardFile, a: int, b: int,
     return buf[0][first: first + b - a]
 
 
-def _mapped(source: Any, kind: type) -> bool:
+def _mapped(source: Any, kind: Any) -> bool:
     """Whether ``source`` is a ``kind`` source over files its place maps."""
     return type(source) is kind and source.fast_path
 
