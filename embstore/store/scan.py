@@ -18,7 +18,6 @@ stay in cache for what it computes (:func:`read_checked`, then :func:`rows_view`
 from __future__ import annotations
 
 from collections.abc import Iterator
-
 from typing import Any
 
 import numpy as np
