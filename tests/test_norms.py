@@ -17,7 +17,8 @@ from click.testing import CliRunner
 import embstore
 from embstore.cli import cli
 from embstore.store.versions.commit import Transaction
-from embstore.store.norms.source import has_norms, store_norms
+from embstore.store.norms.source import has_norms
+from embstore.store.stored_norms import store_norms
 from killchild import child_script, run_child
 
 DTYPES = ["float32", "float16", "float64", "bfloat16", "int8"]

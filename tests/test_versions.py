@@ -521,7 +521,7 @@ def test_a_compaction_killed_at_every_step_changes_no_row(tmp_path, E):
 def test_norms_stored_again_over_deltas_are_the_newest_rows_norms(t2, E):
     """``reindex --norms`` (store_norms) on a table with rows in deltas computes the norms of
     the rows readers read, and verify agrees before and after a compaction."""
-    from embstore.store.norms.source import store_norms
+    from embstore.store.stored_norms import store_norms
 
     with embstore.open(t2, "r+") as t:
         t.write([1, 2], np.full((2, D), 9, np.float32))

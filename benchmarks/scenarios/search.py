@@ -42,7 +42,8 @@ def _numpy_top(en: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def _exact(ctx, res, cfg) -> dict:
     import embstore
-    from embstore.store.norms.source import has_norms, store_norms
+    from embstore.store.norms.source import has_norms
+    from embstore.store.stored_norms import store_norms
     rows, dim, reps, nb = cfg["rows"], cfg["dim"], cfg["reps"], cfg["batch"]
     npy = data.table_npy(ctx.data_dir, rows, dim)
     path = data.store(ctx.data_dir, npy)

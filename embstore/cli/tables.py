@@ -20,7 +20,7 @@ from ..store import open as open_table
 from ..store import repair as repair_table
 from ..store import upgrade as upgrade_table
 from ..store import verify as verify_table
-from ..store.norms.source import store_norms
+from ..store.stored_norms import store_norms
 from ..store.place.objstore import is_url
 from ..store.remote.transfer import copy_table
 from ..store.verify import checksum_status

@@ -11,13 +11,34 @@ source's dtype.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from .codecs import Layout
-from .versions.commit import Transaction
 
-__all__ = ["RowSource", "LayoutSource"]
+__all__ = ["RowSource", "LayoutSource", "Transaction"]
+
+
+class Transaction(Protocol):
+    """What a row source writes through: one commit's staging
+    (:class:`embstore.store.versions.commit.Transaction` is the one there is; sources see
+    only this much of it)."""
+
+    def file(self, live: str) -> Path:
+        """A path to write the new version of the live file ``live`` (relative to the
+        table) to; it replaces the live file when the commit applies."""
+
+    def delta(self, array: str) -> Path:
+        """A path to write the delta file of ``array`` to (a versioned table's writes)."""
+
+    def sync_later(self, path) -> None:
+        """``path`` (staged, or written in place) is fsynced before the commit point."""
+
+    def after(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the commit is applied (update in-memory views)."""
 
 
 class RowSource(abc.ABC):

@@ -36,7 +36,7 @@ from ..dtypes import DTYPES, StorageDtype
 from .base import LayoutSource, RowSource
 from .place.base import Place
 from .place.local import LocalDir
-from .versions.commit import Transaction
+from .base import Transaction
 from .rows.layout import RowLayout, crc_array
 from .rows.source import PagedSource
 from .shard.ranged import RangedShards
@@ -331,13 +331,15 @@ def same_array(name: str, src: RowSource) -> RowSource:
 
 def open_source(where: Place | Path, meta: dict, mode: str,
                 wrap: Callable[[str, RowSource], RowSource] = same_array, *,
-                checked: bool = False) -> RowSource:
+                checked: bool = False, settle: Callable[[], None] | None = None) -> RowSource:
     """The row source of the table at ``where`` (a place, or a local folder) whose
     ``vectors/zarr.json`` is ``meta``;
     ``wrap(name, source)`` is given each row array as it is opened (a version's deltas go
     on top there: :class:`~embstore.store.versions.delta.Overlays`); ``checked``: every row
-    array must carry its checksums (a format-2 table)."""
-    place = where if isinstance(where, Place) else LocalDir(where)
+    array must carry its checksums (a format-2 table); ``settle`` waits until no commit of
+    the table is half applied (a local folder's readers call it when a page they read
+    changed under them)."""
+    place = where if isinstance(where, Place) else LocalDir(where, settle)
     codes = wrap("vectors", _open_array(place, meta, mode, "vectors", checked))
     record = DTYPES.get(meta.get("data_type"))  # type: ignore[arg-type]
     if record is None or not record.compact:

@@ -50,7 +50,7 @@ from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS, check_subwords
 from ..dtypes import SIDE_ARRAYS
 from .norms.calc import NORMS_ARRAY
-from .norms.source import check_norms, norms_in_one_pass
+from .stored_norms import check_norms, norms_in_one_pass
 from .source import open_source
 
 __all__ = ["Damage", "VerifyReport", "verify", "checksummed", "checksum_status"]

@@ -102,6 +102,9 @@ class Place(abc.ABC):
         """The local file of object ``rel`` (places that :attr:`maps_files`)."""
         raise NotImplementedError(f"{self.url}: objects here are not local files")
 
+    def settle(self) -> None:
+        """Wait until no commit is half applied (places whose commits roll forward)."""
+
     def refresh(self) -> None:
         """Forget what was read (another process may have committed)."""
 

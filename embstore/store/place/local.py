@@ -12,6 +12,7 @@ to this place too: :mod:`embstore.store.versions`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,17 @@ class LocalDir(Place):
     maps_files = True
     costs = LOCAL_COSTS
 
-    def __init__(self, root):
+    def __init__(self, root, settle: Callable[[], None] | None = None):
         self.root = Path(root)
         self.url = str(self.root)
+        self._settle = settle
+
+    def settle(self) -> None:
+        """Wait until no commit of the table is half applied (the commit protocol's hook,
+        :func:`embstore.store.versions.commit.settle`, given by who opened the place): a
+        reader that finds a page changed under it looks again once the commit is whole."""
+        if self._settle is not None:
+            self._settle()
 
     def where(self, rel: str = "") -> str:
         return str(self.root / rel) if rel else str(self.root)

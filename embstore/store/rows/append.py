@@ -18,7 +18,7 @@ import numpy as np
 
 from ...fs.checksum import crc32c
 from ..codecs import pool
-from ..versions.commit import Transaction
+from ..base import Transaction
 from .layout import PAGE, RowLayout, open_chunk
 from .pages import crcs_at, encode_crc_file, page_crcs, read_crc_file
 

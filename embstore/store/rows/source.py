@@ -23,9 +23,8 @@ import numpy as np
 from ...errors import CorruptStoreError, ReadOnlyError, unpinned
 from ..shard import prefetch
 from ..codecs import pool
-from ..versions.commit import Transaction, settle
 from ..shard import arena
-from ..base import LayoutSource
+from ..base import LayoutSource, Transaction
 from ..meta import set_rows
 from ..place.base import Place
 from .append import append_rows
@@ -151,7 +150,7 @@ class PagedSource(LayoutSource):
         forward) and check the page against the checksums written with it, over the rows
         committed now; raise ``exc`` if it fails that too (damage)."""
         k, q = exc.chunk, exc.page
-        settle(self.root)
+        self.place.settle()  # (a local place: only those map their files)
         meta = read_json(self.root / self.name / "zarr.json", f"{self.name}/zarr.json")
         now = replace(self._rl, rows=max(int(meta["shape"][0]), self._rl.rows))
         fresh = read_crc_file(self.crc_path(k), now.pages_per_chunk)

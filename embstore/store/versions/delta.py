@@ -30,8 +30,7 @@ import numpy as np
 from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
 from ...fs.files import create_new, open_regular
-from ..base import RowSource
-from .commit import Transaction
+from ..base import Transaction, RowSource
 from .snapshot import DELTAS
 
 __all__ = ["write_delta", "read_delta", "check_delta", "OverlaySource", "Overlays", "MAGIC",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +104,16 @@ class Version:
                                     "version's files are not its own", path=str(path))
         wrap = overlays.wrap if overlays is not None else same_array
         checked = attrs.get("format") == 2  # (every row array checksummed, or damage)
-        source = attach_norms(root, open_source(root, meta, mode, wrap, checked=checked), wrap)
+        ready = partial(settle, root)  # (a reader finding a page changed waits for the commit)
+        source = attach_norms(root, open_source(root, meta, mode, wrap, checked=checked,
+                                                settle=ready), wrap)
         # every table's commits make versions (a format-1 table's first commit makes it
         # versioned in place), but not a layout zarr-python writes in place (another tool's)
         versioned = n is not None or keeps_versions(source)
         if not versioned and overlays is not None:  # (its writes: zarr-python's, no deltas)
             source.close()
-            overlays, source = None, attach_norms(root, open_source(root, meta, mode))
+            overlays, source = None, attach_norms(root, open_source(root, meta, mode,
+                                                                   settle=ready))
         if pin is not None:
             hold(source, pin)
         return cls(root=root, number=n or 0, source=source, attrs=attrs,
