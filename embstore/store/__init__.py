@@ -1,5 +1,5 @@
 """The on-disk backend (docs/FORMAT.md): one versioned table format over Zarr v3, its row
-arrays in one of two layouts.
+arrays in one of two layouts, its bytes in one of two places.
 
 - ``table``: :class:`ZarrTable` and ``open``; ``build``: ``create``/``save``/``upgrade``
 - ``source``: where rows are read (one row source per layout, plus zarr-python's for
@@ -10,9 +10,12 @@ arrays in one of two layouts.
 - ``versions/``: every table's commits (``commit``: the journal, ``repair``), snapshots,
   deltas over either layout, key deltas, retention, and what a handle does with them
 - ``meta``: read, check and write ``zarr.json``; ``codecs``: the sharded layout, codecs, checksums
-- ``verify``: every stored byte checked; ``scan``: whole-table scans; ``lock``: one writer
-- ``remote/``: tables on object storage; ``norms/``: stored row norms; ``subword/``: fastText
-  n-grams; ``annfiles``: the approximate index's files and their checks
+- ``place/``: where the bytes live (a local directory, object storage) behind one seam,
+  the writer lock of a local table (``place.lock``)
+- ``verify``: every stored byte checked, through the place; ``scan``: whole-table scans
+- ``remote/``: what only object storage needs (opening, the key index by ranges, upload);
+  ``norms/`` and ``stored_norms``: stored row norms; ``subword/``: fastText n-grams;
+  ``annfiles``: the approximate index's files and their checks
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from __future__ import annotations
 from .versions.commit import repair
 from .build import create, save, upgrade
 from .table import ZarrTable, open  # noqa: A004
-from .verify import Damage, VerifyReport
-from .verify import verify
+from .verify import Damage, VerifyReport, verify
 from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",

@@ -15,7 +15,7 @@ import numpy as np
 from .._types import PathLike
 from ..errors import CorruptStoreError
 from .base import RowSource
-from .lock import writer_lock
+from .place.lock import writer_lock
 from .meta import read_table_meta, set_rows
 from .codecs import Layout
 from .norms.calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms

@@ -25,7 +25,7 @@ from ..errors import (CorruptStoreError, InvalidIdError, InvalidOptionError, Inv
                       ReadOnlyError)
 from ..fs.beside import sweep_beside
 from .versions.commit import last_commit, recover, settle
-from .lock import writer_lock
+from .place.lock import writer_lock
 from ..fs.forksafe import renew_after_fork
 from ..ids import as_ids, memory_refused
 from ..keys.foreign import MemoryKeyIndex

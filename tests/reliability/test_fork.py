@@ -20,7 +20,7 @@ import embstore
 
 LOCK_CHILD = r"""
 import json, os, sys, threading, numpy as np, embstore
-from embstore.store.lock import writer_lock
+from embstore.store.place.lock import writer_lock
 path = sys.argv[1]
 held, release = threading.Event(), threading.Event()
 

@@ -19,7 +19,7 @@ from relhelpers import TRIED
 
 import embstore
 from embstore.errors import LockTimeoutError, ShapeMismatchError
-from embstore.store.lock import writer_lock
+from embstore.store.place.lock import writer_lock
 
 BASE, DIM = 500, 4
 

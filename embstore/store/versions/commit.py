@@ -2,7 +2,7 @@
 
 A Zarr v3 reader finds shard ``k`` at ``vectors/c/<k>/0`` and the row count in
 ``vectors/zarr.json``, so changed files cannot take new names; they are replaced.  A
-:class:`Transaction` (under the writer lock, :mod:`embstore.store.lock`):
+:class:`Transaction` (under the writer lock, :mod:`embstore.store.place.lock`):
 
 1. writes every new file (shards, key-index chunks, ``keys`` chunks, the ``zarr.json`` of
    each changed array), fsynced, as ``vectors/.embstore/txn-<id>.<n>`` (arrays that
@@ -42,7 +42,7 @@ from ...fs.beside import fsync_all
 from ...fs.beside import fsync_path as _fsync
 from ...fs.beside import remove_quietly, sweep_beside
 from ...fs.files import create_new, open_regular, read_small, real_dir
-from ..lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
+from ..place.lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 from ..meta import read_json, refresh_consolidated
 from ..codecs import Layout
 from .snapshot import VERSIONS, build_snapshot, newest, versions_dir

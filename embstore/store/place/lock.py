@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import LockTimeoutError
+from ...errors import LockTimeoutError
 
 __all__ = ["writer_lock", "try_writer_lock", "LOCK_TIMEOUT"]
 
