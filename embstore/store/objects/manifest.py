@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptStoreError
-from ..remote.objstore import ObjectClient
+from ..remote.objstore import LIST_PAGE, ObjectClient
 from ..versions.delta import merge, read_delta, write_delta
 from ..versions.snapshot import VersionNotFoundError, manifest_crc
 
@@ -98,11 +98,12 @@ def read_manifest(client: ObjectClient, n: int) -> dict | None:
     return _check(doc, n, client.where(rel))
 
 
-def list_versions(client: ObjectClient, after: int = 0) -> list[tuple[int, int, float]]:
+def list_versions(client: ObjectClient, after: int = 0, *,
+                  pages: int | None = None) -> list[tuple[int, int, float]]:
     """``(version, size, last-modified)`` of every manifest after version ``after``."""
     out = []
     for rel, size, mtime in client.list_after(AREA, manifest_name(after) if after > 0
-                                              else AREA + "v"):
+                                              else AREA + "v", pages=pages):
         m = _VNAME.match(rel)
         if m:
             out.append((int(m.group(1)), size, mtime))
@@ -110,21 +111,24 @@ def list_versions(client: ObjectClient, after: int = 0) -> list[tuple[int, int, 
 
 
 def newest_version(client: ObjectClient) -> int:
-    """The newest version's number (0: none): the hint, then one LIST after its name."""
+    """The newest version's number (0: none).  One LIST of the manifests (names after
+    ``v``: the commit area's data and bases sort before them) when they fit one page, as
+    they do between vacuums; else the hint, then a LIST after its name."""
+    first = list_versions(client, pages=1)
+    if len(first) < LIST_PAGE:
+        return max((n for n, _, _ in first), default=0)
     hint = 0
     try:
         raw = client.get(HINT)
         if raw is not None:
             doc = json.loads(raw.decode("utf-8"))
-            hint = doc["version"] if type(doc.get("version")) is int and doc["version"] > 0 \
-                else 0
+            if type(doc.get("version")) is int and doc["version"] > 0:
+                hint = doc["version"]
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         hint = 0  # (a damaged hint only costs a longer listing)
     found = list_versions(client, max(0, hint - 1))
     if found:
         return max(n for n, _, _ in found)
-    if hint == 0:
-        return 0
     # the hint names a version that is gone (a table replaced by an upload): list them all
     return max((n for n, _, _ in list_versions(client)), default=0)
 

@@ -39,6 +39,11 @@ class ObjectVersionSource(RowSource):
     def reads_cold(self) -> bool:
         return self.base.reads_cold()
 
+    def raw(self, ids: np.ndarray):
+        if self.ids.size or self.rows != self.base.shape[0]:  # (deltas: float tables only)
+            return self.take(ids), None, None
+        return self.base.raw(ids)
+
     def _over(self, ids: np.ndarray, out: np.ndarray) -> None:
         d = self.ids
         if not d.size or not ids.size:

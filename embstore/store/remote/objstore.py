@@ -41,6 +41,7 @@ from .proxy import Proxy
 
 __all__ = ["is_url", "ObjectClient", "RemoteError", "connect", "CONCURRENCY"]
 
+LIST_PAGE = 1000  # names per LIST request (S3's most)
 CONCURRENCY = 32  # requests in flight per table (S3 serves thousands per prefix)
 # A request (8 MiB at most; uploads go by multipart parts) that has not finished in
 # REQUEST_TIMEOUT fails; failed requests are retried while RETRY_TIMEOUT has not passed
@@ -338,20 +339,24 @@ class ObjectClient:
                 raise self._translate(exc, rel) from None
             return "retry"  # 409 ConditionalRequestConflict, 503 SlowDown, lost responses
 
-    def list_after(self, rel: str, after: str | None = None) -> list[tuple[str, int, float]]:
+    def list_after(self, rel: str, after: str | None = None, *,
+                   pages: int | None = None) -> list[tuple[str, int, float]]:
         """``(path relative to the table, size, last-modified epoch seconds)`` of every
         object under the folder ``rel`` whose name sorts after ``after`` (both relative to
-        the table), in name order: one request per 1,000."""
+        the table), in name order: one request per 1,000 (``pages``: at most that many)."""
         prefix = self.key(rel.rstrip("/")) + "/"
         cut = len(self.prefix) + 1 if self.prefix else 0
         out = []
         try:
-            for batch in self._ob.list(self.store, prefix, chunk_size=1000,
-                                       offset=None if after is None else self.key(after)):
+            for i, batch in enumerate(self._ob.list(
+                    self.store, prefix, chunk_size=LIST_PAGE,
+                    offset=None if after is None else self.key(after))):
                 with self._count_lock:
                     self.requests += 1
                 out += [(m["path"][cut:], int(m["size"]), m["last_modified"].timestamp())
                         for m in batch]
+                if pages is not None and i + 1 >= pages:
+                    break
         except FileNotFoundError:
             return out
         except Exception as exc:  # noqa: BLE001
