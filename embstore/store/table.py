@@ -507,16 +507,21 @@ class ZarrTable(Table):
             vacuum(self.path)
             return v
 
-    def vacuum(self, keep: int | None = None) -> list[int]:
+    def vacuum(self, keep: int | None = None, cutoff: float | None = None) -> list[int]:
         """Remove the versions past the retention setting (``keep`` newest; versions open
-        readers hold are kept).  Returns the versions removed."""
+        readers hold are kept).  Returns the versions removed.  On object storage (no
+        leases) ``cutoff``: only objects older than that many seconds go (default 3,600),
+        so a commit in flight or a reader of a version just past ``keep`` keeps its own."""
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: vacuum needs the table opened with mode='r+'")
         if self._remote is not None:
             with self._lock:
                 src = self._source
                 assert isinstance(src, ObjectVersionSource)
-                return vacuum_objects(src.client, keep)
+                return vacuum_objects(src.client, keep, cutoff)
+        if cutoff is not None:
+            raise InvalidOptionError(f"cutoff={cutoff!r}: an option of tables on object "
+                                     "storage (local versions are held by readers' leases)")
         with self._writing():
             return vacuum(self.path, keep)
 

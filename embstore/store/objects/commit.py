@@ -25,7 +25,7 @@ from ...errors import ConflictError
 from ..remote.objstore import ObjectClient, RemoteError
 from .manifest import HINT, encode, manifest_name, read_manifest
 
-__all__ = ["Change", "commit", "RETRY_SECONDS"]
+__all__ = ["Change", "commit", "put_data", "RETRY_SECONDS"]
 
 _log = logging.getLogger("embstore")
 
@@ -131,6 +131,21 @@ def commit(client: ObjectClient, parent: dict, change: Change,
         parent = got  # rebased: the next version on the winner
     _hint(client, doc["version"])
     return doc
+
+
+def put_data(client: ObjectClient, rel: str, data: bytes) -> None:
+    """Upload a new immutable object (a delta under a fresh name: overwriting it with the
+    same bytes is harmless), retried with backoff past 503s and transport errors."""
+    deadline = time.monotonic() + RETRY_SECONDS
+    delay = _FIRST_DELAY
+    while True:
+        try:
+            client.put(rel, data)
+            return
+        except RemoteError as exc:
+            if "access denied" in str(exc) or "does not exist" in str(exc):
+                raise
+            delay = _backoff(delay, deadline, client.url, str(exc))
 
 
 def _hint(client: ObjectClient, n: int) -> None:

@@ -14,7 +14,7 @@ from ..remote.objstore import ObjectClient
 from ..remote.open import open_remote_source
 from ..versions.retain import RETAIN_VERSIONS
 from ..versions.version import Version
-from .commit import Change, commit
+from .commit import Change, commit, put_data
 from .manifest import (AREA, HINT, DeltaCache, data_name, delta_bytes, initial, list_versions,
                        manifest_name, need_manifest, new_write_id, newest_version)
 from .source import ObjectVersionSource
@@ -103,7 +103,7 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
     entry = {"object": data_name(w, "vectors"), "array": "vectors", "kind": kind,
              "first_row": 0, "rows": n, "bytes": len(data)}
     client = src.client
-    client.put(entry["object"], data)  # a new name: no reader reads it before the commit
+    put_data(client, entry["object"], data)  # a new name: no reader reads it before the commit
     deltas.put(entry, rel, values)
     dim, dt = src.shape[1], src.dtype
     change = Change(kind, w, [entry], ids=ids if kind == "write" else None,

@@ -1,0 +1,294 @@
+"""Writes, appends and versions of tables on object storage (docs/FORMAT.md §11a), against
+moto's S3 server on loopback: exact rows against a NumPy replay of the commits, races
+between handles and processes, lost responses through a fault proxy, vacuum, costs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import ConflictError, EmbstoreError, ReadOnlyError
+from embstore.store.objects.manifest import AREA, manifest_name
+from embstore.store.objects.version import object_log
+from s3faults import FaultProxy, random_faults, s3, s3_server  # noqa: F401
+
+pytest.importorskip("moto")
+pytest.importorskip("obstore")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _table(s3, rng, rows=600, dim=8, name="t.emb", **layout):
+    url = f"s3://{s3.bucket}/{name}"
+    E = rng.standard_normal((rows, dim)).astype(np.float32)
+    embstore.save(url, E, **layout).close()
+    return url, E
+
+
+def _objects(s3, prefix: str) -> dict[str, int]:
+    out, token = {}, None
+    while True:
+        kw = {"ContinuationToken": token} if token else {}
+        res = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=prefix, **kw)
+        out.update({o["Key"]: o["Size"] for o in res.get("Contents", [])})
+        if not res.get("IsTruncated"):
+            return out
+        token = res["NextContinuationToken"]
+
+
+def test_writes_and_appends_make_versions_read_exactly(s3, rng):
+    url, E = _table(s3, rng, chunk_rows=64)
+    refs = {0: E.copy()}
+    with embstore.open(url, mode="r+") as t:
+        assert t.version == 0
+        for step in range(6):
+            if step % 3 == 2:
+                new = rng.standard_normal((int(rng.integers(1, 50)), 8)).astype(np.float32)
+                got = t.append(new)
+                np.testing.assert_array_equal(got, np.arange(len(E), len(E) + len(new)))
+                E = np.vstack([E, new])
+            else:
+                ids = rng.integers(0, len(E), size=40)
+                vals = rng.standard_normal((40, 8)).astype(np.float32)
+                t.write(ids, vals)
+                E[ids[::-1]] = vals[::-1]  # (NumPy's last write would win the other way)
+                E[ids] = vals  # the last write of a repeated id wins, as in NumPy
+            refs[t.version] = E.copy()
+            np.testing.assert_array_equal(t.to_numpy(), E)
+    assert sorted(refs) == list(range(7))
+    for n, ref in refs.items():
+        with embstore.open(url, version=n if n else None) if n else embstore.open(url) as r:
+            if n:
+                assert r.version == n
+            else:  # (version 0 is the upload, not retained by number: the newest opens)
+                assert r.version == 6
+                ref = refs[6]
+            np.testing.assert_array_equal(r.to_numpy(), ref)
+            ids = rng.integers(0, len(ref), size=(7, 9))
+            np.testing.assert_array_equal(r[ids], ref[ids])
+    log = object_log(url)
+    assert [e["version"] for e in log] == list(range(1, 7))
+    assert [e["change"]["kind"] for e in log] == ["write", "write", "append"] * 2
+    assert [e["rows"] for e in log] == [len(refs[n]) for n in range(1, 7)]
+    with embstore.open(url) as r:
+        assert r.info()["pending_rows"] == int(np.unique(np.r_[
+            np.flatnonzero((refs[6][:600] != refs[0]).any(1)), np.arange(600, len(E))]).size) \
+            or r.info()["pending_rows"] >= len(E) - 600
+
+
+def test_a_reader_keeps_its_version_until_refresh(s3, rng):
+    url, E = _table(s3, rng)
+    with embstore.open(url) as r, embstore.open(url, mode="r+") as w:
+        w.write([5], np.full((1, 8), 7, np.float32))
+        np.testing.assert_array_equal(r[5], E[5])  # a snapshot: its own version
+        r.refresh()
+        assert r.version == 1
+        np.testing.assert_array_equal(r[5], np.full(8, 7, np.float32))
+
+
+def test_overlapping_writes_raise_conflict_and_disjoint_ones_rebase(s3, rng):
+    url, E = _table(s3, rng)
+    a, b = embstore.open(url, mode="r+"), embstore.open(url, mode="r+")
+    try:
+        one = np.ones((3, 8), np.float32)
+        a.write([1, 2, 3], one)
+        with pytest.raises(ConflictError, match=r"1 row\(s\) this write sets \(3\) were written "
+                           r"by version 1") as err:
+            b.write([3, 4], 2 * one[:2])  # b still reads version 0
+        assert isinstance(err.value, EmbstoreError) and err.value.rows.tolist() == [3]
+        assert err.value.version == 1
+        b.write([10, 11], 3 * one[:2])  # disjoint from version 1: rebased onto it
+        assert b.version == 2
+        E[[1, 2, 3]] = 1
+        E[[10, 11]] = 3
+        np.testing.assert_array_equal(b.to_numpy(), E)  # a's rows too
+        first = a.append(4 * one)  # a reads version 1: rebased on 2
+        assert first.tolist() == [600, 601, 602] and a.version == 3
+        second = b.append(5 * one[:1])  # b reads 2: its row comes after a's
+        assert second.tolist() == [603] and b.version == 4
+        E = np.vstack([E, 4 * one, 5 * one[:1]])
+    finally:
+        a.close()
+        b.close()
+    with embstore.open(url) as r:
+        assert r.version == 4
+        np.testing.assert_array_equal(r.to_numpy(), E)
+
+
+def test_read_only_handles_and_unsupported_writes_say_so(s3, rng):
+    url, E = _table(s3, rng)
+    with embstore.open(url) as t, pytest.raises(ReadOnlyError):
+        t.write([0], E[:1])
+    with pytest.raises(embstore.InvalidOptionError, match="read only"):
+        embstore.open(url, mode="r+", version=1)
+    with embstore.open(url, mode="r+") as t:
+        t.write([0], E[:1] * 2)
+    with pytest.raises(EmbstoreError, match="no version 7 .*holds versions \\[1\\]"):
+        embstore.open(url, version=7)
+    kurl = f"s3://{s3.bucket}/k.emb"
+    embstore.save(kurl, E, keys=[f"w{i}" for i in range(len(E))]).close()
+    with embstore.open(kurl, mode="r+") as t:
+        with pytest.raises(ReadOnlyError, match="appending keys to a table with keys"):
+            t.append(E[:1], keys=["new"])
+        t.write([4], E[:1])  # rows of a keyed table can be written
+        np.testing.assert_array_equal(t[4], E[0])
+        assert t.ids_of(["w4"]).tolist() == [4]
+
+
+def test_a_write_costs_its_rows_and_two_requests(s3, rng):
+    """10,000 random rows of a 200,000 x 64 table: one delta object (the rows, their ids
+    and a header) plus the manifest and the hint; no GET or LIST."""
+    url, E = _table(s3, rng, rows=200_000, dim=64)
+    ids = np.unique(rng.integers(0, len(E), size=12_000))[:10_000]
+    vals = rng.standard_normal((ids.size, 64)).astype(np.float32)
+    with embstore.open(url, mode="r+", cache_bytes=0) as t:
+        before = _objects(s3, f"t.emb/{AREA}")
+        s3.reset()
+        t.write(ids, vals)
+        assert dict(s3.requests) == {"PUT": 3}  # the delta, the manifest, the hint
+        after = _objects(s3, f"t.emb/{AREA}")
+    new = {k: n for k, n in after.items() if k not in before}
+    data = {k: n for k, n in new.items() if "/data/" in k}
+    assert len(data) == 1
+    uploaded = sum(new.values())
+    assert uploaded <= 2 * vals.nbytes, (uploaded, vals.nbytes)
+    assert sum(data.values()) <= vals.nbytes + ids.size * 8 + 256
+    E[ids] = vals
+    with embstore.open(url, cache_bytes=0) as r:
+        probe = rng.integers(0, len(E), size=4096)
+        np.testing.assert_array_equal(r[probe], E[probe])
+        np.testing.assert_array_equal(r[ids[:500]], vals[:500])
+
+
+def test_vacuum_keeps_what_retained_versions_and_young_commits_need(s3, rng):
+    url, E = _table(s3, rng)
+    refs = {}
+    with embstore.open(url, mode="r+") as t:
+        for i in range(5):
+            t.write([i], np.full((1, 8), i + 10, np.float32))
+            E[i] = i + 10
+            refs[t.version] = E.copy()
+        # a killed commit: its delta uploaded, its manifest never made
+        src = t._source
+        src.client.put(f"{AREA}data/{'ab' * 16}.vectors", b"partial")
+        assert t.vacuum(keep=2) == []  # everything younger than the cutoff stays
+        assert len(_objects(s3, f"t.emb/{AREA}data/")) == 6
+        removed = t.vacuum(keep=2, cutoff=0)
+    assert removed == [1, 2, 3]
+    left = _objects(s3, f"t.emb/{AREA}")
+    assert f"t.emb/{AREA}data/{'ab' * 16}.vectors" not in left
+    assert sorted(k for k in left if "/v0" in k) == [f"t.emb/{manifest_name(n)}" for n in (4, 5)]
+    for n in (4, 5):
+        with embstore.open(url, version=n) as r:
+            np.testing.assert_array_equal(r.to_numpy(), refs[n])
+    with pytest.raises(EmbstoreError, match="no version 2"):
+        embstore.open(url, version=2)
+    assert _objects(s3, "t.emb/vectors/c/")  # the published view is never touched
+
+
+def test_lost_responses_resets_and_503s_make_no_spurious_conflict_nor_double_commit(
+        s3, rng, monkeypatch):
+    url, E = _table(s3, rng, rows=400)
+    proxy = FaultProxy(s3.endpoint, random_faults(7, drop=0.35, reset=0.1, slow=0.15))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        a, b = embstore.open(url, mode="r+"), embstore.open(url, mode="r+")
+        commits = 0
+        for i in range(16):
+            h = (a, b)[i % 2]  # two handles, each behind the other: every commit rebases
+            rows = np.array([i * 10 + (i % 2), i * 10 + 5])
+            h.write(rows, np.full((2, 8), i + 1, np.float32))
+            E[rows] = i + 1
+            commits += 1
+        a.close()
+        b.close()
+    finally:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+        proxy.close()
+    assert proxy.faults["drop"] > 0 and proxy.faults["503"] > 0 and proxy.faults["reset"] > 0
+    log = object_log(url)
+    assert [e["version"] for e in log] == list(range(1, commits + 1))  # none lost, none twice
+    assert len({e["write_id"] for e in log}) == commits
+    with embstore.open(url) as r:
+        np.testing.assert_array_equal(r.to_numpy(), E)
+        assert embstore.verify(url).ok
+
+
+_WRITER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import embstore
+    url, w, nw, commits, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \\
+        int(sys.argv[4]), sys.argv[5]
+    rng = np.random.default_rng(w)
+    log = []
+    with embstore.open(url, mode="r+", cache_bytes=0) as t:
+        for c in range(commits):
+            value = float(w * 1000 + c + 1)
+            if c % 4 == 3:
+                n = int(rng.integers(1, 4))
+                first = t.append(np.full((n, 4), value, np.float32))
+                log.append({"v": t.version, "kind": "append", "first": int(first[0]), "n": n,
+                            "value": value})
+                continue
+            own = np.arange(w, 200, nw)  # this writer's rows: disjoint from the others'
+            ids = np.unique(rng.choice(own, size=3, replace=False))
+            hot = c % 5 == 4  # row 199 (everyone's): may overlap
+            if hot:
+                ids = np.unique(np.r_[ids, 199])
+            try:
+                t.write(ids, np.full((ids.size, 4), value, np.float32))
+            except embstore.ConflictError as exc:
+                log.append({"v": None, "kind": "conflict", "rows": exc.rows.tolist(),
+                            "hot": hot})
+                t.refresh()
+                continue
+            log.append({"v": t.version, "kind": "write", "ids": ids.tolist(), "value": value})
+    json.dump(log, open(out, "w"))
+""")
+
+
+def _replay(E0: np.ndarray, logs: list[list[dict]]) -> dict[int, np.ndarray]:
+    done = sorted((e for log in logs for e in log if e["v"] is not None), key=lambda e: e["v"])
+    assert [e["v"] for e in done] == list(range(1, len(done) + 1))  # no lost or doubled commit
+    E, out = E0.copy(), {}
+    for e in done:
+        if e["kind"] == "append":
+            assert e["first"] == len(E)  # appended rows follow the winners'
+            E = np.vstack([E, np.full((e["n"], E.shape[1]), e["value"], np.float32)])
+        else:
+            E[e["ids"]] = e["value"]
+        out[e["v"]] = E.copy()
+    return out
+
+
+def _race(s3, tmp_path, url, writers: int, commits: int) -> list[list[dict]]:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, str(w), str(writers),
+                               str(commits), str(tmp_path / f"w{w}.json")], env=env)
+             for w in range(writers)]
+    for p in procs:
+        assert p.wait(timeout=600) == 0
+    return [json.loads((tmp_path / f"w{w}.json").read_text()) for w in range(writers)]
+
+
+def test_racing_writer_processes_lose_nothing(s3, rng, tmp_path):
+    url, E = _table(s3, rng, rows=200, dim=4)
+    logs = _race(s3, tmp_path, url, writers=3, commits=8)
+    conflicts = [e for log in logs for e in log if e["kind"] == "conflict"]
+    assert all(e["hot"] and e["rows"] == [199] for e in conflicts)  # only true overlaps
+    refs = _replay(E, logs)
+    newest = max(refs)
+    with embstore.open(url) as r:
+        assert r.version == newest
+        np.testing.assert_array_equal(r.to_numpy(), refs[newest])
+    for n in sorted(refs)[-8:]:  # the retained ones
+        with embstore.open(url, version=n) as r:
+            np.testing.assert_array_equal(r.to_numpy(), refs[n])
