@@ -12,11 +12,14 @@ import textwrap
 
 import numpy as np
 import pytest
+import zarr
+from zarr.storage import ObjectStore
 
 import embstore
 from embstore import ConflictError, EmbstoreError, ReadOnlyError
 from embstore.store.objects.manifest import AREA, manifest_name
 from embstore.store.objects.version import object_log
+from embstore.store.remote.objstore import ObjectClient
 from s3faults import FaultProxy, random_faults, s3, s3_server  # noqa: F401
 
 pytest.importorskip("moto")
@@ -292,3 +295,39 @@ def test_racing_writer_processes_lose_nothing(s3, rng, tmp_path):
     for n in sorted(refs)[-8:]:  # the retained ones
         with embstore.open(url, version=n) as r:
             np.testing.assert_array_equal(r.to_numpy(), refs[n])
+
+
+def test_compaction_makes_a_base_and_a_stale_writer_rebases_onto_it(s3, rng):
+    url, E = _table(s3, rng, keys=None, chunk_rows=64)
+    keys_url = f"s3://{s3.bucket}/k.emb"
+    keys = [f"w{i}" for i in range(len(E))]
+    embstore.save(keys_url, E, keys=keys, chunk_rows=64).close()
+    for u in (url, keys_url):
+        R = E.copy()
+        with embstore.open(u, mode="r+") as a, embstore.open(u, mode="r+") as b:
+            a.write([3, 4], np.full((2, 8), 1, np.float32))
+            R[[3, 4]] = 1
+            if u == url:
+                a.append(np.full((5, 8), 2, np.float32))
+                R = np.vstack([R, np.full((5, 8), 2, np.float32)])
+            assert a.info()["pending_rows"] == (7 if u == url else 2)
+            v = a.compact()
+            assert a.info()["pending_rows"] == 0 and a.version == v
+            np.testing.assert_array_equal(a.to_numpy(), R)
+            b.write([9], np.full((1, 8), 3, np.float32))  # b reads version 0: rebased
+            R[9] = 3
+            assert b.version == v + 1
+        with embstore.open(u) as r:
+            np.testing.assert_array_equal(r.to_numpy(), R)
+            assert r.info()["pending_rows"] == 1
+            if u == keys_url:
+                assert r.ids_of(["w9", "w599"]).tolist() == [9, 599]
+        with embstore.open(u, version=1) as r:  # before the compaction: its own base
+            np.testing.assert_array_equal(r[[3, 9]], np.stack([np.ones(8, np.float32), E[9]]))
+    # Zarr readers of the URL read the published view: the table as uploaded
+    client = ObjectClient(url)
+    try:
+        z = zarr.open_group(store=ObjectStore(client.prefixed_store(), read_only=True), mode="r")
+        np.testing.assert_array_equal(z["vectors"][:], E)
+    finally:
+        client.close()

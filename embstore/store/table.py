@@ -37,6 +37,7 @@ from .remote.objstore import is_url
 from .remote.open import open_remote_ngrams
 from .objects.manifest import DeltaCache
 from .objects.source import ObjectVersionSource
+from .objects.compact import compact_objects
 from .objects.version import commit_rows, open_version, vacuum_objects
 from .norms.source import NormsSource
 from ..table import Table
@@ -498,10 +499,19 @@ class ZarrTable(Table):
     def compact(self) -> int:
         """Fold the rows written since the last compaction into the table's chunks: one
         commit, a new version without deltas (earlier versions keep theirs; no row of any
-        version changes).  Then every Zarr reader sees the newest rows.  Returns the version
-        this handle reads afterwards."""
+        version changes).  Then every Zarr reader sees the newest rows (on object storage:
+        a new base table in the commit area; Zarr readers of the URL keep the upload).
+        Returns the version this handle reads afterwards."""
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: compact needs the table opened with mode='r+'")
+        if self._remote is not None:
+            with self._lock:
+                vocab = self._vocab() if self._has_keys else None
+                compact_objects(self._v, self._deltas, self.path,
+                                self._remote.get("storage_options"),
+                                None if vocab is None else vocab.keys_between)
+                self._reload()
+                return self._version
         with self._writing():
             v = self._compact_locked()
             vacuum(self.path)
