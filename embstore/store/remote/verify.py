@@ -28,6 +28,7 @@ from ..codecs import Layout, check_chunk
 from ..rows.layout import RowLayout, crc_array
 from ..rows.pages import decode_crc_file, page_crcs
 from .objstore import ObjectClient, is_url
+from ..objects.check import check_versions
 from ...dtypes import SIDE_ARRAYS
 from .source import RemoteShardSource, _regions
 from .keys import download_key_arrays
@@ -69,6 +70,18 @@ def verify_remote(url: str, *, storage_options: dict | None = None) -> VerifyRep
             return report
         _check_rows(client, meta, report)
         _check_rest(client, attrs, report)
+        versions, bases = check_versions(client, report.add)  # (§11a)
+        report.arrays += [f"manifest {n}" for n in versions]  # (and their deltas)
+        for prefix in sorted(bases):  # the compacted bases of retained versions: tables
+            base = ObjectClient(f"{url}/{prefix}", storage_options)
+            try:
+                battrs, bmeta, _ = read_remote_meta(base)
+                _check_rows(base, bmeta, report)
+                _check_rest(base, battrs, report)
+            except (FormatError, CorruptStoreError) as exc:
+                report.add(base.url, None, str(exc))
+            finally:
+                base.close()
     finally:
         client.close()
     if report.unchecked:
