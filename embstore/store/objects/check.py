@@ -12,7 +12,7 @@ from .manifest import DeltaCache, list_versions, manifest_name, need_manifest
 __all__ = ["check_versions"]
 
 
-def check_versions(client: ObjectClient, add: Callable[[str, object, str], None]
+def check_versions(client: ObjectClient, add: Callable[[str, int | None, str], None]
                    ) -> tuple[list[int], set[str]]:
     """Check every manifest and its deltas (damage goes to ``add(where, row, message)``);
     returns the versions and the base prefixes they read (the caller checks those as

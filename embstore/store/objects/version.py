@@ -100,10 +100,11 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
     assert rel is not None
     w = new_write_id()
     data = delta_bytes(rel, values)
-    entry = {"object": data_name(w, "vectors"), "array": "vectors", "kind": kind,
-             "first_row": 0, "rows": n, "bytes": len(data)}
+    name = data_name(w, "vectors")
+    entry: dict = {"object": name, "array": "vectors", "kind": kind, "first_row": 0,
+                   "rows": n, "bytes": len(data)}
     client = src.client
-    put_data(client, entry["object"], data)  # a new name: no reader reads it before the commit
+    put_data(client, name, data)  # a new name: no reader reads it before the commit
     deltas.put(entry, rel, values)
     dim, dt = src.shape[1], src.dtype
     change = Change(kind, w, [entry], ids=ids if kind == "write" else None,
