@@ -161,6 +161,8 @@ def test_a_write_costs_its_rows_and_two_requests(s3, rng):
     data = {k: n for k, n in new.items() if "/data/" in k}
     assert len(data) == 1
     uploaded = sum(new.values())
+    print(f"10,000 rows ({vals.nbytes} bytes): uploaded {uploaded} bytes in "
+          f"{s3.requests['PUT']} PUTs")
     assert uploaded <= 2 * vals.nbytes, (uploaded, vals.nbytes)
     assert sum(data.values()) <= vals.nbytes + ids.size * 8 + 256
     E[ids] = vals
