@@ -1,5 +1,6 @@
 """Helpers of the tests of commits on object storage (tests/test_s3_*.py): the moto server
-fixtures and a fault proxy.
+fixtures and a fault proxy; racing writer processes (:data:`WRITER`, :func:`race`) and the replay of
+their commits (:func:`replay`).
 
 :class:`FaultProxy` relays HTTP requests on loopback to the S3 server and, for the requests
 a rule picks, answers 503 without forwarding, resets the connection before forwarding, or
@@ -12,14 +13,19 @@ from __future__ import annotations
 
 import http.client
 import itertools
+import json
+import os
 import random
 import socket
 import socketserver
+import subprocess
 import sys
+import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,3 +146,63 @@ def random_faults(seed: int, *, drop: float, reset: float, slow: float):
             return "503"
         return None
     return rule
+
+
+WRITER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import embstore
+    url, w, nw, commits, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \\
+        int(sys.argv[4]), sys.argv[5]
+    hot_every = int(sys.argv[6])
+    rng = np.random.default_rng(w)
+    log = []
+    with embstore.open(url, mode="r+", cache_bytes=0) as t:
+        for c in range(commits):
+            value = float(w * 1000 + c + 1)
+            if c % 4 == 3:
+                n = int(rng.integers(1, 4))
+                first = t.append(np.full((n, 4), value, np.float32))
+                log.append({"v": t.version, "kind": "append", "first": int(first[0]), "n": n,
+                            "value": value})
+                continue
+            own = np.arange(w, 200, nw)  # this writer's rows: disjoint from the others'
+            ids = np.unique(rng.choice(own, size=3, replace=False))
+            hot = c % hot_every == hot_every - 1  # row 199 (everyone's): may overlap
+            if hot:
+                ids = np.unique(np.r_[ids, 199])
+            try:
+                t.write(ids, np.full((ids.size, 4), value, np.float32))
+            except embstore.ConflictError as exc:
+                log.append({"v": None, "kind": "conflict", "rows": exc.rows.tolist(),
+                            "hot": hot})
+                t.refresh()
+                continue
+            log.append({"v": t.version, "kind": "write", "ids": ids.tolist(), "value": value})
+    json.dump(log, open(out, "w"))
+""")
+
+
+def replay(E0: np.ndarray, logs: list[list[dict]]) -> dict[int, np.ndarray]:
+    done = sorted((e for log in logs for e in log if e["v"] is not None), key=lambda e: e["v"])
+    assert [e["v"] for e in done] == list(range(1, len(done) + 1))  # no lost or doubled commit
+    E, out = E0.copy(), {}
+    for e in done:
+        if e["kind"] == "append":
+            assert e["first"] == len(E)  # appended rows follow the winners'
+            E = np.vstack([E, np.full((e["n"], E.shape[1]), e["value"], np.float32)])
+        else:
+            E[e["ids"]] = e["value"]
+        out[e["v"]] = E.copy()
+    return out
+
+
+def race(url: str, tmp_path, writers: int, commits: int, *, hot_every: int = 5) -> list[list[dict]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, str(w), str(writers),
+                               str(commits), str(tmp_path / f"w{w}.json"), str(hot_every)],
+                              env=env)
+             for w in range(writers)]
+    for p in procs:
+        assert p.wait(timeout=600) == 0
+    return [json.loads((tmp_path / f"w{w}.json").read_text()) for w in range(writers)]

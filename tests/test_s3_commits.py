@@ -4,11 +4,6 @@ between handles and processes, lost responses through a fault proxy, vacuum, cos
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -20,13 +15,10 @@ from embstore import ConflictError, EmbstoreError, ReadOnlyError
 from embstore.store.objects.manifest import AREA, manifest_name
 from embstore.store.objects.version import object_log
 from embstore.store.remote.objstore import ObjectClient
-from s3faults import FaultProxy, random_faults, s3, s3_server  # noqa: F401
+from s3faults import FaultProxy, race, random_faults, replay, s3, s3_server  # noqa: F401
 
 pytest.importorskip("moto")
 pytest.importorskip("obstore")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _table(s3, rng, rows=600, dim=8, name="t.emb", **layout):
     url = f"s3://{s3.bucket}/{name}"
@@ -226,70 +218,12 @@ def test_lost_responses_resets_and_503s_make_no_spurious_conflict_nor_double_com
         assert embstore.verify(url).ok
 
 
-_WRITER = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    import embstore
-    url, w, nw, commits, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \\
-        int(sys.argv[4]), sys.argv[5]
-    rng = np.random.default_rng(w)
-    log = []
-    with embstore.open(url, mode="r+", cache_bytes=0) as t:
-        for c in range(commits):
-            value = float(w * 1000 + c + 1)
-            if c % 4 == 3:
-                n = int(rng.integers(1, 4))
-                first = t.append(np.full((n, 4), value, np.float32))
-                log.append({"v": t.version, "kind": "append", "first": int(first[0]), "n": n,
-                            "value": value})
-                continue
-            own = np.arange(w, 200, nw)  # this writer's rows: disjoint from the others'
-            ids = np.unique(rng.choice(own, size=3, replace=False))
-            hot = c % 5 == 4  # row 199 (everyone's): may overlap
-            if hot:
-                ids = np.unique(np.r_[ids, 199])
-            try:
-                t.write(ids, np.full((ids.size, 4), value, np.float32))
-            except embstore.ConflictError as exc:
-                log.append({"v": None, "kind": "conflict", "rows": exc.rows.tolist(),
-                            "hot": hot})
-                t.refresh()
-                continue
-            log.append({"v": t.version, "kind": "write", "ids": ids.tolist(), "value": value})
-    json.dump(log, open(out, "w"))
-""")
-
-
-def _replay(E0: np.ndarray, logs: list[list[dict]]) -> dict[int, np.ndarray]:
-    done = sorted((e for log in logs for e in log if e["v"] is not None), key=lambda e: e["v"])
-    assert [e["v"] for e in done] == list(range(1, len(done) + 1))  # no lost or doubled commit
-    E, out = E0.copy(), {}
-    for e in done:
-        if e["kind"] == "append":
-            assert e["first"] == len(E)  # appended rows follow the winners'
-            E = np.vstack([E, np.full((e["n"], E.shape[1]), e["value"], np.float32)])
-        else:
-            E[e["ids"]] = e["value"]
-        out[e["v"]] = E.copy()
-    return out
-
-
-def _race(s3, tmp_path, url, writers: int, commits: int) -> list[list[dict]]:
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, str(w), str(writers),
-                               str(commits), str(tmp_path / f"w{w}.json")], env=env)
-             for w in range(writers)]
-    for p in procs:
-        assert p.wait(timeout=600) == 0
-    return [json.loads((tmp_path / f"w{w}.json").read_text()) for w in range(writers)]
-
-
 def test_racing_writer_processes_lose_nothing(s3, rng, tmp_path):
     url, E = _table(s3, rng, rows=200, dim=4)
-    logs = _race(s3, tmp_path, url, writers=3, commits=8)
+    logs = race(url, tmp_path, writers=3, commits=8)
     conflicts = [e for log in logs for e in log if e["kind"] == "conflict"]
     assert all(e["hot"] and e["rows"] == [199] for e in conflicts)  # only true overlaps
-    refs = _replay(E, logs)
+    refs = replay(E, logs)
     newest = max(refs)
     with embstore.open(url) as r:
         assert r.version == newest
