@@ -5,13 +5,17 @@ between handles and processes, lost responses through a fault proxy, vacuum, cos
 from __future__ import annotations
 
 
+import json
+
 import numpy as np
 import pytest
 import zarr
+from click.testing import CliRunner
 from zarr.storage import ObjectStore
 
 import embstore
 from embstore import ConflictError, EmbstoreError, ReadOnlyError
+from embstore.cli import cli
 from embstore.store.objects.manifest import AREA, manifest_name
 from embstore.store.objects.version import object_log
 from embstore.store.remote.objstore import ObjectClient
@@ -267,3 +271,40 @@ def test_compaction_makes_a_base_and_a_stale_writer_rebases_onto_it(s3, rng):
         np.testing.assert_array_equal(z["vectors"][:], E)
     finally:
         client.close()
+
+
+def test_the_commands_tell_one_story_of_an_s3_table(s3, rng, tmp_path):
+    url, E = _table(s3, rng)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["log", url])
+    assert res.exit_code == 0 and "no commits yet" in res.output
+    with embstore.open(url, mode="r+") as t:
+        t.write([2], np.full((1, 8), 9, np.float32))
+        t.append(np.full((2, 8), 4, np.float32))
+    res = runner.invoke(cli, ["log", url, "--json"])
+    doc = json.loads(res.output)
+    assert doc["version"] == 2 and [v["change"]["kind"] for v in doc["versions"]] == [
+        "write", "append"]
+    info = json.loads(runner.invoke(cli, ["info", url, "--json"]).output)
+    assert (info["version"], info["vocab_size"], info["pending_rows"]) == (2, 602, 3)
+    np.save(tmp_path / "ids.npy", np.array([2, 601]))
+    for version, want in ((1, [np.full(8, 9, np.float32), None]),
+                          (2, [np.full(8, 9, np.float32), np.full(8, 4, np.float32)])):
+        if want[1] is None:  # row 601 does not exist in version 1
+            res = runner.invoke(cli, ["lookup", url, str(tmp_path / "ids.npy"),
+                                      str(tmp_path / "o.npy"), "--version", "1", "--quiet"])
+            assert res.exit_code == 1 and "601" in res.output
+            continue
+        res = runner.invoke(cli, ["lookup", url, str(tmp_path / "ids.npy"),
+                                  str(tmp_path / "o.npy"), "--version", str(version),
+                                  "--overwrite", "--quiet"])
+        assert res.exit_code == 0, res.output
+        np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), np.stack(want))
+    res = runner.invoke(cli, ["verify", url])
+    assert res.exit_code == 0 and "manifest 1, manifest 2" in res.output
+    res = runner.invoke(cli, ["compact", url])
+    assert res.exit_code == 0 and "version 2 -> 3" in res.output
+    res = runner.invoke(cli, ["vacuum", url, "--keep", "1", "--cutoff", "0"])
+    assert res.exit_code == 0 and "removed 2 version(s) (1, 2)" in res.output
+    res = runner.invoke(cli, ["upgrade", url])
+    assert res.exit_code == 1 and "upgrade a local copy" in res.output
