@@ -134,8 +134,6 @@ def test_read_only_handles_and_unsupported_writes_say_so(s3, rng):
     kurl = f"s3://{s3.bucket}/k.emb"
     embstore.save(kurl, E, keys=[f"w{i}" for i in range(len(E))]).close()
     with embstore.open(kurl, mode="r+") as t:
-        with pytest.raises(ReadOnlyError, match="appending keys to a table with keys"):
-            t.append(E[:1], keys=["new"])
         t.write([4], E[:1])  # rows of a keyed table can be written
         np.testing.assert_array_equal(t[4], E[0])
         assert t.ids_of(["w4"]).tolist() == [4]
@@ -308,3 +306,33 @@ def test_the_commands_tell_one_story_of_an_s3_table(s3, rng, tmp_path):
     assert res.exit_code == 0 and "removed 2 version(s) (1, 2)" in res.output
     res = runner.invoke(cli, ["upgrade", url])
     assert res.exit_code == 1 and "upgrade a local copy" in res.output
+
+
+def test_appends_of_keys_rebase_unless_a_key_is_taken(s3, rng):
+    url = f"s3://{s3.bucket}/k.emb"
+    E = rng.standard_normal((100, 4)).astype(np.float32)
+    keys = [f"w{i}" for i in range(100)]
+    embstore.save(url, E, keys=keys).close()
+    one = np.ones((1, 4), np.float32)
+    with embstore.open(url, mode="r+") as a, embstore.open(url, mode="r+") as b:
+        assert a.append(2 * one.repeat(2, 0), keys=["x", "y"]).tolist() == [100, 101]
+        with pytest.raises(ConflictError, match=r"1 key\(s\) this append adds \('y'\) were "
+                           "appended by version 1") as err:
+            b.append(3 * one, keys=["y"])
+        assert err.value.keys == ["y"] and err.value.rows.size == 0
+        assert b.append(4 * one, keys=["z"]).tolist() == [102]  # rebased after a's rows
+        with pytest.raises(embstore.ShapeMismatchError, match="key 'w5' already exists"):
+            a.append(one, keys=["w5"])
+        R = np.vstack([E, 2 * one, 2 * one, 4 * one])
+        keys += ["x", "y", "z"]
+        with embstore.open(url) as r:
+            np.testing.assert_array_equal(r.to_numpy(), R)
+            assert r.ids_of(["x", "y", "z", "w5", "nope"], missing=-1).tolist() == [
+                100, 101, 102, 5, -1]
+            assert list(r.keys[98:103]) == keys[98:103]
+        assert a.compact() == 3  # a read version 1: it compacts the newest, keys and all
+        with embstore.open(url) as r:
+            assert r.info()["pending_rows"] == 0
+            np.testing.assert_array_equal(r.lookup_keys(["z", "w7"]), R[[102, 7]])
+            assert r.ids_of(keys).tolist() == list(range(103))
+        assert embstore.verify(url).ok

@@ -38,7 +38,7 @@ from .remote.open import open_remote_ngrams
 from .objects.manifest import DeltaCache
 from .objects.source import ObjectVersionSource
 from .objects.compact import compact_objects
-from .objects.version import commit_rows, open_version, vacuum_objects
+from .objects.version import commit_rows, object_vocab, open_version, vacuum_objects
 from .norms.source import NormsSource
 from ..table import Table
 from ..ids import refuse_existing
@@ -299,8 +299,8 @@ class ZarrTable(Table):
                     # writable: keys another tool wrote get their index stored, a write to
                     # the table: under the writer lock (unless this call holds it)
                     rows = v.source.shape[0]
-                    if self._remote is not None:
-                        vocab = v.objects.vocab(rows)
+                    if self._remote is not None:  # (with its key deltas)
+                        vocab = object_vocab(v, self._deltas)
                     else:
                         with (writer_lock(self.path, self.lock_timeout)
                               if self.writable and not self._in_write else nullcontext()):
@@ -406,7 +406,8 @@ class ZarrTable(Table):
             self._check_open()
             if values.shape[0] == 0:
                 return self.vocab_size
-            v, first = commit_rows(self._v, kind, ids, values, keys, self._deltas)
+            vocab = self._vocab() if keys is not None else None
+            v, first = commit_rows(self._v, kind, ids, values, keys, self._deltas, vocab)
             self._v, self._seen_commit, self.version = v, v.commit, v.number
             self._cache.resize_for(self.vocab_size)
             self._cache.bind(self._source)  # (rows other writers committed: dropped too)
@@ -506,10 +507,13 @@ class ZarrTable(Table):
             raise ReadOnlyError(f"{self.path}: compact needs the table opened with mode='r+'")
         if self._remote is not None:
             with self._lock:
-                vocab = self._vocab() if self._has_keys else None
-                compact_objects(self._v, self._deltas, self.path,
-                                self._remote.get("storage_options"),
-                                None if vocab is None else vocab.keys_between)
+                for _ in range(3):  # (lost to a compaction or an append of keys: again)
+                    self._reload()  # the newest version
+                    vocab = self._vocab() if self._has_keys else None
+                    if compact_objects(self._v, self._deltas, self.path,
+                                       self._remote.get("storage_options"),
+                                       None if vocab is None else vocab.keys_between):
+                        break
                 self._reload()
                 return self._version
         with self._writing():

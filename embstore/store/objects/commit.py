@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,8 @@ class Change:
     base: dict | None = None
     folded: frozenset[str] = frozenset()
     summary: dict = field(default_factory=dict)
+    keys: list[str] | None = None  # an append's keys, encoded and hashed (``coded``)
+    coded: Any = None
 
 
 def build(parent: dict, change: Change, now: float) -> dict:
@@ -79,6 +82,36 @@ def _overlap(change: Change, parent: dict, winner: dict,
     return np.unique(np.concatenate(hits)) if hits else np.empty(0, np.int64)
 
 
+def _key_conflict(change: Change, parent: dict, winner: dict, segment_of, url: str
+                  ) -> ConflictError | None:
+    """The keys ``change`` appends that ``winner`` appended too (or the winner compacted:
+    the keys' hashes are of the index the append was made on)."""
+    if change.keys is None:
+        return None
+    if winner["base"] != parent["base"]:
+        return ConflictError(f"{url}: version {winner['version']} compacted the table (a new key "
+                             f"index) since version {parent['version']}, which this append of "
+                             "keys was made on: nothing was committed (refresh the table and "
+                             "append again)", path=url, rows=np.empty(0, np.int64),
+                             version=winner["version"])
+    enc, h = change.coded
+    seen = {e["object"] for e in parent["deltas"]}
+    found = np.full(len(change.keys), -1, np.int64)
+    for e in winner["deltas"]:  # a loop per key delta of the winner's own
+        if e["object"] not in seen and e["array"] == "keys":
+            miss = np.flatnonzero(found < 0)
+            found[miss] = segment_of(e).find(enc.subset(miss), h[miss])
+    both = [change.keys[i] for i in np.flatnonzero(found >= 0)]
+    if not both:
+        return None
+    shown = ", ".join(repr(k) for k in both[:_SHOWN])
+    return ConflictError(f"{url}: {len(both)} key(s) this append adds ({shown}"
+                         f"{' ...' if len(both) > _SHOWN else ''}) were appended by version "
+                         f"{winner['version']} (another writer's commit): nothing was "
+                         "committed", path=url, rows=np.empty(0, np.int64), keys=both,
+                         version=winner["version"])
+
+
 def _conflict(url: str, overlap: np.ndarray, parent: dict, winner: dict) -> ConflictError:
     shown = ", ".join(str(int(i)) for i in overlap[:_SHOWN])
     more = f" and {overlap.size - _SHOWN} more" if overlap.size > _SHOWN else ""
@@ -100,10 +133,11 @@ def _backoff(delay: float, deadline: float, url: str, why: str) -> float:
 
 
 def commit(client: ObjectClient, parent: dict, change: Change,
-           ids_of: Callable[[dict], np.ndarray]) -> dict | None:
+           ids_of: Callable[[dict], np.ndarray], segment_of=None) -> dict | None:
     """Commit ``change`` on the version ``parent`` (its manifest), rebased as often as it
     loses a race; returns the committed manifest, or None for a compaction that lost to
-    another compaction (nothing left to do).  ``ids_of(entry)``: the rows of a delta."""
+    another compaction or to an append of keys (then compact the newest version again).  ``ids_of(entry)``: the rows of a delta;
+    ``segment_of(entry)``: the keys of a key delta (appends of keys)."""
     deadline = time.monotonic() + RETRY_SECONDS
     delay = _FIRST_DELAY
     while True:
@@ -123,11 +157,16 @@ def commit(client: ObjectClient, parent: dict, change: Change,
         if got is None:  # 409, 503 or a transport error before the server applied it
             delay = _backoff(delay, deadline, client.url, f"the version {n} PUT failed")
             continue
-        if change.kind == "compact" and got["change"].get("kind") == "compact":
-            return None
+        if change.kind == "compact" and (got["change"].get("kind") == "compact" or any(
+                e["array"] == "keys" for e in got["deltas"]
+                if e["object"] not in {x["object"] for x in parent["deltas"]})):
+            return None  # compacted already, or keys hashed under the old index: redo
         overlap = _overlap(change, parent, got, ids_of)
         if overlap.size:
             raise _conflict(client.url, overlap, parent, got)
+        clash = _key_conflict(change, parent, got, segment_of, client.url)
+        if clash is not None:
+            raise clash
         parent = got  # rebased: the next version on the winner
     _hint(client, doc["version"])
     return doc

@@ -44,12 +44,13 @@ def _write_base(src: ObjectVersionSource, local: Path, keys_of, attrs: dict) -> 
 
 def compact_objects(v: Version, deltas: DeltaCache, url: str, storage_options: dict | None,
                     keys_of: Callable[[int, int], list[str]] | None) -> dict | None:
-    """Fold version ``v``'s deltas into a new base; returns the committed manifest (None:
-    nothing to fold, or another writer compacted first)."""
+    """Fold version ``v``'s deltas into a new base; returns the committed manifest (``v``'s
+    own when there is nothing to fold; None: another writer's commit made it moot, see
+    :func:`~.commit.commit`)."""
     src = v.source
     assert isinstance(src, ObjectVersionSource)
     if not src.ids.size:
-        return None
+        return src.doc  # (nothing to fold)
     w = new_write_id()
     prefix = f"{AREA}base-{w}"
     with tempfile.TemporaryDirectory(prefix="embstore-compact-") as d:

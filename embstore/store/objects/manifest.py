@@ -18,12 +18,14 @@ import numpy as np
 
 from ...errors import CorruptStoreError
 from ..remote.objstore import LIST_PAGE, ObjectClient
+from ...keys.segments import KeySegment
 from ..versions.delta import merge, read_delta, write_delta
+from ..versions.keydelta import read_key_delta, write_key_delta
 from ..versions.snapshot import VersionNotFoundError, manifest_crc
 
 __all__ = ["AREA", "HINT", "manifest_name", "data_name", "new_write_id", "encode",
            "read_manifest", "need_manifest", "newest_version", "list_versions", "initial", "DeltaCache",
-           "delta_bytes"]
+           "delta_bytes", "key_delta_bytes", "rows_entries", "key_entries"]
 
 AREA = "vectors/.embstore/commits/"
 HINT = AREA + "latest.json"
@@ -77,6 +79,8 @@ def _check(doc, n: int, where: str) -> dict:
     for e in deltas:
         if not (isinstance(e, dict) and _DATA.match(str(e.get("object")))
                 and e.get("kind") in _KINDS and type(e.get("first_row")) is int
+                and (e.get("array"), e["kind"]) in (("vectors", "write"), ("vectors", "append"),
+                                                    ("keys", "append"))
                 and type(e.get("rows")) is int and type(e.get("bytes")) is int
                 and 0 <= e["first_row"] and e["first_row"] + (e["rows"] if e["kind"] ==
                                                               "append" else 0) <= doc["rows"]):
@@ -150,12 +154,56 @@ def delta_bytes(ids: np.ndarray, values: np.ndarray, array: str = "vectors") -> 
         return path.read_bytes()
 
 
+def rows_entries(doc: dict) -> list[dict]:
+    return [e for e in doc["deltas"] if e["array"] == "vectors"]
+
+
+def key_entries(doc: dict) -> list[dict]:
+    return [e for e in doc["deltas"] if e["array"] == "keys"]
+
+
+def key_delta_bytes(enc, hashes: np.ndarray) -> bytes:
+    """A key delta file (§6d) of the keys ``enc`` as rows ``0..`` (the manifest's
+    ``first_row`` places them: a rebased append moves them without a new upload)."""
+    with tempfile.TemporaryDirectory(prefix="embstore-delta-") as d:
+        path = Path(d) / "keys"
+        write_key_delta(path, 0, enc, hashes, fsync=False)
+        return path.read_bytes()
+
+
 class DeltaCache:
     """The deltas a handle has read, by object name (objects never change): a commit or a
     refresh reads only the new ones."""
 
     def __init__(self) -> None:
         self.parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.keys: dict[str, KeySegment] = {}  # (rows 0..: placed by first_row)
+
+    def segment(self, client: ObjectClient, e: dict) -> KeySegment:
+        """The keys of the key delta ``e`` as rows of its version."""
+        if e["object"] not in self.keys:
+            where = client.where(e["object"])
+            raw = client.get(e["object"])
+            if raw is None or len(raw) != e["bytes"]:
+                raise CorruptStoreError(f"{where}: {'missing' if raw is None else len(raw)} "
+                                        f"(the manifest says {e['bytes']} bytes): a key delta "
+                                        "of this version is damaged or was vacuumed",
+                                        path=where)
+            with tempfile.TemporaryDirectory(prefix="embstore-delta-") as d:
+                path = Path(d) / "keys"
+                path.write_bytes(raw)
+                try:
+                    seg = read_key_delta(path)
+                except CorruptStoreError as exc:
+                    raise CorruptStoreError(str(exc).replace(str(path), where),
+                                            path=where) from None
+            if seg.first != 0 or seg.n != e["rows"]:
+                raise CorruptStoreError(f"{where}: {seg.n} keys from row {seg.first}, the "
+                                        f"manifest says {e['rows']} from 0: damaged", path=where)
+            self.keys[e["object"]] = seg
+        seg = self.keys[e["object"]]
+        f = e["first_row"]
+        return KeySegment(f, seg.hashes, seg.rows + f, seg.offsets, seg.utf8, seg.where)
 
     def put(self, entry: dict, ids: np.ndarray, values: np.ndarray) -> None:
         self.parts[entry["object"]] = (ids, values)
@@ -165,7 +213,7 @@ class DeltaCache:
         return self.parts[entry["object"]][0] + entry["first_row"]
 
     def load(self, client: ObjectClient, entries: list[dict], dim: int, dtype) -> None:
-        todo = [e for e in entries if e["object"] not in self.parts]
+        todo = [e for e in entries if e["object"] not in self.parts and e["array"] == "vectors"]
 
         def fetch(e: dict) -> tuple[np.ndarray, np.ndarray]:
             raw = client.get(e["object"])
@@ -194,10 +242,10 @@ class DeltaCache:
     def merged(self, doc: dict, dim: int, dtype) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, values)`` of version ``doc``'s deltas, newest row of an id winning."""
         parts = []
-        for e in doc["deltas"]:
+        for e in rows_entries(doc):
             ids, vals = self.parts[e["object"]]
             parts.append((ids + e["first_row"] if e["first_row"] else ids, vals))
-        appended = sum(e["rows"] for e in doc["deltas"] if e["kind"] == "append")
+        appended = sum(e["rows"] for e in rows_entries(doc) if e["kind"] == "append")
         if appended != doc["rows"] - doc["base"]["rows"]:
             raise CorruptStoreError(f"version {doc['version']}: {appended} appended rows in "
                                     f"its deltas, {doc['rows'] - doc['base']['rows']} past its "

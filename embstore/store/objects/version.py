@@ -15,11 +15,16 @@ from ..remote.open import open_remote_source
 from ..versions.retain import RETAIN_VERSIONS
 from ..versions.version import Version
 from .commit import Change, commit, put_data
-from .manifest import (AREA, HINT, DeltaCache, data_name, delta_bytes, initial, list_versions,
-                       manifest_name, need_manifest, new_write_id, newest_version)
+from ...ids import refuse_existing
+from ...keys.index import DiskVocab
+from ...keys.segments import SegmentedVocab
+from ..versions.keydelta import encoded_new_keys
+from .manifest import (AREA, HINT, DeltaCache, data_name, delta_bytes, initial, key_delta_bytes,
+                       key_entries, list_versions, manifest_name, need_manifest, new_write_id,
+                       newest_version)
 from .source import ObjectVersionSource
 
-__all__ = ["open_version", "commit_rows", "object_log", "vacuum_objects", "VACUUM_CUTOFF"]
+__all__ = ["open_version", "commit_rows", "object_vocab", "object_log", "vacuum_objects", "VACUUM_CUTOFF"]
 
 #: objects younger than this (seconds) are never vacuumed: a commit in flight may need them
 VACUUM_CUTOFF = 3600.0
@@ -75,25 +80,50 @@ def _version(doc: dict, source: ObjectVersionSource, attrs: dict, objects: Any) 
                    commit=doc["write_id"], versioned=True)
 
 
-def _writable(src: ObjectVersionSource, kind: str, keys, attrs: dict) -> None:
+def _writable(src: ObjectVersionSource, kind: str, keys, vocab) -> None:
     url = src.client.url
     if src.storage_dtype != src.dtype.name:
         raise ReadOnlyError(f"{url}: writes to {src.storage_dtype} tables on object storage are "
                             "not supported yet (float16, float32 and float64 tables are)")
-    if kind == "append" and (keys is not None or attrs.get("has_keys")):
-        raise ReadOnlyError(f"{url}: appending {'keys' if keys is not None else 'rows'} to a "
-                            "table with keys on object storage is not supported yet (rows of "
-                            "tables without keys can be appended; rows can be written)")
+    if keys is not None and not isinstance(vocab, (DiskVocab, SegmentedVocab)):
+        raise ReadOnlyError(f"{url}: appending keys needs embstore's key index (this table's "
+                            "keys were written by another tool)")
+
+
+def object_vocab(v: Version, deltas: DeltaCache):
+    """The key index of version ``v``: its base's, with the version's key deltas."""
+    src = v.source
+    assert isinstance(src, ObjectVersionSource)
+    base = v.objects.vocab(src.doc["base"]["rows"])
+    segs = [deltas.segment(src.client, e) for e in key_entries(src.doc)]
+    if base is None or not segs:
+        return base
+    if not isinstance(base, DiskVocab):
+        raise CorruptStoreError(f"{src.client.url}: key deltas on keys another tool wrote",
+                                path=src.client.url)
+    return SegmentedVocab(base, segs)
+
+
+def _key_entry(client, w: str, vocab, keys: list[str], n0: int) -> tuple[dict, Any]:
+    """Upload the key delta of an append of ``keys`` (checked new): its entry and the
+    encoded keys with their hashes (for conflict checks)."""
+    enc, h = encoded_new_keys(vocab, keys, n0)
+    refuse_existing(vocab.probe_hashed(enc, h), keys)
+    data = key_delta_bytes(enc, h)
+    name = data_name(w, "keys")
+    put_data(client, name, data)
+    return ({"object": name, "array": "keys", "kind": "append", "first_row": 0,
+             "rows": len(keys), "bytes": len(data)}, (enc, h))
 
 
 def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarray,
-                keys: list[str] | None, deltas: DeltaCache) -> tuple[Version, int]:
+                keys: list[str] | None, deltas: DeltaCache, vocab=None) -> tuple[Version, int]:
     """Commit a ``write`` of rows ``ids`` (sorted, unique) or an ``append`` of ``values``
     on version ``v``: one delta object, then the manifest (rebased on races).  Returns the
     committed version and the first appended row (an append; else -1)."""
     src = v.source
     assert isinstance(src, ObjectVersionSource)
-    _writable(src, kind, keys, v.attrs)
+    _writable(src, kind, keys, vocab)
     values = np.ascontiguousarray(values, dtype=src.dtype)
     n = int(values.shape[0])
     rel = np.arange(n, dtype=np.int64) if kind == "append" else ids
@@ -109,9 +139,14 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
     dim, dt = src.shape[1], src.dtype
     change = Change(kind, w, [entry], ids=ids if kind == "write" else None,
                     appended=n if kind == "append" else 0,
-                    summary={"kind": kind, "rows": n, **({"keys": False} if kind == "append"
-                                                          else {})})
-    doc = commit(client, src.doc, change, lambda e: deltas.ids_of(client, e, dim, dt))
+                    summary={"kind": kind, "rows": n, **({"keys": keys is not None}
+                                                          if kind == "append" else {})})
+    if keys is not None:
+        kentry, change.coded = _key_entry(client, w, vocab, keys, src.rows)
+        change.entries.append(kentry)
+        change.keys = keys
+    doc = commit(client, src.doc, change, lambda e: deltas.ids_of(client, e, dim, dt),
+                 lambda e: deltas.segment(client, e))
     assert doc is not None  # (only a compaction may come back empty)
     deltas.load(client, doc["deltas"], dim, dt)  # (the winners' it rebased onto)
     ids_all, vals = deltas.merged(doc, dim, dt)
