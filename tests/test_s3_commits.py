@@ -336,3 +336,22 @@ def test_appends_of_keys_rebase_unless_a_key_is_taken(s3, rng):
             np.testing.assert_array_equal(r.lookup_keys(["z", "w7"]), R[[102, 7]])
             assert r.ids_of(keys).tolist() == list(range(103))
         assert embstore.verify(url).ok
+
+
+def test_the_client_makes_conditional_writes_and_lists_after_a_name(s3):
+    client = ObjectClient(f"s3://{s3.bucket}/c")
+    try:
+        assert client.put_new("a/x", b"1", "w1") == "created"
+        assert client.put_new("a/x", b"2", "w2") == "exists"  # 412: If-None-Match: *
+        assert client.get("a/x") == b"1"
+        etag = client.head("a/x")["e_tag"]
+        assert client.put_if_match("a/x", b"3", '"not-it"', "w3") == "exists"  # 412: If-Match
+        assert client.put_if_match("a/x", b"4", etag, "w4") == "created"
+        assert client.get("a/x") == b"4"
+        for name in ("a/v1", "a/v2", "a/v3", "b/v4"):
+            client.put(name, b"")
+        assert [r for r, _, _ in client.list_after("a", "a/v1")] == ["a/v2", "a/v3", "a/x"]
+        assert [r for r, _, _ in client.list_after("a/", None, pages=1)] == [
+            "a/v1", "a/v2", "a/v3", "a/x"]
+    finally:
+        client.close()
