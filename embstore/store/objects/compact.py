@@ -32,11 +32,13 @@ BLOCK_BYTES = 64 << 20  # rows read and written per step
 def _write_base(src: ObjectVersionSource, local: Path, keys_of, attrs: dict) -> None:
     rows, dim = src.shape
     lay = src.layout
-    step = max(1, BLOCK_BYTES // max(1, dim * src.dtype.itemsize))
+    packed = lay.get("compression") not in (None, "none")  # (keeps its codec and shards;
+    step = max(1, BLOCK_BYTES // max(1, dim * src.dtype.itemsize))  # raw rows: row arrays)
     with TableWriter(local, dim=dim, dtype=src.storage_dtype, has_keys=keys_of is not None,
-                     chunk_rows=lay.get("chunk_rows"), shard_rows=lay.get("shard_rows"),
-                     compression=lay.get("compression") or "none", expected_rows=rows,
-                     format_version=attrs.get("format")) as w:
+                     chunk_rows=lay.get("chunk_rows") if packed else None,
+                     shard_rows=lay.get("shard_rows") if packed else None,
+                     compression=lay.get("compression") if packed else "none",
+                     expected_rows=rows, format_version=attrs.get("format")) as w:
         for start in range(0, rows, step):  # a loop per block of rows
             stop = min(rows, start + step)
             w.add(src.read(start, stop), None if keys_of is None else keys_of(start, stop))
