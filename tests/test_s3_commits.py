@@ -140,9 +140,9 @@ def test_read_only_handles_and_unsupported_writes_say_so(s3, rng):
 
 
 def test_a_write_costs_its_rows_and_two_requests(s3, rng):
-    """10,000 random rows of a 200,000 x 64 table: one delta object (the rows, their ids
+    """10,000 random rows of a 100,000 x 64 table: one delta object (the rows, their ids
     and a header) plus the manifest and the hint; no GET or LIST."""
-    url, E = _table(s3, rng, rows=200_000, dim=64)
+    url, E = _table(s3, rng, rows=100_000, dim=64)
     ids = np.unique(rng.integers(0, len(E), size=12_000))[:10_000]
     vals = rng.standard_normal((ids.size, 64)).astype(np.float32)
     with embstore.open(url, mode="r+", cache_bytes=0) as t:
@@ -192,20 +192,19 @@ def test_vacuum_keeps_what_retained_versions_and_young_commits_need(s3, rng):
     assert _objects(s3, "t.emb/vectors/c/")  # the published view is never touched
 
 
+@pytest.mark.parametrize("commits", [8, pytest.param(40, marks=pytest.mark.slow)])
 def test_lost_responses_resets_and_503s_make_no_spurious_conflict_nor_double_commit(
-        s3, rng, monkeypatch):
+        s3, rng, monkeypatch, commits):
     url, E = _table(s3, rng, rows=400)
     proxy = FaultProxy(s3.endpoint, random_faults(7, drop=0.35, reset=0.1, slow=0.15))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     try:
         a, b = embstore.open(url, mode="r+"), embstore.open(url, mode="r+")
-        commits = 0
-        for i in range(16):
+        for i in range(commits):
             h = (a, b)[i % 2]  # two handles, each behind the other: every commit rebases
             rows = np.array([i * 10 + (i % 2), i * 10 + 5])
             h.write(rows, np.full((2, 8), i + 1, np.float32))
             E[rows] = i + 1
-            commits += 1
         a.close()
         b.close()
     finally:
@@ -220,9 +219,11 @@ def test_lost_responses_resets_and_503s_make_no_spurious_conflict_nor_double_com
         assert embstore.verify(url).ok
 
 
-def test_racing_writer_processes_lose_nothing(s3, rng, tmp_path):
+@pytest.mark.parametrize("writers,commits", [(2, 5), pytest.param(4, 15,
+                                                                   marks=pytest.mark.slow)])
+def test_racing_writer_processes_lose_nothing(s3, rng, tmp_path, writers, commits):
     url, E = _table(s3, rng, rows=200, dim=4)
-    logs = race(url, tmp_path, writers=3, commits=8)
+    logs = race(url, tmp_path, writers=writers, commits=commits)
     conflicts = [e for log in logs for e in log if e["kind"] == "conflict"]
     assert all(e["hot"] and e["rows"] == [199] for e in conflicts)  # only true overlaps
     refs = replay(E, logs)
