@@ -532,7 +532,9 @@ class ZarrTable(Table):
             with self._lock:
                 src = self._source
                 assert isinstance(src, ObjectVersionSource)
-                return vacuum_objects(src.client, keep, cutoff)
+                setting = self._attrs.get("retain_versions")  # (the table's, as locally)
+                return vacuum_objects(src.client, keep if keep is not None or type(
+                    setting) is not int else setting, cutoff)
         if cutoff is not None:
             raise InvalidOptionError(f"cutoff={cutoff!r}: an option of tables on object "
                                      "storage (local versions are held by readers' leases)")
