@@ -15,7 +15,7 @@ batch (``sparse_ids``, 256 in the full run), twice:
 
 Every method has looked up another batch before timing (metadata read, connections open).
 The server runs in a child process and counts the requests and the bytes it serves per
-batch; beside them, embstore's cost model (store/remote/costs.py) says what a batch ideally
+batch; beside them, embstore's cost model (store/place/costs.py) says what a batch ideally
 fetches: the pages the rows lie on, gaps that cost less than another request read through.
 Then the disk cache: a fresh process opens the table with ``cache_dir=`` and looks a batch up
 (timed in the child: open and lookup), then a second process with the same cache does the
