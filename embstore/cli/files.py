@@ -21,9 +21,10 @@ from ..progress import display as progress, plural
 from ..store import open as open_store
 from ..store.codecs import COMPRESSIONS
 from ..store.place.objstore import is_url
-from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, SourceArg, flag_terms, local_for, options,
+from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, PathOrUrl, SourceArg, local_for, options,
                      version_option,
                      print_json, say)
+from .terms import flag_terms
 
 @click.command("import", short_help="Import a vectors file as a table.")
 @click.argument("src", type=SourceArg())
