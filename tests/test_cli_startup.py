@@ -42,6 +42,12 @@ def test_info_loads_no_batch_job_format_or_search_pipeline():
         assert heavy not in loaded, heavy
 
 
+def test_import_and_export_load_no_batch_pipeline():
+    loaded = _modules_after("import embstore.cli.files")
+    assert not [m for m in loaded if m == "embstore.batch" or m.startswith("embstore.batch.")]
+    assert "embstore.cli.lookup" not in loaded
+
+
 def test_help_lists_every_command_with_its_own_short_help():
     res = subprocess.run([sys.executable, "-m", "embstore", "--help"], capture_output=True,
                          text=True, timeout=120, check=True)

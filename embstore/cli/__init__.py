@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, command, short h
     "index": ("tables", "index_cmd", "Build a table's approximate nearest-neighbour index."),
     "info": ("info", "info_cmd", "Describe a table: size, dtype, layout, keys."),
     "log": ("versions", "log_cmd", "List a table's versions."),
-    "lookup": ("files", "lookup", "Batch job: vectors of every id in a file."),
+    "lookup": ("lookup", "lookup", "Batch job: vectors of every id in a file."),
     "reindex": ("tables", "reindex_cmd", "Build a table's key index (or row norms) again."),
     "repair": ("tables", "repair_cmd", "Finish or clear interrupted writes, then verify."),
     "similar": ("tables", "similar_cmd", "Nearest rows by cosine similarity."),
