@@ -224,8 +224,9 @@ def fresh_lookup(what, path, ids_npy):
 def fresh_batches(what, path, ids_npy):
     """A fresh process, page cache filled: open ``path`` (``memmap``: ``np.load(mmap_mode=
     "r")``) and gather batch 0 of ``ids_npy`` (``(2, ...)``: the work, open included), then
-    batch 1 (``second_s``: new ids) and batch 1 again (``again_s``); for embstore also the
-    time its page checks took (``checks_s``)."""
+    batch 1 (``second_s``: new ids) and batch 1 again (``again_s``), the CPU time of the two
+    first (``first_cpu_s``, ``second_cpu_s``: every thread); for embstore also the time its
+    page checks took (``checks_s``)."""
     import numpy as np
 
     ids = np.load(ids_npy)
@@ -250,13 +251,15 @@ def fresh_batches(what, path, ids_npy):
         PageChecks.check = timed
         t0 = time.perf_counter()
         table = embstore.open(path, cache_bytes=0)
+    c0 = time.process_time()
     first = table[ids[0]]
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     second = table[ids[1]]
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     again = table[ids[1]]
     t3 = time.perf_counter()
     out = {"seconds": t1 - t0, "second_s": t2 - t1, "again_s": t3 - t2, "rows": int(ids.size),
+           "first_cpu_s": c1 - c0, "second_cpu_s": c2 - c1,
            "checksum": _checksum(first) + _checksum(second) + 0 * _checksum(again)}
     if what != "memmap":
         out["checks_s"] = spent[0]
