@@ -14,6 +14,7 @@ NumPy.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
@@ -65,11 +66,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module the first time it is asked for."""
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'embstore' has no attribute {name!r}") from None
+    """A public name, imported from its module the first time it is asked for; a
+    subpackage or module (``embstore.search``) likewise."""
+    module = _LAZY.get(name)
+    if module is None:
+        if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'embstore' has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

@@ -77,3 +77,5 @@ def test_the_package_keeps_every_public_name():
     assert embstore.open is embstore.store.open and embstore.Table is embstore.table.Table
     with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
         embstore.nosuch  # noqa: B018
+    probe = _modules_after("import embstore\nembstore.keys.hashing")  # subpackages on use
+    assert "embstore.keys.hashing" in probe
