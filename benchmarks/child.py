@@ -221,6 +221,51 @@ def fresh_lookup(what, path, ids_npy):
             "checksum": _checksum(first) + 0 * _checksum(again)}
 
 
+def fresh_batches(what, path, ids_npy):
+    """A fresh process, page cache filled: open ``path`` (``memmap``: ``np.load(mmap_mode=
+    "r")``) and gather batch 0 of ``ids_npy`` (``(2, ...)``: the work, open included), then
+    batch 1 (``second_s``: new ids) and batch 1 again (``again_s``), the CPU time of the two
+    first (``first_cpu_s``, ``second_cpu_s``: every thread); for embstore also the time its
+    page checks took (``checks_s``)."""
+    import numpy as np
+
+    ids = np.load(ids_npy)
+    np.unique(ids[0, :2])  # (NumPy's first unique imports numpy.ma: no part of a lookup)
+    spent = [0.0]
+    if what == "memmap":
+        t0 = time.perf_counter()
+        table = np.load(path, mmap_mode="r")
+    else:
+        import embstore
+        from embstore.store.rows.pages import PageChecks
+
+        check = PageChecks.check
+
+        def timed(self, pages, raw):
+            c = time.perf_counter()
+            try:
+                return check(self, pages, raw)
+            finally:
+                spent[0] += time.perf_counter() - c
+
+        PageChecks.check = timed
+        t0 = time.perf_counter()
+        table = embstore.open(path, cache_bytes=0)
+    c0 = time.process_time()
+    first = table[ids[0]]
+    t1, c1 = time.perf_counter(), time.process_time()
+    second = table[ids[1]]
+    t2, c2 = time.perf_counter(), time.process_time()
+    again = table[ids[1]]
+    t3 = time.perf_counter()
+    out = {"seconds": t1 - t0, "second_s": t2 - t1, "again_s": t3 - t2, "rows": int(ids.size),
+           "first_cpu_s": c1 - c0, "second_cpu_s": c2 - c1,
+           "checksum": _checksum(first) + _checksum(second) + 0 * _checksum(again)}
+    if what != "memmap":
+        out["checks_s"] = spent[0]
+    return out
+
+
 def fresh_keys(what, path, keys_npy, batch_npy):
     """A fresh process, page cache warm: the rows of a batch of keys it has not touched
     yet.  ``embstore``: open the table and ``lookup_keys`` (timed); ``dict``: a dict of
@@ -248,7 +293,7 @@ def fresh_keys(what, path, keys_npy, batch_npy):
             "checksum": _checksum(first) + 0 * _checksum(again)}
 
 
-KINDS = {"fresh-lookup": fresh_lookup, "fresh-keys": fresh_keys, "cli": cli, "gensim-w2v": gensim_w2v,
+KINDS = {"fresh-lookup": fresh_lookup, "fresh-batches": fresh_batches, "fresh-keys": fresh_keys, "cli": cli, "gensim-w2v": gensim_w2v,
          "gensim-w2v-bin": gensim_w2v_bin, "gensim-save": gensim_save, "gensim-native": gensim_native,
          "embstore-open": embstore_open, "batch-ram": batch_ram, "batch-embstore": batch_embstore,
          "batch-parquet": batch_parquet}

@@ -4,27 +4,38 @@ Sharded Zarr v3 storage, fast row lookup by id or key with a bounded LRU row
 cache, an in-memory NumPy backend with the same contract, the operations of a
 model's embedding layer, import/export of the common formats and offline batch
 lookup jobs.
+
+Every public name is an attribute of the package, but a subpackage is imported
+the first time one of its names is asked for: ``import embstore`` costs what the
+error classes cost, and a command line that only prints its help never loads
+NumPy.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .batch import lookup_file
-from .cache.rows import CacheInfo
-from .convert import ExportResult, ImportResult, export_table, import_file
-from .search.analogy import normalized
-from .search.ann import StaleIndexWarning, build_index
 from .errors import (ClosedTableError, ConflictError, CorruptStoreError, DestinationExistsError, EmbstoreError,
                      FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
                      ResourceLimitError, ResultTooLargeError, ShapeMismatchError,
                      TableChangedError, InvalidTypeError)
-from .gensim import from_gensim, to_gensim
-from .layer import Embedding
-from .memory import MemoryTable
-from .store import (TableWriter, VerifyReport, ZarrTable, create, open, repair,  # noqa: A004
-                    save, upgrade, verify)
-from .table import Table
+
+if TYPE_CHECKING:
+    from .batch import lookup_file
+    from .cache.rows import CacheInfo
+    from .convert import ExportResult, ImportResult, export_table, import_file
+    from .search.analogy import normalized
+    from .search.ann import StaleIndexWarning, build_index
+    from .gensim import from_gensim, to_gensim
+    from .layer import Embedding
+    from .memory import MemoryTable, embedding_lookup
+    from .store import (TableWriter, VerifyReport, ZarrTable, create, open, repair,  # noqa: A004
+                        save, upgrade, verify)
+    from .table import Table
 
 __all__ = [
     "__version__",
@@ -40,8 +51,32 @@ __all__ = [
     "build_index", "StaleIndexWarning", "IndexNotFoundError", "normalized",
 ]
 
+# the module that defines each public name loaded on first use (the TYPE_CHECKING block
+# above lists the same names for type checkers)
+_LAZY = {
+    "lookup_file": ".batch", "CacheInfo": ".cache.rows",
+    "ExportResult": ".convert", "ImportResult": ".convert", "export_table": ".convert",
+    "import_file": ".convert", "normalized": ".search.analogy",
+    "StaleIndexWarning": ".search.ann", "build_index": ".search.ann",
+    "from_gensim": ".gensim", "to_gensim": ".gensim", "Embedding": ".layer",
+    "MemoryTable": ".memory", "embedding_lookup": ".memory", "Table": ".table",
+    **dict.fromkeys(("TableWriter", "VerifyReport", "ZarrTable", "create", "open", "repair",
+                     "save", "upgrade", "verify"), ".store"),
+}
 
-def embedding_lookup(table_or_array, ids, out=None):
-    """Rows of ``table_or_array`` (a :class:`Table` or a 2-D array) for ``ids`` of any shape."""
-    table = table_or_array if isinstance(table_or_array, Table) else MemoryTable(table_or_array)
-    return table.lookup(ids, out=out)
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for; a
+    subpackage or module (``embstore.search``) likewise."""
+    module = _LAZY.get(name)
+    if module is None:
+        if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'embstore' has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

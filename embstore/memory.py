@@ -128,3 +128,9 @@ class MemoryTable(Table):
     def to_numpy(self):
         self._check_open()
         return self._array.copy()
+
+
+def embedding_lookup(table_or_array, ids, out=None):
+    """Rows of ``table_or_array`` (a :class:`Table` or a 2-D array) for ``ids`` of any shape."""
+    table = table_or_array if isinstance(table_or_array, Table) else MemoryTable(table_or_array)
+    return table.lookup(ids, out=out)

@@ -286,3 +286,27 @@ def test_the_row_cache_works_again_after_cache_clear(tmp_path):
         np.testing.assert_array_equal(t[[1, 2]], E[[1, 2]])
         info = t.cache_info()
         assert (info.hits, info.misses, info.entries) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("n", [1, 100, 3000, 4096], ids=lambda n: f"{n}ids")
+def test_the_index_rebuilt_at_once_finds_every_id(n):
+    """The bulk placement of an empty index (growth, rebuilds) agrees with a dict, ids
+    crowded at the last cells (wrapping around) included."""
+    rng = np.random.default_rng(n)
+    c = RowCache(1 << 30, 2, np.float32, rows=10 * n)
+    c._allocate()
+    pool = np.unique(rng.choice(1 << 40, size=200_000).astype(np.int64))
+    last = pool[c._home(pool) >= (1 << c.bits) - 3][: max(1, n // 4)]  # run past the end
+    rest = pool[c._home(pool) < (1 << c.bits) - 3]
+    ids = np.concatenate([last, rest[: n - last.size]])
+    assert ids.size == n
+    slots = rng.permutation(n).astype(np.int64)
+    c._hinsert(ids, slots)
+    c._entries = n
+    cell = c._probe(ids)
+    assert (cell >= 0).all()
+    want = dict(zip(ids.tolist(), slots.tolist()))
+    assert [want[i] for i in ids.tolist()] == c._hv[cell].tolist()
+    others = rng.choice(1 << 40, size=500).astype(np.int64)
+    others = others[~np.isin(others, ids)]
+    assert (c._probe(others) == -1).all()

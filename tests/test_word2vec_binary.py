@@ -324,3 +324,19 @@ def test_a_failed_row_write_is_raised_and_leaves_nothing(tmp_path, monkeypatch):
                         newline=True))
     _fails_cleanly(p, tmp_path, "No space left on device", block_rows=4000)
     assert len(calls) >= 3
+
+
+@pytest.mark.parametrize("keys, row", [(["a", "b c", "d"], 1), (["a", "", "d"], 1),
+                                       ([" a", "b", "d"], 0), (["a", "b", "d\t"], 2),
+                                       (["a", "b", ""], 2), (["ä\n", "b", "d"], 0)],
+                         ids=["space", "empty", "leading space", "tab", "empty last",
+                              "newline"])
+def test_keys_checked_on_their_bytes_name_the_row(tmp_path, keys, row):
+    """The byte-level check of a block's keys lets no key through that a reader would cut
+    or lose, and names the row as the key-by-key check does."""
+    from embstore.errors import FormatError
+    from embstore.formats.word2vec import binary
+
+    with pytest.raises(FormatError, match=f"row {row + 10}: key"):
+        binary._joined(keys, 10)
+    assert binary._joined(["ä", "b", "ü"], 10) == "ä b ü ".encode()

@@ -6,7 +6,7 @@ cells) goes with it.  The number of slots is chosen so that rows plus bookkeepin
 ``capacity_bytes`` (the cache never holds more than its budget), and never exceeds the
 table's row count: a small table gets a small cache whatever the budget.  Nothing is
 allocated when a table opens; the slot matrix and the bookkeeping start small on first use
-and double as rows come in.  It holds the rows of one source (:meth:`RowCache.bind`: a
+and grow fourfold as rows come in.  It holds the rows of one source (:meth:`RowCache.bind`: a
 table's current version).  A batch costs a handful of NumPy operations over its ids: a vectorised hash probe (one
 round per step of linear probing), one gather of the hits, one fetch of all the batch's
 misses through the read path, and eviction of the least recently used slots by
@@ -18,7 +18,9 @@ first-time misses, taken evenly (all of them while there are never-used slots fo
 the batch was read from disk).  A small batch is thus cached whole, as by a plain LRU,
 while a large cold batch (a scan, uniformly random ids) copies little into the cache and
 so costs about what the read path costs; rows that recur (the head of a Zipf
-distribution) enter on their second use at the latest.
+distribution) enter on their second use at the latest.  A batch that mostly misses on a
+store whose reads cost what a hit costs (``cheap_reads``, resident) is read whole from it
+and admits only rows missed before: a row read once is no cheaper from the cache.
 
 ``warm(ids)`` loads the given rows (hottest first) and holds them: traffic, cached LRU in
 the other slots, never evicts them; with as many ids as slots the cache is a fixed cache
@@ -42,12 +44,12 @@ import numpy as np
 from ..fs.forksafe import renew_after_fork
 from ..ids import parse_bytes
 from .hotfile import rank_ids
-from .slots import EMPTY as _EMPTY, MULT as _MULT, TOMB as _TOMB, SlotIndex
+from .slots import EMPTY as _EMPTY, TOMB as _TOMB, SlotIndex
 
 __all__ = ["CacheInfo", "RowCache", "parse_bytes"]
 
 ADMIT_ALL_BELOW = 2048  # first-time misses a batch caches at most (``RowCache._admit``)
-_FIRST_SLOTS = 4096  # slots allocated on first use; doubled as they fill
+_FIRST_SLOTS, _GROWTH = 4096, 4  # slots allocated on first use; grown fourfold as they fill
 
 
 class CacheInfo(NamedTuple):
@@ -183,22 +185,6 @@ class RowCache(SlotIndex):
         if live.size:
             self._hinsert(slot_id[live], live)
 
-    def _seen_before(self, ids: np.ndarray) -> np.ndarray:
-        """Whether each id missed before: TinyLFU's doorkeeper, one byte per hash cell.
-
-        Marks the ids as seen.  The window is reset after about ``slots`` first misses.
-        Call under the lock.
-        """
-        self._allocate()
-        cell = ((ids.astype(np.uint64) * _MULT) >> np.uint64(63 - self.bits)).astype(np.intp)
-        seen = self._seen[cell].astype(bool)
-        self._seen[cell] = 1
-        self._seen_count += int(ids.size - np.count_nonzero(seen))
-        if self._seen_count > self.slots:
-            self._seen.fill(0)
-            self._seen_count = 0
-        return seen
-
     # -- lookups ----------------------------------------------------------------------
     def gather(self, ids: np.ndarray, out: np.ndarray | None,
                fetch: Callable[[np.ndarray, np.ndarray], None],
@@ -235,12 +221,12 @@ class RowCache(SlotIndex):
             elif nh:
                 if out is None:
                     out = np.empty((n, self.dim), dtype=self.dtype)
-                slots = self._hv[cell] if nh == n else self._hv[cell[hit]]
-                if nh == n:
-                    np.take(self._rows, slots, axis=0, out=out, mode="clip")
-                else:
+                # one gather over all positions (misses overwritten below): faster than a mask
+                slots = self._hv[cell]
+                np.take(self._rows, slots, axis=0, out=out, mode="clip")
+                if nh < n:
                     miss_at = np.flatnonzero(~hit)
-                    out[hit] = self._rows[slots]
+                    slots = slots[hit]
                 self._stamp[slots] = tick
                 if nh == n:
                     return out
@@ -268,15 +254,16 @@ class RowCache(SlotIndex):
         with self._lock:
             if gen != self._gen:  # a write happened meanwhile: the rows may be stale
                 return out
-            admit = self._admit(miss_ids)
+            admit = self._admit(miss_ids, first_time=nh >= 0)
             if admit.size:
                 uniq, first = np.unique(miss_ids[admit], return_index=True)
                 src = admit[first] if miss_pos is None else miss_pos[admit[first]]
-                self._insert(uniq, out[src], tick)
+                self._insert(uniq, out, tick, at=src)
         return out
 
-    def _admit(self, ids: np.ndarray) -> np.ndarray:
-        """Positions of the missed ``ids`` to cache; call under the lock.
+    def _admit(self, ids: np.ndarray, *, first_time: bool = True) -> np.ndarray:
+        """Positions of the missed ``ids`` to cache (``first_time=False``: only those missed
+        before); call under the lock.
 
         Every row missed before (within the doorkeeper's window, see ``_seen_before``), plus
         up to ``ADMIT_ALL_BELOW`` first-time misses, taken evenly from the batch; all of
@@ -287,7 +274,10 @@ class RowCache(SlotIndex):
         random traffic) copies little into the cache and evicts little, while rows that
         recur (the head of a Zipf distribution) get in on their second use at the latest.
         """
+        self._allocate()
         seen = self._seen_before(ids)
+        if not first_time:
+            return np.flatnonzero(seen)
         first = np.flatnonzero(~seen)
         if (first.size > ADMIT_ALL_BELOW and self._filled + ids.size <= self.slots
                 and self.reads_cold is not None and self.reads_cold()):
@@ -297,29 +287,32 @@ class RowCache(SlotIndex):
             return np.flatnonzero(seen)
         return np.arange(ids.size)
 
-    def _insert(self, ids: np.ndarray, rows: np.ndarray, tick: int, *, pin: bool = False) -> None:
-        """Cache distinct ``ids`` (``pin``: held until the next ``warm``); call under the lock.
+    def _insert(self, ids: np.ndarray, rows: np.ndarray, tick: int, *, pin: bool = False,
+                at: np.ndarray | None = None) -> None:
+        """Cache distinct ``ids`` with rows ``rows[at]`` (copied once, into their slots);
+        ``pin``: held until the next ``warm``.  Call under the lock.
 
         Victims are the least recently used unpinned slots: with every slot pinned, traffic
         caches nothing (and evicts nothing)."""
         if self.slots == 0 or ids.size == 0:
             return
         self._allocate()
+        at = np.arange(ids.size) if at is None else at
         cell = self._probe(ids)
         present = cell >= 0
         if present.any():  # cached already (by another thread, or before a warm)
             if pin:
                 self._pin_slots(self._hv[cell[present]], tick)
-            ids, rows = ids[~present], rows[~present]
+            ids, at = ids[~present], at[~present]
         k = min(ids.size, self.slots)
         if k == 0:
             return
         if self._filled + k > self._cap and self._cap < self.slots:
-            self._grow(min(self.slots, max(2 * self._cap, self._filled + k)))
+            self._grow(min(self.slots, max(_GROWTH * self._cap, self._filled + k)))
         start = self._filled
         fresh = min(k, self.slots - start)  # never-used slots first: no eviction scan
         k = fresh + min(k - fresh, start - self.pinned)  # (pinned slots are not victims)
-        ids, rows = ids[:k], rows[:k]
+        ids, at = ids[:k], at[:k]
         victims = np.arange(start, start + fresh)
         self._filled += fresh
         if fresh < k:
@@ -337,7 +330,9 @@ class RowCache(SlotIndex):
                 self._entries -= int(np.count_nonzero(gone))
         self._slot_id[victims] = ids
         self._stamp[victims] = tick
-        self._rows[victims] = rows
+        np.take(rows, at[:fresh], axis=0, out=self._rows[start: start + fresh], mode="clip")
+        if fresh < k:
+            self._rows[victims[fresh:]] = rows[at[fresh:]]
         self._hinsert(ids, victims)
         self._entries += k
         if pin:

@@ -10,6 +10,7 @@ The library reports progress through ``on_progress(done, total)`` callbacks;
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -17,19 +18,56 @@ import sys
 import click
 
 from ..errors import EmbstoreError, NotATableError
-from .common import flag_terms
-from .files import export_cmd, import_cmd, lookup
-from .versions import compact_cmd, log_cmd, vacuum_cmd
-from .tables import (copy_cmd, demo_cmd, index_cmd, info_cmd, reindex_cmd, repair_cmd,
-                     similar_cmd, upgrade_cmd, verify_cmd)
+from .terms import flag_terms
 
 __all__ = ["main", "cli", "flag_terms"]
+
+# Each command is imported when it runs: `embstore --help` lists them from this table
+# without loading NumPy, and `embstore info` loads what info needs.  The short help here is
+# the one each command declares (a test checks that they agree).
+COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, command, short help)
+    "compact": ("versions", "compact_cmd", "Fold rows written since the last compaction in."),
+    "copy": ("tables", "copy_cmd", "Copy a table to or from object storage."),
+    "demo": ("tables", "demo_cmd", "Run the main job end to end (a tour)."),
+    "export": ("files", "export_cmd", "Export a table to a vectors file."),
+    "import": ("files", "import_cmd", "Import a vectors file as a table."),
+    "index": ("tables", "index_cmd", "Build a table's approximate nearest-neighbour index."),
+    "info": ("info", "info_cmd", "Describe a table: size, dtype, layout, keys."),
+    "log": ("versions", "log_cmd", "List a table's versions."),
+    "lookup": ("lookup", "lookup", "Batch job: vectors of every id in a file."),
+    "reindex": ("tables", "reindex_cmd", "Build a table's key index (or row norms) again."),
+    "repair": ("tables", "repair_cmd", "Finish or clear interrupted writes, then verify."),
+    "similar": ("tables", "similar_cmd", "Nearest rows by cosine similarity."),
+    "upgrade": ("tables", "upgrade_cmd", "Rewrite a format-1 table as format 2."),
+    "vacuum": ("versions", "vacuum_cmd", "Remove versions past the retention setting."),
+    "verify": ("tables", "verify_cmd", "Check every stored chunk's checksum."),
+}
 
 def _one_line(message: str) -> str:
     return " ".join(message.split("\n")) if "\n" in message else message
 
 
 class _Group(click.Group):
+    """The group: commands loaded by name on first use, errors shown as one line."""
+
+    def list_commands(self, ctx):
+        return sorted(set(self.commands) | set(COMMANDS))
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, name, _ = COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(f"{__name__}.{module}"), name))
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx, formatter):
+        """The list of commands, from the table (no command module is imported)."""
+        width = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        rows = [(name, COMMANDS[name][2] if name not in self.commands
+                 else self.commands[name].get_short_help_str(width))
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
     def invoke(self, ctx):
         # zarr-python decodes in asyncio tasks: when one fails, the others' failures are
         # logged at garbage collection ("Future exception was never retrieved"); the one
@@ -95,10 +133,3 @@ def main() -> None:
                 _quiet_exit()
         raise
 
-
-
-
-for _command in (import_cmd, export_cmd, info_cmd, verify_cmd, reindex_cmd, repair_cmd,
-                 upgrade_cmd, similar_cmd, index_cmd, lookup, copy_cmd, demo_cmd, log_cmd,
-                 compact_cmd, vacuum_cmd):
-    cli.add_command(_command)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Iterator
 
 import click
@@ -14,18 +13,6 @@ from ..progress import display as progress
 from ..store.place.objstore import is_url
 from ..store.remote.transfer import staged
 
-
-
-# The library names parameters (overwrite=True, oov='zero'); the CLI shows flags instead.
-_FLAGS = ("overwrite tensor vocab vocab_out format resume keys oov unicode_errors scheduler "
-          "encoding member column warm cache_bytes").split()
-_PARAM_RE = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|'[^']*')?")
-
-
-def flag_terms(message: str) -> str:
-    """``message`` with ``name=True``, ``name='value'`` and ``name=`` as flags."""
-    return _PARAM_RE.sub(lambda m: "--" + m[1].replace("_", "-") + (
-        f" {m[2][1:-1]}" if m[2] and m[2] != "True" else ""), message)
 
 
 def options(func):

@@ -258,6 +258,21 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
 _KEY_BREAK = re.compile(r"[ \t\n\r\x0b\x0c]")  # where gensim and the C tool end a key
 
 
+def _joined(keys: list[str], first_row: int) -> bytes:
+    """The keys as UTF-8, each followed by one space: checked on the bytes at once (a key
+    empty or holding whitespace shows as a whitespace byte other than the n separators,
+    or two of them side by side), then key by key for the message."""
+    joined = (" ".join(keys) + " ").encode("utf-8")
+    u8 = np.frombuffer(joined, np.uint8)
+    space = u8 == 0x20
+    if (int(np.count_nonzero(space)) == len(keys) and not space[0]
+            and not (space[1:] & space[:-1]).any()
+            and not ((u8 >= 0x09) & (u8 <= 0x0D)).any()):
+        return joined
+    _check_keys(keys, first_row)
+    return joined
+
+
 def _check_keys(keys: list[str], first_row: int) -> None:
     """Keys the readers would cut (whitespace) or lose (empty) raise naming the row."""
     if _KEY_BREAK.search("\x00".join(keys)) is None and "" not in keys:
@@ -279,14 +294,16 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
     n = table.vocab_size if limit is None else min(limit, table.vocab_size)
     dim = table.dim
     vb = 4 * dim
+    buf = np.empty(0, np.uint8)  # the records of a block, reused (grown as keys need)
     with open_output(path) as f:
         f.write(f"{n} {dim}\n".encode())
         for start in range(0, n, block_rows):
             stop = min(n, start + block_rows)
             data = np.ascontiguousarray(table[start:stop], dtype="<f4").view(np.uint8)
-            ks = list(keys[start:stop])
-            _check_keys(ks, start)
-            f.write(pack_rows((" ".join(ks) + " ").encode("utf-8"), data.reshape(-1, vb)).data)
+            joined = _joined(list(keys[start:stop]), start)
+            if buf.size < len(joined) + (stop - start) * (vb + 1):
+                buf = np.empty(2 * len(joined) + block_rows * (vb + 1), np.uint8)
+            f.write(pack_rows(joined, data.reshape(-1, vb), buf=buf).data)
             if progress is not None:
                 progress(stop - start)
     return n

@@ -119,16 +119,20 @@ def take_vectors(u8: np.ndarray, spaces: np.ndarray, vb: int, out: np.ndarray) -
     out[...] = _windows(u8, vb)[spaces + 1]  # (np.take would copy every window first)
 
 
-def pack_rows(keys: bytes, data: np.ndarray, newline: bool = True) -> np.ndarray:
+def pack_rows(keys: bytes, data: np.ndarray, newline: bool = True,
+              buf: np.ndarray | None = None) -> np.ndarray:
     """The records of ``keys`` (UTF-8, each followed by one space and holding none) and the
-    rows of ``data`` (uint8, (n, vb)): ``key b" " row`` (``b"\\n"``), as one uint8 array."""
+    rows of ``data`` (uint8, (n, vb)): ``key b" " row`` (``b"\\n"``), as one uint8 array
+    (the front of ``buf`` when it is large enough: a writer of many blocks reuses one, so
+    its pages are faulted in once, not once a block)."""
     n, vb = data.shape
     kb = np.frombuffer(keys, np.uint8)
     ends = np.flatnonzero(kb == SPACE)  # the space after each key
     if len(ends) != n:
         raise ValueError(f"expected {n} keys each followed by a space, got {len(ends)} spaces")
     tail = vb + bool(newline)
-    out = np.empty(len(kb) + n * tail, np.uint8)
+    size = len(kb) + n * tail
+    out = buf[:size] if buf is not None and buf.size >= size else np.empty(size, np.uint8)
     shift = np.arange(n, dtype=np.int64) * tail
     # byte j of key i lands at j + i * tail; the rows follow their key's space
     out[np.arange(len(kb), dtype=np.int64) + np.repeat(shift, np.diff(ends, prepend=-1))] = kb

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...errors import CorruptStoreError
-from ...fs.checksum import as_bytes_array, crc32c, value
+from ...fs.checksum import as_bytes_array, crc32c, mismatched, value
 from ...fs.files import open_regular, read_small
 from ..codecs import pool
 from ..place.base import Place
@@ -50,10 +50,11 @@ def bad_pages(raw: np.ndarray, base: int, qs: np.ndarray, end: int,
               stored: np.ndarray) -> np.ndarray:
     """The pages among ``qs`` (sorted, unique, below ``end``) of the chunk whose bytes start
     at ``raw[base]`` whose crc32c is not ``stored[q]``: whole groups of pages with one call
-    each (:mod:`.runs`), the others (and the pages of a group that fails) a call each."""
+    each (:mod:`.runs`), the others (and the pages of a group that fails) gathered a few
+    dozen a call (:func:`~embstore.fs.checksum.mismatched`)."""
     _, rest = check_groups(raw, base, qs, end, stored)
-    got = crcs_at(raw, base + rest * PAGE, base + end)
-    return rest[got != stored[rest]]
+    starts = base + rest * PAGE
+    return rest[mismatched(raw, starts, np.minimum(starts + PAGE, base + end), stored[rest])]
 
 
 def page_crcs(data, end: int, pages: int) -> np.ndarray:
@@ -227,7 +228,7 @@ class PageChecks:
         ks = pages // ppc
         cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
         for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, pages.size].tolist()):
-            k = int(ks[a])  # a loop per chunk (each page: one library call in crcs_at)
+            k = int(ks[a])  # a loop per chunk (its pages checked in groups)
             stored = self.crcs(k)
             end = self.ends.get(k, L.chunk_end(k))
             base = k * L.chunk_bytes

@@ -15,69 +15,20 @@ per page over 1 GB 245-318 ms; a call per 64-page group plus the combination 105
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
-from ...fs.checksum import value
+from ...fs.checksum import combine, value
 from .layout import PAGE
 
 __all__ = ["GROUP", "group_crcs", "check_groups"]
 
 GROUP = 64  # pages (256 KiB) checked with one call when all of them are asked for
-_POLY = 0x82F63B78  # crc32c (Castagnoli), reflected
-
-
-def _times(mat: list[int], vec: int) -> int:
-    """The GF(2) matrix ``mat`` (32 columns) applied to the 32-bit vector ``vec``."""
-    out, i = 0, 0
-    while vec:  # a loop per bit (tables are built once per length)
-        if vec & 1:
-            out ^= mat[i]
-        vec >>= 1
-        i += 1
-    return out
-
-
-def _square(mat: list[int]) -> list[int]:
-    return [_times(mat, mat[i]) for i in range(32)]
-
-
-@lru_cache(maxsize=None)
-def _zeros(nbytes: int) -> np.ndarray:
-    """``(4, 256)`` uint32 tables of ``Z(nbytes)``: ``Z(c)`` is the xor of
-    ``t[j][(c >> 8 j) & 255]`` over the four bytes ``j`` of ``c``."""
-    one_bit = [_POLY] + [1 << (i - 1) for i in range(1, 32)]  # one zero bit
-    op = _square(_square(_square(one_bit)))  # one zero byte
-    acc = [1 << i for i in range(32)]  # the identity
-    n = nbytes
-    while n:  # square-and-multiply over the bits of the length
-        if n & 1:
-            acc = [_times(op, acc[i]) for i in range(32)]
-        n >>= 1
-        if n:
-            op = _square(op)
-    cols = np.array(acc, dtype=np.uint64).reshape(4, 8)
-    v = np.arange(256, dtype=np.uint64)
-    bits = (v[None, :, None] >> np.arange(8, dtype=np.uint64)[None, None, :]) & np.uint64(1)
-    tables = np.bitwise_xor.reduce(bits * cols[:, None, :], axis=2)
-    return tables.astype(np.uint32)
-
-
-def _apply(tables: np.ndarray, c: np.ndarray) -> np.ndarray:
-    return (tables[0][c & 0xFF] ^ tables[1][(c >> 8) & 0xFF] ^ tables[2][(c >> 16) & 0xFF]
-            ^ tables[3][c >> 24])
 
 
 def group_crcs(crcs: np.ndarray) -> np.ndarray:
     """The crc32c of each group of ``GROUP`` full pages, from their pages' checksums
     (``(groups, GROUP)``, uint32)."""
-    c = np.ascontiguousarray(crcs, dtype=np.uint32)
-    span = PAGE
-    while c.shape[1] > 1:  # a loop per level of the tree (log2(GROUP))
-        c = _apply(_zeros(span), c[:, 0::2]) ^ c[:, 1::2]
-        span *= 2
-    return c[:, 0]
+    return combine(crcs, PAGE)
 
 
 def check_groups(raw: np.ndarray, base: int, qs: np.ndarray, end: int,
