@@ -116,7 +116,9 @@ class PagedSource(LayoutSource):
         cold = False
         if pages.size >= prefetch.MIN_PAGES:  # pages read for the first time: ask for all
             checks.prefetch(pages)  # (their checksums first)
-            self.cold_hint = True
+            # cold only if a sample of them is not in memory (pages this process never
+            # checked may well be in the page cache: a row cache admits rows by this)
+            self.cold_hint = prefetch.is_cold(r.base + pages * PAGE)
             # (asked for by a pool thread a slice at a time, each checked once asked for)
             prefetch.willneed_and(r.base + pages * PAGE, PAGE,
                                   lambda a, b: self._check_pages(pages[a:b], r, checks))
