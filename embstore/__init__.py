@@ -14,7 +14,7 @@ from .cache.rows import CacheInfo
 from .convert import ExportResult, ImportResult, export_table, import_file
 from .search.analogy import normalized
 from .search.ann import StaleIndexWarning, build_index
-from .errors import (ClosedTableError, CorruptStoreError, DestinationExistsError, EmbstoreError,
+from .errors import (ClosedTableError, ConflictError, CorruptStoreError, DestinationExistsError, EmbstoreError,
                      FormatError, IndexNotFoundError, InvalidIdError, InvalidOptionError, KeyNotFoundError,
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
                      ResourceLimitError, ResultTooLargeError, ShapeMismatchError,
@@ -36,7 +36,7 @@ __all__ = [
     "EmbstoreError", "InvalidIdError", "KeyNotFoundError", "CorruptStoreError",
     "ReadOnlyError", "FormatError", "NotATableError", "ShapeMismatchError", "DestinationExistsError",
     "LockTimeoutError", "MissingDependencyError", "ClosedTableError", "InvalidOptionError",
-    "ResultTooLargeError", "ResourceLimitError", "TableChangedError", "InvalidTypeError",
+    "ResultTooLargeError", "ResourceLimitError", "TableChangedError", "InvalidTypeError", "ConflictError",
     "build_index", "StaleIndexWarning", "IndexNotFoundError", "normalized",
 ]
 

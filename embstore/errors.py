@@ -242,3 +242,18 @@ class TableChangedError(EmbstoreError, RuntimeError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class ConflictError(EmbstoreError, RuntimeError):
+    """A commit to a table on object storage lost the race to another writer's commit that
+    changed some of the same rows (or appended some of the same keys): nothing of it was
+    committed.  ``path`` is the table, ``rows`` the overlapping row ids (a sorted int64
+    array; empty for a key conflict), ``keys`` the overlapping keys, ``version`` the
+    winner's version."""
+
+    def __init__(self, message: str, *, path=None, rows=None, keys=(), version=None):
+        super().__init__(message)
+        self.path, self.rows, self.keys, self.version = path, rows, list(keys), version
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

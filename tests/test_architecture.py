@@ -213,6 +213,9 @@ LONG_MODULES: dict[str, str] = {
                              "into one VerifyReport",
     "embstore.store.table": "ZarrTable: one class, a handle's reads, writes and the versions "
                             "they commit share its lock and its Version",
+    "embstore.store.place.objstore": "ObjectClient: one class, every request a table's "
+                                      "client makes (reads, uploads, conditional writes, "
+                                      "listings) through one error translation and counter",
     "embstore.store.versions.commit": "the commit protocol: one Transaction (staged files, the "
                                       "journal, the snapshot) and its recovery, repair and "
                                       "settle, which read the same journal",

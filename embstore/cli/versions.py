@@ -7,6 +7,8 @@ import time
 import click
 
 from ..store import open as open_table
+from ..store.objects.version import object_log
+from ..store.place.objstore import is_url
 from ..store.versions.retain import version_log
 from .common import TABLE, options, print_json, say
 
@@ -25,9 +27,13 @@ def log_cmd(path, as_json, quiet):
     """
     with open_table(path) as t:  # (the newest complete version, settled)
         newest = t.version
-    entries = version_log(path)
+    entries = object_log(path) if is_url(path) else version_log(path)
     if as_json:
         print_json({"path": str(path), "version": newest, "versions": entries})
+        return
+    if not entries and is_url(path):
+        say(f"{path}: no commits yet (version 0: the table as uploaded; `write`, `append` "
+            "and `compact` on it make versions)", quiet)
         return
     if not entries:
         say(f"{path}: no versions yet (a format-1 table: its first write, or `embstore "
@@ -69,17 +75,22 @@ def compact_cmd(path, as_json, quiet):
 @click.argument("path", type=TABLE)
 @click.option("--keep", type=click.IntRange(min=1), default=None, metavar="N",
               help="Keep the newest N versions (default: the table's retain_versions, 8).")
+@click.option("--cutoff", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Object storage: remove only objects older than this (default 3600), so "
+                   "commits in flight and their readers keep theirs.")
 @options
-def vacuum_cmd(path, keep, as_json, quiet):
+def vacuum_cmd(path, keep, cutoff, as_json, quiet):
     """Remove the versions of the table at PATH but the newest (--keep) and those that open
-    readers on this machine hold; their files go when no version uses them.
+    readers on this machine hold; their files go when no version uses them.  On object
+    storage (no leases) objects go only past the age --cutoff, and with them the leftovers
+    of commits that lost a conflict or were killed.
 
     \b
     Example:
       embstore vacuum news.emb --keep 2
     """
     with open_table(path, "r+") as t:
-        removed = t.vacuum(keep)
+        removed = t.vacuum(keep) if cutoff is None else t.vacuum(keep, cutoff)
     if as_json:
         print_json({"path": str(path), "removed": removed})
         return

@@ -34,7 +34,11 @@ from ..keys.mapped import read_array_meta
 from ..keys.segments import SegmentedVocab
 from .subword.ngrams import Subwords
 from .place.objstore import is_url
-from .remote.open import open_remote_ngrams, open_remote_source
+from .remote.open import open_remote_ngrams
+from .objects.manifest import DeltaCache
+from .objects.source import ObjectVersionSource
+from .objects.compact import compact_objects
+from .objects.version import commit_rows, object_vocab, open_version, vacuum_objects
 from .norms.source import NormsSource
 from ..table import Table
 from ..ids import refuse_existing
@@ -97,6 +101,7 @@ class ZarrTable(Table):
         self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
             os.fspath(path)).absolute()  # (a str for a URL, a Path on disk)
         self._seen_commit: str | None = None  # the last commit this handle knows of
+        self._deltas = DeltaCache()  # (object storage: the deltas this handle has read)
         self.mode = mode
         self.lock_timeout = lock_timeout  # seconds a write waits for another writer
         self._lock = threading.RLock()  # writers, vocab opening, refresh
@@ -124,11 +129,11 @@ class ZarrTable(Table):
         return parse_bytes(cache_bytes)
 
     def _load_meta(self) -> None:
-        if self._remote is not None:
-            attrs, source, objects = open_remote_source(self.path, self.mode, **self._remote)
-            self._v = Version(root=None, number=0, source=source, attrs=attrs,
-                              has_keys=bool(attrs.get("has_keys")), objects=objects)
-            self._seen_commit = None
+        if self._remote is not None:  # (one manifest, then immutable objects: §11a)
+            self._v = open_version(self.path, self._want_version, self._remote, self._deltas,
+                                   getattr(self, "_v", None))
+            self._seen_commit = self._v.commit
+            self.version = self._v.number
             return
         if self.path.is_dir():
             settle(self.path, self.lock_timeout)  # no commit half applied
@@ -193,7 +198,9 @@ class ZarrTable(Table):
                 **{k: v for k, v in self.layout.items() if k != "fast_path"},
                 "has_keys": self._has_keys, "nbytes": self.nbytes, "stored_bytes": stored,
                 "version": self._version,
-                "pending_rows": 0 if self._overlays is None else self._overlays.pending_rows,
+                "pending_rows": (self._source.pending_rows if isinstance(
+                    self._source, ObjectVersionSource) else 0 if self._overlays is None
+                    else self._overlays.pending_rows),
                 "saved_bytes": max(0, self.nbytes - stored),  # by compression; never < 0
                 **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
@@ -292,8 +299,8 @@ class ZarrTable(Table):
                     # writable: keys another tool wrote get their index stored, a write to
                     # the table: under the writer lock (unless this call holds it)
                     rows = v.source.shape[0]
-                    if self._remote is not None:
-                        vocab = v.objects.vocab(rows)
+                    if self._remote is not None:  # (with its key deltas)
+                        vocab = object_vocab(v, self._deltas)
                     else:
                         with (writer_lock(self.path, self.lock_timeout)
                               if self.writable and not self._in_write else nullcontext()):
@@ -333,7 +340,8 @@ class ZarrTable(Table):
         try:
             super().write(ids, vectors)
         except InvalidIdError:
-            if not self.writable or last_commit(self.path) == self._seen_commit:
+            if not self.writable or self._remote is not None or \
+                    last_commit(self.path) == self._seen_commit:
                 raise
             with self._lock:
                 self._reload()
@@ -343,6 +351,9 @@ class ZarrTable(Table):
         self._check_open()
         uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
         vals = vectors[::-1][last]
+        if self._remote is not None:
+            self._commit_objects("write", uniq, vals)
+            return
         with self._writing():
             txn = self._transaction({"kind": "write", "rows": int(uniq.size)})
             try:
@@ -356,6 +367,8 @@ class ZarrTable(Table):
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int:
         """Returns the id of the first new row (rows other writers appended come first)."""
+        if self._remote is not None:
+            return self._commit_objects("append", None, vectors, keys)
         with self._writing():
             n0, n = self.vocab_size, vectors.shape[0]
             if n == 0:
@@ -385,6 +398,20 @@ class ZarrTable(Table):
             self._cache.resize_for(n0 + n)
             self._after_version()
             return n0
+
+    def _commit_objects(self, kind: str, ids, values: np.ndarray, keys=None) -> int:
+        """A commit to the table on object storage (docs/FORMAT.md §11a): the handle moves
+        to the version it made (on top of the commits it rebased onto)."""
+        with self._lock:
+            self._check_open()
+            if values.shape[0] == 0:
+                return self.vocab_size
+            vocab = self._vocab() if keys is not None else None
+            v, first = commit_rows(self._v, kind, ids, values, keys, self._deltas, vocab)
+            self._v, self._seen_commit, self.version = v, v.commit, v.number
+            self._cache.resize_for(self.vocab_size)
+            self._cache.bind(self._source)  # (rows other writers committed: dropped too)
+            return first
 
     def _transaction(self, change: dict, *, clear_deltas: bool = False) -> Transaction:
         """A commit of this handle's table, described by ``change`` in its version's
@@ -473,20 +500,44 @@ class ZarrTable(Table):
     def compact(self) -> int:
         """Fold the rows written since the last compaction into the table's chunks: one
         commit, a new version without deltas (earlier versions keep theirs; no row of any
-        version changes).  Then every Zarr reader sees the newest rows.  Returns the version
-        this handle reads afterwards."""
+        version changes).  Then every Zarr reader sees the newest rows (on object storage:
+        a new base table in the commit area; Zarr readers of the URL keep the upload).
+        Returns the version this handle reads afterwards."""
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: compact needs the table opened with mode='r+'")
+        if self._remote is not None:
+            with self._lock:
+                for _ in range(3):  # (lost to a compaction or an append of keys: again)
+                    self._reload()  # the newest version
+                    vocab = self._vocab() if self._has_keys else None
+                    if compact_objects(self._v, self._deltas, self.path,
+                                       self._remote.get("storage_options"),
+                                       None if vocab is None else vocab.keys_between):
+                        break
+                self._reload()
+                return self._version
         with self._writing():
             v = self._compact_locked()
             vacuum(self.path)
             return v
 
-    def vacuum(self, keep: int | None = None) -> list[int]:
+    def vacuum(self, keep: int | None = None, cutoff: float | None = None) -> list[int]:
         """Remove the versions past the retention setting (``keep`` newest; versions open
-        readers hold are kept).  Returns the versions removed."""
+        readers hold are kept).  Returns the versions removed.  On object storage (no
+        leases) ``cutoff``: only objects older than that many seconds go (default 3,600),
+        so a commit in flight or a reader of a version just past ``keep`` keeps its own."""
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: vacuum needs the table opened with mode='r+'")
+        if self._remote is not None:
+            with self._lock:
+                src = self._source
+                assert isinstance(src, ObjectVersionSource)
+                setting = self._attrs.get("retain_versions")  # (the table's, as locally)
+                return vacuum_objects(src.client, keep if keep is not None or type(
+                    setting) is not int else setting, cutoff)
+        if cutoff is not None:
+            raise InvalidOptionError(f"cutoff={cutoff!r}: an option of tables on object "
+                                     "storage (local versions are held by readers' leases)")
         with self._writing():
             return vacuum(self.path, keep)
 

@@ -37,6 +37,7 @@ from .place.base import Place
 from .place.local import LocalDir
 from .place.objects import ObjectStore
 from .place.objstore import ObjectClient, is_url
+from .objects.check import check_versions
 from .remote.open import read_remote_meta
 from .remote.verify import downloaded
 from .annfiles import verify_index
@@ -215,11 +216,27 @@ def verify(path: PathLike, *, storage_options: dict | None = None) -> VerifyRepo
                 return report
             attrs, meta = opened
             _verify_all(place, root, attrs, meta, report)
+        if isinstance(place, ObjectStore):
+            _verify_object_versions(place, storage_options, report)
     finally:
         place.close()
     if report.unchecked:
         report.ok = False
     return report
+
+
+def _verify_object_versions(place: ObjectStore, storage_options: dict | None,
+                            report: VerifyReport) -> None:
+    """A table on object storage: every retained version's manifest and deltas, and the
+    compacted bases they read, each verified as a table (docs/FORMAT.md §11a)."""
+    versions, bases = check_versions(place.client, report.add)
+    report.arrays += [f"manifest {n}" for n in versions]  # (and their deltas)
+    for prefix in sorted(bases):  # a loop per compacted base: a table of its own
+        sub = verify(f"{place.url}/{prefix}", storage_options=storage_options)
+        report.damaged += sub.damaged
+        report.shards, report.chunks = report.shards + sub.shards, report.chunks + sub.chunks
+        report.unchecked += sub.unchecked
+        report.ok = report.ok and sub.ok
 
 
 def _place(path: PathLike, storage_options: dict | None) -> Place:

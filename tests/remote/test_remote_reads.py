@@ -43,7 +43,7 @@ def test_open_is_two_requests_whatever_the_size(s3, rng):
                       chunk_rows=8, shard_rows=64).close()
         s3.reset()
         with embstore.open(url) as t:
-            assert s3.total() == 2 and t.shape == (rows, 4)
+            assert s3.total() == 3 and t.shape == (rows, 4)  # a LIST, two zarr.json
 
 
 def test_batch_requests_one_index_per_shard_then_coalesced_ranges(table, s3, rng):
@@ -67,7 +67,7 @@ def test_no_coalescing_gives_a_request_per_run_of_chunks(table, s3):
     url, E = table
     ids = np.array([0, 1, 17, 100, 101, 600])  # chunks 0, 1, 6 (shard 0) and 37 (shard 1)
     with embstore.open(url, cache_bytes=0) as t:
-        t._source.ranged.gap = 0
+        t._source.base.ranged.gap = 0  # (the base table's source, below the deltas)
         np.testing.assert_array_equal(t[ids], E[ids])
         s3.reset()
         np.testing.assert_array_equal(t[ids], E[ids])
@@ -77,7 +77,7 @@ def test_no_coalescing_gives_a_request_per_run_of_chunks(table, s3):
 def test_max_request_bytes_splits_long_ranges(table, s3):
     url, E = table
     with embstore.open(url, cache_bytes=0) as t:
-        t._source.ranged.cap = 3 * (16 * 32 + 4)  # three chunks per request
+        t._source.base.ranged.cap = 3 * (16 * 32 + 4)  # three chunks per request
         ids = np.arange(0, 512)
         np.testing.assert_array_equal(t[ids], E[ids])
         s3.reset()
@@ -102,7 +102,7 @@ def test_disk_cache_serves_a_fresh_process_with_no_request(s3, rng, tmp_path, co
     """)
     s3.reset()
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-    assert s3.total() == 2  # the open (two zarr.json); no index, no chunk
+    assert s3.total() == 3  # the open (a LIST, two zarr.json); no index, no chunk
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), E[ids])
 
 
@@ -183,11 +183,11 @@ def test_absent_shard_reads_as_fill(table, s3):
 
 def test_remote_tables_are_read_only(table, s3, tmp_path):
     url, E = table
-    with pytest.raises(ReadOnlyError, match="open read-only"):
-        embstore.open(url, mode="r+")
+    with embstore.open(url) as t, pytest.raises(ReadOnlyError):
+        t.write([0], E[:1])  # (mode "r"; mode "r+" commits versions: test_s3_commits.py)
     with pytest.raises(ReadOnlyError, match="written whole"):
         embstore.create(f"s3://{s3.bucket}/new.emb", shape=(4, 2))
-    with embstore.open(url) as t, pytest.raises(ReadOnlyError, match="read-only"):
+    with embstore.open(url) as t, pytest.raises(ReadOnlyError, match="commits"):
         t._source.write(np.array([0]), E[:1], None)
     with pytest.raises(TypeError, match="storage_options"):
         embstore.open(tmp_path, storage_options={})
@@ -212,7 +212,7 @@ def test_keys_of_a_remote_table(s3, rng, tmp_path, cached):
         with embstore.open(url, **kw) as t:  # so only keys looked up above are asked again)
             assert t.ids_of(["nope", "東京"], missing=-1).tolist() == [-1, 299]
             assert t.ids_of(["w7"]).tolist() == [7]
-        assert s3.total() == 2  # the two zarr.json documents
+        assert s3.total() == 3  # the open: the versions' LIST, two zarr.json documents
 
 
 def test_one_line_errors(s3, monkeypatch):

@@ -41,6 +41,7 @@ from .proxy import Proxy
 
 __all__ = ["is_url", "ObjectClient", "RemoteError", "connect", "CONCURRENCY"]
 
+LIST_PAGE = 1000  # names per LIST request (S3's most)
 CONCURRENCY = 32  # requests in flight per table (S3 serves thousands per prefix)
 # A request (8 MiB at most; uploads go by multipart parts) that has not finished in
 # REQUEST_TIMEOUT fails; failed requests are retried while RETRY_TIMEOUT has not passed
@@ -306,6 +307,61 @@ class ObjectClient:
     def put(self, rel: str, data) -> None:
         """Store ``data`` (bytes or a local file path) at ``rel`` (multipart when large)."""
         self._call(rel, self._ob.put, data, max_concurrency=4, write=True)
+
+    def put_new(self, rel: str, data: bytes, write_id: str) -> str:
+        """Create ``rel`` only if no object has that name (``If-None-Match: *``), with
+        ``write_id`` in its ``write-id`` metadata: ``"created"``, ``"exists"`` (412: another
+        object, or this one whose first response was lost: read it back) or ``"retry"``
+        (409, 503, a transport error: it may or may not exist)."""
+        return self._conditional(rel, data, "create", write_id)
+
+    def put_if_match(self, rel: str, data: bytes, etag: str, write_id: str) -> str:
+        """Replace ``rel`` only if its ETag is ``etag`` (``If-Match``): as :meth:`put_new`,
+        ``"exists"`` meaning the ETag no longer matches."""
+        return self._conditional(rel, data, {"e_tag": etag}, write_id)
+
+    def _conditional(self, rel: str, data: bytes, mode, write_id: str) -> str:
+        if _forked():
+            raise RemoteError(f"{self.where(rel)}: commits on object storage need conditional "
+                              "writes, which a forked child cannot make (start writer processes "
+                              "with the 'spawn' or 'forkserver' method)", url=self.url)
+        with self._count_lock:
+            self.requests += 1
+        try:
+            self._ob.put(self._write_store(), self.key(rel), bytes(data), mode=mode,
+                         attributes={"write-id": write_id})
+            return "created"
+        except Exception as exc:  # noqa: BLE001 - obstore's error types, sorted below
+            name = type(exc).__name__
+            if name in ("AlreadyExistsError", "PreconditionError"):
+                return "exists"
+            if name in ("PermissionDeniedError", "UnauthenticatedError", "NotSupportedError"):
+                raise self._translate(exc, rel) from None
+            return "retry"  # 409 ConditionalRequestConflict, 503 SlowDown, lost responses
+
+    def list_after(self, rel: str, after: str | None = None, *,
+                   pages: int | None = None) -> list[tuple[str, int, float]]:
+        """``(path relative to the table, size, last-modified epoch seconds)`` of every
+        object under the folder ``rel`` whose name sorts after ``after`` (both relative to
+        the table), in name order: one request per 1,000 (``pages``: at most that many)."""
+        prefix = self.key(rel.rstrip("/")) + "/"
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        out = []
+        try:
+            for i, batch in enumerate(self._ob.list(
+                    self.store, prefix, chunk_size=LIST_PAGE,
+                    offset=None if after is None else self.key(after))):
+                with self._count_lock:
+                    self.requests += 1
+                out += [(m["path"][cut:], int(m["size"]), m["last_modified"].timestamp())
+                        for m in batch]
+                if pages is not None and i + 1 >= pages:
+                    break
+        except FileNotFoundError:
+            return out
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, rel) from None
+        return sorted(out)
 
     def delete(self, rels: list[str]) -> None:
         for part in range(0, len(rels), 1000):

@@ -40,9 +40,6 @@ def check_version(version, mode: str, remote: bool) -> int | None:
     if mode != "r":
         raise InvalidOptionError(f"version={version}: an earlier version is read only "
                                  "(open it with mode='r')")
-    if remote:
-        raise InvalidOptionError(f"version={version}: versions of tables on object storage "
-                                 "are not read yet (open a local copy)")
     return version
 
 

@@ -1,0 +1,191 @@
+"""A handle's version of a table on object storage, and the commits that make the next one
+(docs/FORMAT.md §11a): :func:`open_version`, :func:`commit_rows`, :func:`object_log`,
+:func:`vacuum_objects`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ...errors import CorruptStoreError, ReadOnlyError
+from ..place.objstore import ObjectClient
+from ..remote.open import open_remote_source
+from ..versions.retain import RETAIN_VERSIONS
+from ..versions.version import Version
+from .commit import Change, commit, put_data
+from ...ids import refuse_existing
+from ...keys.index import DiskVocab
+from ...keys.segments import SegmentedVocab
+from ..versions.keydelta import encoded_new_keys
+from .manifest import (AREA, HINT, DeltaCache, data_name, delta_bytes, initial, key_delta_bytes,
+                       key_entries, list_versions, manifest_name, need_manifest, new_write_id,
+                       newest_version)
+from .source import ObjectVersionSource
+
+__all__ = ["open_version", "commit_rows", "object_vocab", "object_log", "vacuum_objects", "VACUUM_CUTOFF"]
+
+#: objects younger than this (seconds) are never vacuumed: a commit in flight may need them
+VACUUM_CUTOFF = 3600.0
+
+
+def _check_base(doc: dict, attrs: dict, base, where: str) -> None:
+    b = doc["base"]
+    if (b["rows"] != base.shape[0] or doc["dim"] != base.shape[1]
+            or doc["dtype"] != base.dtype.name
+            or (b["prefix"] == "" and b.get("write_id") != attrs.get("write_id"))):
+        raise CorruptStoreError(f"{where}: version {doc['version']} was made on another table "
+                                f"than the one at its base {b['prefix'] or '(the URL)'} "
+                                f"({b['rows']} x {doc['dim']} {doc['dtype']}, write id "
+                                f"{b.get('write_id')}): the table was replaced under its "
+                                "versions", path=where)
+
+
+def open_version(url: str, want: int | None, remote: dict, deltas: DeltaCache,
+                 old: Version | None = None) -> Version:
+    """Version ``want`` (default the newest) of the table at ``url``: its manifest, then
+    only the immutable objects it names.  ``old``: the handle's current version (its base
+    and clients are reused when the base is the same)."""
+    prev = old.source if old is not None and isinstance(old.source, ObjectVersionSource) \
+        else None
+    client = prev.client if prev is not None else ObjectClient(url,
+                                                               remote.get("storage_options"))
+    try:
+        n = newest_version(client) if want is None else want
+        doc = None if n == 0 else need_manifest(client, n)
+        if prev is not None and doc is not None and doc["base"] == prev.doc["base"]:
+            assert old is not None
+            attrs, base, objects = old.attrs, prev.base, old.objects
+        else:
+            prefix = "" if doc is None else doc["base"]["prefix"]
+            attrs, base, objects = open_remote_source(f"{url}/{prefix}" if prefix else url,
+                                                      "r", **remote)
+        if doc is None:
+            doc = initial(attrs, base.shape[0], base.shape[1], base.dtype.name)
+        else:
+            _check_base(doc, attrs, base, client.where(manifest_name(n)))
+        deltas.load(client, doc["deltas"], base.shape[1], base.dtype)
+        ids, values = deltas.merged(doc, base.shape[1], base.dtype)
+    except BaseException:
+        if prev is None:
+            client.close()
+        raise
+    return _version(doc, ObjectVersionSource(base, doc, ids, values, client), attrs, objects)
+
+
+def _version(doc: dict, source: ObjectVersionSource, attrs: dict, objects: Any) -> Version:
+    return Version(root=None, number=doc["version"], source=source, attrs=attrs,
+                   has_keys=bool(attrs.get("has_keys")), objects=objects,
+                   commit=doc["write_id"], versioned=True)
+
+
+def _writable(src: ObjectVersionSource, kind: str, keys, vocab) -> None:
+    url = src.client.url
+    if src.storage_dtype != src.dtype.name:
+        raise ReadOnlyError(f"{url}: writes to {src.storage_dtype} tables on object storage are "
+                            "not supported yet (float16, float32 and float64 tables are)")
+    if keys is not None and not isinstance(vocab, (DiskVocab, SegmentedVocab)):
+        raise ReadOnlyError(f"{url}: appending keys needs embstore's key index (this table's "
+                            "keys were written by another tool)")
+
+
+def object_vocab(v: Version, deltas: DeltaCache):
+    """The key index of version ``v``: its base's, with the version's key deltas."""
+    src = v.source
+    assert isinstance(src, ObjectVersionSource)
+    base = v.objects.vocab(src.doc["base"]["rows"])
+    segs = [deltas.segment(src.client, e) for e in key_entries(src.doc)]
+    if base is None or not segs:
+        return base
+    if not isinstance(base, DiskVocab):
+        raise CorruptStoreError(f"{src.client.url}: key deltas on keys another tool wrote",
+                                path=src.client.url)
+    return SegmentedVocab(base, segs)
+
+
+def _key_entry(client, w: str, vocab, keys: list[str], n0: int) -> tuple[dict, Any]:
+    """Upload the key delta of an append of ``keys`` (checked new): its entry and the
+    encoded keys with their hashes (for conflict checks)."""
+    enc, h = encoded_new_keys(vocab, keys, n0)
+    refuse_existing(vocab.probe_hashed(enc, h), keys)
+    data = key_delta_bytes(enc, h)
+    name = data_name(w, "keys")
+    put_data(client, name, data)
+    return ({"object": name, "array": "keys", "kind": "append", "first_row": 0,
+             "rows": len(keys), "bytes": len(data)}, (enc, h))
+
+
+def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarray,
+                keys: list[str] | None, deltas: DeltaCache, vocab=None) -> tuple[Version, int]:
+    """Commit a ``write`` of rows ``ids`` (sorted, unique) or an ``append`` of ``values``
+    on version ``v``: one delta object, then the manifest (rebased on races).  Returns the
+    committed version and the first appended row (an append; else -1)."""
+    src = v.source
+    assert isinstance(src, ObjectVersionSource)
+    _writable(src, kind, keys, vocab)
+    values = np.ascontiguousarray(values, dtype=src.dtype)
+    n = int(values.shape[0])
+    rel = np.arange(n, dtype=np.int64) if kind == "append" else ids
+    assert rel is not None
+    w = new_write_id()
+    data = delta_bytes(rel, values)
+    name = data_name(w, "vectors")
+    entry: dict = {"object": name, "array": "vectors", "kind": kind, "first_row": 0,
+                   "rows": n, "bytes": len(data)}
+    client = src.client
+    put_data(client, name, data)  # a new name: no reader reads it before the commit
+    deltas.put(entry, rel, values)
+    dim, dt = src.shape[1], src.dtype
+    change = Change(kind, w, [entry], ids=ids if kind == "write" else None,
+                    appended=n if kind == "append" else 0,
+                    summary={"kind": kind, "rows": n, **({"keys": keys is not None}
+                                                          if kind == "append" else {})})
+    if keys is not None:
+        kentry, change.coded = _key_entry(client, w, vocab, keys, src.rows)
+        change.entries.append(kentry)
+        change.keys = keys
+    doc = commit(client, src.doc, change, lambda e: deltas.ids_of(client, e, dim, dt),
+                 lambda e: deltas.segment(client, e))
+    assert doc is not None  # (only a compaction may come back empty)
+    deltas.load(client, doc["deltas"], dim, dt)  # (the winners' it rebased onto)
+    ids_all, vals = deltas.merged(doc, dim, dt)
+    mine = next(e for e in doc["deltas"] if e["object"] == entry["object"])
+    new = _version(doc, ObjectVersionSource(src.base, doc, ids_all, vals, client), v.attrs,
+                   v.objects)
+    return new, mine["first_row"] if kind == "append" else -1
+
+
+def object_log(url: str, storage_options: dict | None = None) -> list[dict]:
+    """One entry per retained version, oldest first, as the local log's: ``version``,
+    ``time``, ``rows``, ``change``, ``deltas``."""
+    client = ObjectClient(url, storage_options)
+    try:
+        nums = [n for n, _, _ in list_versions(client)]
+        docs = client.map(lambda n: need_manifest(client, n), nums)
+        return [{"version": d["version"], "time": d["time"], "rows": d["rows"],
+                 "change": d["change"], "deltas": len(d["deltas"]),
+                 "write_id": d["write_id"]} for d in docs]
+    finally:
+        client.close()
+
+
+def vacuum_objects(client: ObjectClient, keep: int | None = None,
+                   cutoff: float | None = None, now: float | None = None) -> list[int]:
+    """Delete what no retained version needs (the newest ``keep`` manifests, default 8)
+    and is older than ``cutoff`` seconds (default ``VACUUM_CUTOFF``): manifests of other
+    versions, deltas and bases of commits that lost or were killed.  Returns the versions
+    removed.  Nothing outside the commit area is touched."""
+    keep = RETAIN_VERSIONS if keep is None else max(1, int(keep))
+    cut = (time.time() if now is None else now) - (VACUUM_CUTOFF if cutoff is None else cutoff)
+    found = list_versions(client)
+    kept = [n for n, _, _ in found][-keep:]
+    docs = client.map(lambda n: need_manifest(client, n), kept)
+    needed = {manifest_name(n) for n in kept} | {HINT}
+    needed |= {e["object"] for d in docs for e in d["deltas"]}
+    bases = tuple({d["base"]["prefix"] + "/" for d in docs if d["base"]["prefix"]})
+    doomed = [rel for rel, _, mtime in client.list_after(AREA)
+              if mtime < cut and rel not in needed and not rel.startswith(bases)]
+    client.delete(doomed)
+    gone = set(doomed)
+    return [n for n, _, _ in found if manifest_name(n) in gone]
