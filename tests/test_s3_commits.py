@@ -356,3 +356,28 @@ def test_the_client_makes_conditional_writes_and_lists_after_a_name(s3):
             "a/v1", "a/v2", "a/v3", "a/x"]
     finally:
         client.close()
+
+
+def test_verify_names_a_damaged_delta_and_the_open_refuses_it(s3, rng):
+    url, E = _table(s3, rng)
+    with embstore.open(url, mode="r+") as t:
+        t.write([1, 2], np.ones((2, 8), np.float32))
+        t.compact()
+        t.write([3], np.ones((1, 8), np.float32))
+    report = embstore.verify(url)
+    assert report.ok and "manifest 3" in report.arrays
+    (key,) = [k for k in _objects(s3, f"t.emb/{AREA}data/") if k.endswith(".vectors")
+              and k in {f"t.emb/{e['object']}" for e in
+                        embstore.open(url)._source.doc["deltas"]}]
+    c = s3.client()
+    body = bytearray(c.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    body[-10] ^= 1
+    c.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
+    report = embstore.verify(url)
+    assert not report.ok
+    assert [d.message for d in report.damaged] == [
+        f"s3://{s3.bucket}/{key}: crc32c mismatch: the delta is damaged"]
+    with pytest.raises(embstore.CorruptStoreError, match="crc32c mismatch: the delta is damaged"):
+        embstore.open(url)
+    with embstore.open(url, version=2) as r:  # the compacted version needs no delta
+        np.testing.assert_array_equal(r[[1, 3]], np.stack([np.ones(8, np.float32), E[3]]))

@@ -37,9 +37,9 @@ from .place.base import Place
 from .place.local import LocalDir
 from .place.objects import ObjectStore
 from .place.objstore import ObjectClient, is_url
+from .objects.check import check_versions
 from .remote.open import read_remote_meta
 from .remote.verify import downloaded
-from .objects.check import check_versions
 from .annfiles import verify_index
 from ..fs.files import real_dir
 from .versions.commit import AREA, last_commit, settle
@@ -210,9 +210,14 @@ def verify(path: PathLike, *, storage_options: dict | None = None) -> VerifyRepo
     place = _place(path, storage_options)
     try:
         report = VerifyReport(place.url)
-        _verify_place(place, report)
+        with _tree(place, report) as root:
+            opened = _open_table(place, report)
+            if opened is None:
+                return report
+            attrs, meta = opened
+            _verify_all(place, root, attrs, meta, report)
         if isinstance(place, ObjectStore):
-            _verify_commits(place, storage_options, report)
+            _verify_object_versions(place, storage_options, report)
     finally:
         place.close()
     if report.unchecked:
@@ -220,27 +225,18 @@ def verify(path: PathLike, *, storage_options: dict | None = None) -> VerifyRepo
     return report
 
 
-def _verify_place(place: Place, report: VerifyReport) -> None:
-    with _tree(place, report) as root:
-        opened = _open_table(place, report)
-        if opened is not None:
-            _verify_all(place, root, opened[0], opened[1], report)
-
-
-def _verify_commits(place: ObjectStore, storage_options: dict | None,
-                    report: VerifyReport) -> None:
-    """A table on object storage: every retained manifest and its deltas (docs/FORMAT.md
-    §11a), then the compacted base tables retained versions read, as tables."""
+def _verify_object_versions(place: ObjectStore, storage_options: dict | None,
+                            report: VerifyReport) -> None:
+    """A table on object storage: every retained version's manifest and deltas, and the
+    compacted bases they read, each verified as a table (docs/FORMAT.md §11a)."""
     versions, bases = check_versions(place.client, report.add)
     report.arrays += [f"manifest {n}" for n in versions]  # (and their deltas)
-    for prefix in sorted(bases):
-        base = ObjectStore(ObjectClient(f"{place.url}/{prefix}", storage_options))
-        try:
-            _verify_place(base, report)
-        except (FormatError, CorruptStoreError, NotATableError) as exc:
-            report.add(base.url, None, str(exc))
-        finally:
-            base.close()
+    for prefix in sorted(bases):  # a loop per compacted base: a table of its own
+        sub = verify(f"{place.url}/{prefix}", storage_options=storage_options)
+        report.damaged += sub.damaged
+        report.shards, report.chunks = report.shards + sub.shards, report.chunks + sub.chunks
+        report.unchecked += sub.unchecked
+        report.ok = report.ok and sub.ok
 
 
 def _place(path: PathLike, storage_options: dict | None) -> Place:

@@ -67,7 +67,7 @@ def test_no_coalescing_gives_a_request_per_run_of_chunks(table, s3):
     url, E = table
     ids = np.array([0, 1, 17, 100, 101, 600])  # chunks 0, 1, 6 (shard 0) and 37 (shard 1)
     with embstore.open(url, cache_bytes=0) as t:
-        t._v.source.base.ranged.gap = 0  # (the base table's source, below the deltas)
+        t._source.base.ranged.gap = 0  # (the base table's source, below the deltas)
         np.testing.assert_array_equal(t[ids], E[ids])
         s3.reset()
         np.testing.assert_array_equal(t[ids], E[ids])
@@ -77,7 +77,7 @@ def test_no_coalescing_gives_a_request_per_run_of_chunks(table, s3):
 def test_max_request_bytes_splits_long_ranges(table, s3):
     url, E = table
     with embstore.open(url, cache_bytes=0) as t:
-        t._v.source.base.ranged.cap = 3 * (16 * 32 + 4)  # three chunks per request
+        t._source.base.ranged.cap = 3 * (16 * 32 + 4)  # three chunks per request
         ids = np.arange(0, 512)
         np.testing.assert_array_equal(t[ids], E[ids])
         s3.reset()
@@ -188,7 +188,7 @@ def test_remote_tables_are_read_only(table, s3, tmp_path):
     with pytest.raises(ReadOnlyError, match="written whole"):
         embstore.create(f"s3://{s3.bucket}/new.emb", shape=(4, 2))
     with embstore.open(url) as t, pytest.raises(ReadOnlyError, match="commits"):
-        t._source.write(np.array([0]), E[:1])
+        t._source.write(np.array([0]), E[:1], None)
     with pytest.raises(TypeError, match="storage_options"):
         embstore.open(tmp_path, storage_options={})
 
