@@ -179,6 +179,10 @@ class OverlaySource(RowSource):
         self.inner, self.name = inner, name
         self.ids, self.values = ids, values
         self.cheap_reads = inner.cheap_reads
+        #: how a write of this commit treats the pending rows (set by the table for one
+        #: commit): None, a delta file of its own; ``"delta"``/``"chunks"``: see write
+        self.combine: str | None = None
+        self._combined: Transaction | None = None  # the commit a write folded into
         if ids.size and ids[-1] >= inner.shape[0]:
             raise CorruptStoreError(f"deltas of {name}: row {int(ids[-1])} past the "
                                     f"{inner.shape[0]} rows of the version")
@@ -230,12 +234,30 @@ class OverlaySource(RowSource):
         return out
 
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        write_delta(txn.delta(self.name), self.name, ids, values)
+        """A write's rows (stored values): a new delta file, or, when the table's commit
+        folds the pending rows in (``combine``: ``"delta"`` or ``"chunks"``), the pending
+        rows and these merged (newest wins) into one delta file or into the chunks."""
+        if self.combine is None:
+            write_delta(txn.delta(self.name), self.name, ids, values)
+            return
+        cols = self.values.shape[1] if self.values.ndim == 2 else 1
+        ids, values = merge([(self.ids, self.values.reshape(self.ids.size, cols)),
+                             (ids, values.reshape(ids.size, cols))], cols, self.values.dtype)
+        self._combined = txn
+        self._put(self.combine, ids, values, txn)
 
-    def fold(self, txn: Transaction) -> None:
-        """Compaction: the deltas' rows written into the array's chunks (``inner.write``)."""
-        if self.ids.size:
-            self.inner.write(self.ids, self.values.reshape(self.ids.size, -1), txn)
+    def _put(self, how: str, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        if how == "delta":
+            write_delta(txn.delta(self.name), self.name, ids, values)
+        elif ids.size:
+            self.inner.write(ids, values.reshape(ids.size, -1), txn)
+
+    def fold(self, txn: Transaction, how: str = "chunks") -> None:
+        """The pending rows of a commit that drops the version's deltas (a compaction, or a
+        write that folds them in and did not touch this array): written into the array's
+        chunks (``inner.write``), or (``how="delta"``) as one delta file."""
+        if self.ids.size and self._combined is not txn:
+            self._put(how, self.ids, self.values, txn)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
         self.inner.append(values, txn)
