@@ -21,9 +21,11 @@ Compaction (:func:`embstore.store.versions.compact`) folds them into the chunks.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,11 +65,14 @@ def write_framed(path: Path, magic: bytes, header: dict, parts: list[bytes], *,
     return sum(len(p) for p in parts) + 4
 
 
-def read_framed(path: Path, magic: bytes, what: str, body_size) -> tuple[dict, bytes, int]:
+def read_framed(path: Path, magic: bytes, what: str, body_size, *,
+                mapped: bool = False) -> tuple[dict, Any, int]:
     """``(header, data, start)`` of a file written by :func:`write_framed`: the magic, the
     header (``body_size(header)``: the bytes after it it announces, checked against the
     file's size before the rest is read) and the crc32c checked; :class:`CorruptStoreError`
-    naming the file (``what``: "delta", "key delta")."""
+    naming the file (``what``: "delta", "key delta").  ``mapped``: ``data`` is a read-only
+    memory map of the file (its pages are the page cache's, not the process's: a trainer's
+    deltas do not count against its memory), else bytes."""
     def bad(why: str) -> CorruptStoreError:
         return CorruptStoreError(f"{path}: {why}: the {what} is damaged", path=str(path))
     try:
@@ -92,8 +97,11 @@ def read_framed(path: Path, magic: bytes, what: str, body_size) -> tuple[dict, b
         start = 12 + hlen + (-(12 + hlen) % 8)
         if start + body + 4 != size:
             raise bad(f"{size} bytes, the header says {start + body + 4}")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
+        if mapped:
+            data: Any = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        else:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
     finally:
         os.close(fd)
     if len(data) != size:
@@ -125,7 +133,7 @@ def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray,
         if dt.hasobject or c < 1 or n < 0 or (limit_rows is not None and n > limit_rows):
             raise ValueError(f"{n} rows of {c} x {dt}")
         return n * 8 + n * c * dt.itemsize
-    h, data, start = read_framed(path, MAGIC, "delta", body)
+    h, data, start = read_framed(path, MAGIC, "delta", body, mapped=True)
     n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
     ids = np.frombuffer(data, dtype="<i8", count=n, offset=start).astype(np.int64)
     values = np.frombuffer(data, dtype=dt, count=n * c, offset=start + n * 8).reshape(n, c)
@@ -175,14 +183,31 @@ class OverlaySource(RowSource):
     """The row array ``inner`` with the rows of its version's deltas on top; a ``write``
     stages a new delta instead of rewriting chunks."""
 
-    def __init__(self, inner: RowSource, name: str, ids: np.ndarray, values: np.ndarray):
+    def __init__(self, inner: RowSource, name: str,
+                 parts: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype):
         self.inner, self.name = inner, name
-        self.ids, self.values = ids, values
+        self._cols, self._dtype = cols, np.dtype(dtype)
+        # the delta files' values stay where they are (memory maps); one sorted array of
+        # the pending ids and, with more than one file, where each one's newest row is:
+        # (file << 40) | position in it
+        self._parts = [p[1].reshape(p[0].size, cols) for p in parts]
+        self._ptr: np.ndarray | None = None
+        if len(parts) == 1:
+            self.ids = parts[0][0]
+        elif parts:
+            ids = np.concatenate([p[0] for p in parts])
+            ptr = np.concatenate([(np.int64(k) << np.int64(40)) + np.arange(p[0].size)
+                                  for k, p in enumerate(parts)])  # (a loop per file)
+            self.ids, last = np.unique(ids[::-1], return_index=True)  # newest wins
+            self._ptr = ptr[::-1][last]
+        else:
+            self.ids = np.empty(0, np.int64)
         self.cheap_reads = inner.cheap_reads
         #: how a write of this commit treats the pending rows (set by the table for one
         #: commit): None, a delta file of its own; ``"delta"``/``"chunks"``: see write
         self.combine: str | None = None
         self._combined: Transaction | None = None  # the commit a write folded into
+        ids = self.ids
         if ids.size and ids[-1] >= inner.shape[0]:
             raise CorruptStoreError(f"deltas of {name}: row {int(ids[-1])} past the "
                                     f"{inner.shape[0]} rows of the version")
@@ -203,6 +228,28 @@ class OverlaySource(RowSource):
     def reads_cold(self) -> bool:
         return self.inner.reads_cold()
 
+    @property
+    def values(self) -> np.ndarray:
+        """The pending rows (of :attr:`ids`), in memory (compactions and merges)."""
+        return self._rows(np.arange(self.ids.size))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ids.size) * (8 + self._cols * self._dtype.itemsize)
+
+    def _rows(self, pos: np.ndarray) -> np.ndarray:
+        """Rows at positions ``pos`` of :attr:`ids`, gathered from the delta files."""
+        if self._ptr is None:
+            return (self._parts[0][pos] if self._parts else
+                    np.empty((0, self._cols), self._dtype))
+        ptr = self._ptr[pos]
+        part, at = ptr >> np.int64(40), ptr & np.int64((1 << 40) - 1)
+        out = np.empty((pos.size, self._cols), self._dtype)
+        for k in np.unique(part).tolist():  # a loop per delta file (at most 32)
+            m = part == k
+            out[m] = self._parts[k][at[m]]
+        return out
+
     def _over(self, ids: np.ndarray, out: np.ndarray) -> None:
         d = self.ids
         if not d.size or not ids.size:
@@ -210,7 +257,7 @@ class OverlaySource(RowSource):
         hit = np.flatnonzero((self._bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1)
         if hit.size:
             pos = np.searchsorted(d, ids[hit])
-            out[hit] = self.values[pos].reshape(-1, out.shape[1])
+            out[hit] = self._rows(pos).reshape(-1, out.shape[1])
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self.inner.gather(ids, out)
@@ -230,7 +277,8 @@ class OverlaySource(RowSource):
         if hi > lo:
             if not out.flags.writeable:
                 out = out.copy()
-            out[self.ids[lo:hi] - start] = self.values[lo:hi].reshape(-1, out.shape[1])
+            out[self.ids[lo:hi] - start] = self._rows(np.arange(lo, hi)).reshape(
+                -1, out.shape[1])
         return out
 
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
@@ -240,9 +288,9 @@ class OverlaySource(RowSource):
         if self.combine is None:
             write_delta(txn.delta(self.name), self.name, ids, values)
             return
-        cols = self.values.shape[1] if self.values.ndim == 2 else 1
-        ids, values = merge([(self.ids, self.values.reshape(self.ids.size, cols)),
-                             (ids, values.reshape(ids.size, cols))], cols, self.values.dtype)
+        cols = self._cols
+        ids, values = merge([(self.ids, self.values), (ids, values.reshape(ids.size, cols))],
+                            cols, self._dtype)
         self._combined = txn
         self._put(self.combine, ids, values, txn)
 
@@ -288,8 +336,7 @@ class Overlays:
         cols, dt = src.shape[1], src.dtype
         parts = [read_delta(self.snap / DELTAS / e["name"], name, cols, dt, src.shape[0])
                  for e in mine]
-        ids, values = merge(parts, cols, dt)
-        ov = OverlaySource(src, name, ids, values)
+        ov = OverlaySource(src, name, parts, cols, dt)
         self.made.append(ov)
         return ov
 
@@ -300,4 +347,4 @@ class Overlays:
 
     @property
     def pending_bytes(self) -> int:
-        return sum(int(o.values.nbytes + o.ids.nbytes) for o in self.made)
+        return sum(o.nbytes for o in self.made)
