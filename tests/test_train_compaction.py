@@ -131,3 +131,26 @@ def test_a_trainers_write_backs_defer_compaction_to_the_checkpoint(path):
         np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
     with embstore.open(path.parent / "small", "r+") as t:
         assert t.compaction == "auto"  # (the handle the trainer had, as it was)
+
+
+@pytest.mark.parametrize("layout", [{"chunk_rows": 1000}, {"shard_rows": 4096}],
+                         ids=["chunks", "shards"])
+def test_a_fold_past_one_block_rewrites_every_row_right(tmp_path, layout):
+    """Pending rows are folded a block of whole chunks (or shards) at a time: more than one
+    block, the pending rows and the write's own, newest wins."""
+    import zarr
+    rng = np.random.default_rng(6)
+    n = 300_000
+    w = rng.standard_normal((n, 4)).astype(np.float32)
+    path = tmp_path / "t"
+    embstore.save(path, w, **layout).close()
+    expect = w.copy()
+    with embstore.open(path, "r+") as t:
+        for size in (12_000, 70_000):  # (3%: deltas; then past 5%: folded, 2 blocks)
+            ids = np.sort(rng.choice(n, size=size, replace=False))
+            expect[ids] = rng.standard_normal((size, 4)).astype(np.float32)
+            t.write(ids, expect[ids])
+        assert t.info()["pending_rows"] == 0
+    np.testing.assert_array_equal(zarr.open_group(str(path), mode="r")["vectors"][:], expect)
+    assert _log(path)[-1]["change"]["folded"] == "chunks"
+    assert embstore.verify(path).ok

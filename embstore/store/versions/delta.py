@@ -20,10 +20,12 @@ Compaction (:func:`embstore.store.versions.compact`) folds them into the chunks.
 
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,26 +45,25 @@ MAGIC = b"EMBDELTA"
 MAX_HEADER = 1 << 16
 
 
-def write_framed(path: Path, magic: bytes, header: dict, parts: list[bytes], *,
+def write_framed(path: Path, magic: bytes, header: dict, parts: Iterable[Any], *,
                  fsync: bool = True) -> int:
     """Write (and fsync, unless the caller does) the new file ``path``: ``magic`` (8
-    bytes), the JSON ``header`` with its length, zero padding to 8, ``parts``, then the
-    crc32c of all of it; returns its size (the frame of delta files and key delta files)."""
+    bytes), the JSON ``header`` with its length, zero padding to 8, ``parts`` (buffers,
+    possibly made one at a time), then the crc32c of all of it; returns its size (the
+    frame of delta files and key delta files)."""
     head = json.dumps(header).encode()
     head = magic + struct.pack("<I", len(head)) + head
-    parts = [head + b"\0" * (-len(head) % 8), *parts]
-    crc = 0
-    for p in parts:
-        crc = crc32c(p, crc)
+    crc, size = 0, 0
     fd = create_new(path)
     with os.fdopen(fd, "wb") as f:
-        for p in parts:
-            f.write(p)
+        for p in itertools.chain([head + b"\0" * (-len(head) % 8)], parts):  # per part
+            crc = crc32c(p, crc)
+            size += f.write(p)
         f.write(struct.pack("<I", crc))
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    return sum(len(p) for p in parts) + 4
+    return size + 4
 
 
 def read_framed(path: Path, magic: bytes, what: str, body_size, *,
@@ -112,17 +113,22 @@ def read_framed(path: Path, magic: bytes, what: str, body_size, *,
     return h, data, start
 
 
-def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray) -> int:
+def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray | None, *,
+                blocks: Iterable[np.ndarray] = (), cols: int = 0, dtype=None) -> int:
     """Write (and fsync) the delta file ``path`` of rows ``ids`` (sorted, unique) of
-    ``array``; returns its size."""
-    values = np.ascontiguousarray(values)
-    if values.ndim == 1:
-        values = values[:, None]
-    dt = values.dtype.newbyteorder("<")
+    ``array``: ``values``, or (None) the row blocks ``blocks`` in order (``cols`` values
+    of ``dtype`` each: a delta larger than memory); returns its size."""
+    if values is not None:
+        values = np.ascontiguousarray(values)
+        if values.ndim == 1:
+            values = values[:, None]
+        blocks, cols, dtype = [values], values.shape[1], values.dtype
+    dt = np.dtype(dtype).newbyteorder("<")
     return write_framed(path, MAGIC, {"array": array, "rows": int(ids.size),
-                                      "cols": int(values.shape[1]), "dtype": dt.str},
-                        [np.ascontiguousarray(ids, dtype="<i8").tobytes(),
-                         values.astype(dt, copy=False).tobytes()])
+                                      "cols": int(cols), "dtype": dt.str},
+                        itertools.chain([np.ascontiguousarray(ids, dtype="<i8").tobytes()],
+                                        (np.ascontiguousarray(b, dtype=dt).reshape(-1)
+                                         .view(np.uint8) for b in blocks)))
 
 
 def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -163,20 +169,6 @@ def read_delta(path: Path, array: str, cols: int, dtype: np.dtype,
         raise CorruptStoreError(f"{path}: row {int(ids[-1])} past the {limit_rows} rows of "
                                 "the version: the delta is damaged", path=str(path))
     return ids, values.astype(np.dtype(dtype), copy=False)
-
-
-def merge(parts: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype) -> tuple[
-        np.ndarray, np.ndarray]:
-    """One sorted ``(ids, values)`` of deltas given oldest first (the newest row of an id
-    wins)."""
-    if not parts:
-        return np.empty(0, np.int64), np.empty((0, cols), dtype)
-    if len(parts) == 1:
-        return parts[0]
-    ids = np.concatenate([p[0] for p in parts])
-    vals = np.concatenate([p[1] for p in parts])
-    uniq, last = np.unique(ids[::-1], return_index=True)  # the last (newest) occurrence wins
-    return uniq, vals[::-1][last]
 
 
 class OverlaySource(RowSource):
@@ -288,24 +280,57 @@ class OverlaySource(RowSource):
         if self.combine is None:
             write_delta(txn.delta(self.name), self.name, ids, values)
             return
-        cols = self._cols
-        ids, values = merge([(self.ids, self.values), (ids, values.reshape(ids.size, cols))],
-                            cols, self._dtype)
         self._combined = txn
-        self._put(self.combine, ids, values, txn)
+        self._put(self.combine, ids, values.reshape(ids.size, self._cols), txn)
 
-    def _put(self, how: str, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+    def _put(self, how: str, new_ids: np.ndarray, new_values: np.ndarray,
+             txn: Transaction) -> None:
+        """The pending rows and ``new_*`` (newest wins) as one delta file, or into the
+        chunks, a block of rows at a time (blocks of whole shards or chunks: never all of
+        the pending rows in memory at once)."""
+        ids = np.union1d(self.ids, new_ids) if new_ids.size else self.ids
+        cuts = self._cuts(ids)
+        blocks = (self._merged(ids[a:b], new_ids, new_values)
+                  for a, b in zip(cuts[:-1], cuts[1:]))
         if how == "delta":
-            write_delta(txn.delta(self.name), self.name, ids, values)
-        elif ids.size:
-            self.inner.write(ids, values.reshape(ids.size, -1), txn)
+            write_delta(txn.delta(self.name), self.name, ids, None, blocks=blocks,
+                        cols=self._cols, dtype=self._dtype)
+            return
+        for (a, b), vals in zip(zip(cuts[:-1], cuts[1:]), blocks):  # a loop per block
+            self.inner.write(ids[a:b], vals, txn)
+
+    def _cuts(self, ids: np.ndarray, block: int = 1 << 16) -> list[int]:
+        """Block bounds over ``ids``: about ``block`` rows each, cut only where a shard
+        (or a chunk) of the layout begins, so that each block rewrites whole units."""
+        lay = self.inner.layout
+        unit = int(lay.get("shard_rows") or lay.get("chunk_rows") or 0)
+        if not unit or ids.size <= block:
+            return [0, int(ids.size)]
+        firsts = ids[::block] // unit * unit  # (the first row of the unit of every block-th)
+        starts = np.unique(np.searchsorted(ids, firsts))
+        return sorted({0, *starts.tolist(), int(ids.size)})
+
+    def _merged(self, ids: np.ndarray, new_ids: np.ndarray,
+                new_values: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (sorted): from ``new_*`` where it has them, else the pending."""
+        out = np.empty((ids.size, self._cols), self._dtype)
+        fresh = np.zeros(ids.size, bool)
+        if new_ids.size:
+            pos = np.minimum(np.searchsorted(new_ids, ids), new_ids.size - 1)
+            fresh = new_ids[pos] == ids
+            out[fresh] = new_values[pos[fresh]]
+        old = np.flatnonzero(~fresh)
+        if old.size:
+            out[old] = self._rows(np.searchsorted(self.ids, ids[old]))
+        return out
 
     def fold(self, txn: Transaction, how: str = "chunks") -> None:
         """The pending rows of a commit that drops the version's deltas (a compaction, or a
         write that folds them in and did not touch this array): written into the array's
         chunks (``inner.write``), or (``how="delta"``) as one delta file."""
         if self.ids.size and self._combined is not txn:
-            self._put(how, self.ids, self.values, txn)
+            self._put(how, np.empty(0, np.int64), np.empty((0, self._cols), self._dtype),
+                      txn)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
         self.inner.append(values, txn)
