@@ -51,8 +51,9 @@ _log = logging.getLogger("embstore")
 DEFAULT_CACHE = "256MiB"  # the row cache of tables whose reads are not cheap
 #: a write leaving more rows than this share of the table in deltas compacts them (or
 #: more bytes than COMPACT_BYTES), in its own commit: lookups overlay deltas; every reader
-#: holds them in memory.  A handle whose ``compaction`` is "deferred" (a trainer's) folds
-#: only past COMPACT_BYTES, or when told (``compact_if_due()``, ``compact()``).
+#: holds 16 bytes a pending row (the rows stay in the mapped delta files).  A handle whose
+#: ``compaction`` is "deferred" (a trainer's) only merges delta files (MAX_DELTA_FILES):
+#: it folds when told (``compact_if_due()``, ``compact()``).
 COMPACT_FRACTION = 0.05
 COMPACT_BYTES = 128 << 20
 #: more delta files than this in a version (many small writes) are merged into one per array
@@ -106,8 +107,8 @@ class ZarrTable(Table):
         self._closed = False
         self._in_write = False  # this handle holds the writer lock (inside _writing)
         #: when a write folds the deltas into the chunks (in its own commit): "auto" past
-        #: COMPACT_FRACTION or COMPACT_BYTES; "deferred" (a trainer's write-backs) past
-        #: COMPACT_BYTES only
+        #: COMPACT_FRACTION or COMPACT_BYTES; "deferred" (a trainer's write-backs) never
+        #: (delta files are merged past MAX_DELTA_FILES)
         self.compaction = "auto"
         root = None if self._remote is not None else Path(self.path)
         if mode == "r+" and root is not None and root.is_dir():
@@ -448,7 +449,7 @@ class ZarrTable(Table):
             return None
         n = max(1, self.vocab_size + appended)
         pending = ov.pending_rows + rows
-        too_big = self._past_threshold(rows, n, self.compaction != "deferred")
+        too_big = self.compaction != "deferred" and self._past_threshold(rows, n, True)
         entries = key_entries(ov)
         if keys and (len(entries) + 1 > MAX_KEY_DELTAS
                      or self._pending_keys() + keys > KEYS_FRACTION * n):

@@ -235,10 +235,10 @@ class TrainStore:
         return [h for h in (self.table, self.state) if h is not None]
 
     def _defer(self) -> None:
-        """Write-backs between checkpoints fold the deltas into the chunks only past
-        COMPACT_BYTES (the memory every reader holds them in), never at the 5% fraction:
-        a trainer's evictions scatter over every chunk, and compacting them would rewrite
-        the table again and again."""
+        """Write-backs between checkpoints never fold the deltas into the chunks (only
+        merge delta files past 32): a trainer's evictions scatter over every chunk, and
+        compacting them would rewrite the table again and again.  The deltas stay on disk
+        (mapped); the handles hold 16 bytes a pending row."""
         for h in self._handles():  # (a loop per table: rows, state)
             h.compaction = "deferred"
 
