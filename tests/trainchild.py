@@ -51,6 +51,12 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     import embstore.torch  # noqa: F401 (imported before the calls are counted)
+    print(run(path, total, every, kill_at))
+
+
+def run(path, total: int, every: int, kill_at: int) -> int:
+    """:func:`train`, SIGKILLed at the ``kill_at``-th durable call (in a process of its
+    own: the calls of ``os`` stay wrapped); returns how many calls it made."""
     calls = [0]
 
     def wrap(fn):
@@ -65,7 +71,7 @@ def main() -> None:
     for name in ("replace", "rename", "fsync", "mkdir", "link"):
         setattr(os, name, wrap(getattr(os, name)))
     train(path, total, every)
-    print(calls[0])
+    return calls[0]
 
 
 if __name__ == "__main__":

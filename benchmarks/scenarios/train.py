@@ -17,16 +17,24 @@ one of state) is timed once and reported.
 
 from __future__ import annotations
 
+import argparse
+import datetime as _dt
 import gc
+import json
+import os
 import shutil
+import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .. import data
-from ..common import Measurement, Skip, compare, log
+if __package__ in (None, ""):  # (run as a file: the repository on the path)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks import data  # noqa: E402
+from benchmarks.common import Measurement, Skip, compare, log  # noqa: E402
 
 NAME = "train"
 TITLE = "Training a table: embstore rowwise Adagrad vs nn.Embedding(sparse) + optim.Adagrad"
@@ -109,3 +117,254 @@ def run(ctx, res) -> None:
         res.notes.append(f"{dist}: checkpoint after {(reps + 1) * steps} steps (every "
                          f"dirty row written back, then committed) took {ckpt:.1f} s")
     shutil.rmtree(work, ignore_errors=True)
+
+
+# -- larger than memory: ``python -m benchmarks.scenarios.train --larger-than-ram`` --------
+#
+# A table 3x the memory a memory cgroup (v1, /sys/fs/cgroup/memory; root) lets the process
+# use, its pages evicted first (posix_fadvise DONTNEED) so that the group is charged for
+# what it reads; Zipf 1.05 ids; a row cache of 20% of the rows.  Against the in-RAM
+# baseline, nn.Embedding(sparse=True) + optim.Adagrad, the same ids, without the cgroup.
+# Each side runs in a child process (the cgroup holds one of them); RSS is sampled every
+# step (/proc/self/status), the group's peak read from memory.max_usage_in_bytes.
+
+BIG = {"rows": 6_291_456, "dim": 128, "ids": 8192, "limit": 1 << 30, "cache_fraction": 0.2,
+       "fill_steps": 1500, "steps": 300, "checkpoint_every": 0}
+CGROUP = Path("/sys/fs/cgroup/memory")
+
+
+def _status() -> dict:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[k] = int(v.split()[0]) << 10
+    return out
+
+
+def _child_torch(ids_path: str, rows: int, dim: int) -> dict:
+    import torch
+    torch.manual_seed(0)
+    ids = np.load(ids_path)
+    ref = torch.nn.Embedding(rows, dim, sparse=True)
+    opt = torch.optim.Adagrad(ref.parameters(), lr=0.01)
+    times = []
+    for i, b in enumerate(ids):  # a loop per step
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        ref(torch.from_numpy(b)).pow(2).sum().backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return {"step_s": times, "rss": _status()}
+
+
+def _child_embstore(table: str, ids_path: str, fill: int, every: int, steps: int) -> dict:
+    import torch
+
+    import embstore
+    import embstore.torch as et
+    ids = np.load(ids_path, mmap_mode="r")  # (the page cache's: not the process's memory)
+    t = embstore.open(table, mode="r+", cache_bytes=0)
+    rows, dim = t.shape
+    cache = int(BIG["cache_fraction"] * rows) * (4 * (dim + 1) + 17)
+    emb = et.Embedding(t, optimizer="rowwise_adagrad", lr=0.01, row_cache_bytes=cache)
+    io0 = _io()
+    times, rss, ckpt = [], [], []
+    filled_at = None
+    for i, b in enumerate(ids):  # a loop per step
+        t0 = time.perf_counter()
+        out = emb(torch.from_numpy(b))
+        if i + 1 < len(ids):
+            emb.prefetch(torch.from_numpy(ids[i + 1]))
+        out.pow(2).sum().backward()
+        del out
+        dt = time.perf_counter() - t0
+        if filled_at is None and (len(emb.trainer.cache) >= emb.trainer.cache.capacity * 0.99
+                                  or i + 1 >= fill):
+            filled_at = i + 1
+            io0 = _io()
+        elif filled_at is not None:
+            times.append(dt)
+            rss.append(_status())
+            if every and len(times) % every == 0 and len(times) < len(ids) - filled_at:
+                c0 = time.perf_counter()
+                emb.checkpoint()
+                ckpt.append(time.perf_counter() - c0)
+        if filled_at is None and i % 100 == 0:
+            print(f"fill step {i}: {len(emb.trainer.cache)} rows cached", file=sys.stderr,
+                  flush=True)
+        if len(times) >= steps:
+            break
+    io1 = _io()
+    res = {"step_s": times, "rss": rss, "filled_at": filled_at, "checkpoint_s": ckpt,
+           "cache": dict(emb.trainer.cache.stats), "cache_bytes": cache,
+           "read_bytes": io1["read_bytes"] - io0["read_bytes"],
+           "write_bytes": io1["write_bytes"] - io0["write_bytes"], "final": _status()}
+    print(json.dumps(res), flush=True)  # (the steps' figures, whatever the checkpoint does)
+    c0 = time.perf_counter()
+    res["version"] = emb.checkpoint()
+    res["checkpoint_s"] = ckpt + [time.perf_counter() - c0]
+    res["final"] = _status()
+    emb.close()
+    t.close()
+    return res
+
+
+def _io() -> dict:
+    out = {}
+    for line in Path("/proc/self/io").read_text().splitlines():
+        k, _, v = line.partition(":")
+        out[k] = int(v)
+    return out
+
+
+def _evict(path: Path) -> None:
+    for f in path.rglob("*"):  # a loop per file of the table
+        if f.is_file() and not f.is_symlink():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _run_child(args: list[str], group: Path | None) -> dict:
+    """``python -m benchmarks.scenarios.train --child ...`` (joining ``group`` first)."""
+    cmd = [sys.executable, "-m", "benchmarks.scenarios.train", "--child", *args]
+    pre = None
+    if group is not None:
+        procs = str(group / "cgroup.procs")
+
+        def pre():  # in the child, before exec: torch's memory is charged to the group too
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pre,
+                       cwd=str(Path(__file__).resolve().parents[2]))
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 and args[0] == "embstore" and lines:  # (the steps done, then
+        return {**json.loads(lines[-1]), "end": f"killed ({r.returncode}) in the final "
+                "checkpoint", "stderr": r.stderr[-2000:]}  # the checkpoint failed)
+    if r.returncode != 0:
+        raise RuntimeError(f"child {args[0]} failed ({r.returncode}): {r.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def larger_than_ram(work: Path, out: Path, cfg: dict) -> dict:
+    import embstore
+    rows, dim = cfg["rows"], cfg["dim"]
+    base = work / "base.embstore"
+    if not base.exists():
+        embstore.create(base, shape=(rows, dim), init={"kind": "normal", "seed": 1}).close()
+    table = work / "train.embstore"
+    if table.exists():
+        shutil.rmtree(table)
+    # hard links: a commit writes new files and renames them in; no file changes in place
+    subprocess.run(["cp", "-al", str(base), str(table)], check=True)
+    n_steps = cfg["fill_steps"] + cfg["steps"]
+    ids = data.ids(rows, (n_steps, cfg["ids"]), "zipf1.05", seed=5)
+    np.save(work / "ids.npy", ids)
+    np.save(work / "ids-torch.npy", ids[-cfg["steps"] - 20:])  # (its warm-up: 20 steps)
+    files = {(st.st_ino, st.st_size) for st in (f.lstat() for f in base.rglob("*"))
+             if stat.S_ISREG(st.st_mode)}  # (each file once: versions are hard links)
+    table_bytes = sum(size for _, size in files)
+    group = CGROUP / f"embstore-train-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(cfg["limit"]))
+        got = {}
+        got["torch_a"] = _run_child(["torch", str(work / "ids-torch.npy"), str(rows),
+                                     str(dim)], None)
+        _evict(table)
+        got["embstore"] = _run_child(["embstore", str(table), str(work / "ids.npy"),
+                                      str(cfg["fill_steps"]), str(cfg["checkpoint_every"]),
+                                      str(cfg["steps"])],
+                                     group)
+        got["cgroup_peak"] = int((group / "memory.max_usage_in_bytes").read_text())
+        got["cgroup_failcnt"] = int((group / "memory.failcnt").read_text())
+        got["torch_b"] = _run_child(["torch", str(work / "ids-torch.npy"), str(rows),
+                                     str(dim)], None)
+    finally:
+        group.rmdir()
+    ok = embstore.verify(table).ok
+    return _report(cfg, got, table_bytes, ok, out)
+
+
+def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -> dict:
+    ours = got["embstore"]
+    t_ours = 1.0 / np.median(ours["step_s"])
+    theirs = [1.0 / np.median(got[k]["step_s"][20:]) for k in ("torch_a", "torch_b")]
+    t_theirs = float(np.median(theirs))
+    anon = max(r["RssAnon"] for r in ours["rss"])
+    vmrss = max(r["VmRSS"] for r in ours["rss"])
+    mean_ours = len(ours["step_s"]) / sum(ours["step_s"])
+    res = {"config": cfg, "table_bytes": table_bytes, "verified": verified,
+           "embstore_steps_s_median": t_ours, "embstore_steps_s_mean": mean_ours,
+           "torch_steps_s_median": theirs, "ratio_median": t_ours / t_theirs,
+           "ratio_mean": mean_ours / t_theirs, "peak_rss_anon": anon, "peak_vmrss": vmrss,
+           "cache_bytes": ours["cache_bytes"], "cgroup_peak": got["cgroup_peak"],
+           "cgroup_failcnt": got["cgroup_failcnt"], "filled_at": ours["filled_at"],
+           "checkpoint_s": ours["checkpoint_s"], "cache": ours["cache"],
+           "read_bytes": ours["read_bytes"], "write_bytes": ours["write_bytes"],
+           "torch_peak_rss": [got[k]["rss"]["VmHWM"] for k in ("torch_a", "torch_b")],
+           "step_s_percentiles": np.percentile(ours["step_s"], [50, 90, 99, 100]).tolist()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    mib = 1 << 20
+    lines = [
+        f"# Training larger than memory ({_dt.date.today().isoformat()})", "",
+        f"`python -m benchmarks.scenarios.train --larger-than-ram`: {cfg['rows']:,} x "
+        f"{cfg['dim']} float32 ({table_bytes / mib:,.0f} MiB on disk) in a memory cgroup of "
+        f"{cfg['limit'] / mib:,.0f} MiB ({table_bytes / cfg['limit']:.1f}x), pages evicted "
+        f"first; {cfg['ids']:,} Zipf 1.05 ids a step; row cache {cfg['cache_fraction']:.0%} "
+        f"of the rows ({ours['cache_bytes'] / mib:,.0f} MiB with the state); timed "
+        f"{len(ours['step_s'])} steps once the cache was full (step {ours['filled_at']}), "
+        f"checkpoints every {cfg['checkpoint_every'] or 'no'} steps, then one at the end "
+        f"(not timed: {', '.join(f'{c:.1f}' for c in ours['checkpoint_s']) or '-'} s).", "",
+        "| method | steps/s (median step) | steps/s (mean) | peak RSS |", "|---|---|---|---|",
+        f"| embstore rowwise_adagrad, in the cgroup | {t_ours:.2f} | {mean_ours:.2f} | "
+        f"{vmrss / mib:,.0f} MiB ({anon / mib:,.0f} MiB anonymous) |",
+        f"| nn.Embedding(sparse) + Adagrad, in RAM (two runs, before and after) | "
+        f"{' / '.join(f'{x:.2f}' for x in theirs)} | | "
+        f"{' / '.join(f'{x / mib:,.0f}' for x in res['torch_peak_rss'])} MiB |", "",
+        f"Ratio {res['ratio_median']:.2f}x (median step), {res['ratio_mean']:.2f}x (mean, "
+        f"write-backs included); bar 0.5x.  Cgroup peak {got['cgroup_peak'] / mib:,.0f} MiB "
+        f"(page cache included), limit hits {got['cgroup_failcnt']}; read "
+        f"{ours['read_bytes'] / mib:,.0f} MiB, wrote {ours['write_bytes'] / mib:,.0f} MiB "
+        f"in the timed steps; step time p50/p90/p99/max "
+        f"{'/'.join(f'{x * 1e3:.0f}' for x in res['step_s_percentiles'])} ms; cache "
+        f"{ours['cache']}; verified: {verified}; the final checkpoint: "
+        f"{ours.get('end') or 'done, version ' + str(ours.get('version'))}."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return res
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="training benchmarks outside the runner")
+    p.add_argument("--larger-than-ram", action="store_true",
+                   help="the table 3x a memory cgroup's limit (root; minutes)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/embstore-train-big"))
+    p.add_argument("--out", type=Path, default=None, help="results file stem")
+    p.add_argument("--rows", type=int, default=BIG["rows"])
+    p.add_argument("--limit-mib", type=int, default=BIG["limit"] >> 20)
+    p.add_argument("--steps", type=int, default=BIG["steps"])
+    p.add_argument("--fill-steps", type=int, default=BIG["fill_steps"])
+    p.add_argument("--child", nargs="+")
+    a = p.parse_args(argv)
+    if a.child:
+        kind, *rest = a.child
+        res = (_child_torch(rest[0], int(rest[1]), int(rest[2])) if kind == "torch" else
+               _child_embstore(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4])))
+        print(json.dumps(res))
+        return
+    cfg = {**BIG, "rows": a.rows, "limit": a.limit_mib << 20, "steps": a.steps,
+           "fill_steps": a.fill_steps}
+    a.work.mkdir(parents=True, exist_ok=True)
+    out = a.out or (Path(__file__).resolve().parents[1] / "results" /
+                    f"{_dt.date.today().isoformat()}-train-larger-than-ram")
+    res = larger_than_ram(a.work, out, cfg)
+    print(out.with_suffix(".md").read_text())
+    del res
+
+
+if __name__ == "__main__":
+    main()

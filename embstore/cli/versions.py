@@ -19,7 +19,8 @@ from .common import TABLE, options, print_json, say
 def log_cmd(path, as_json, quiet):
     """List the retained versions of the table at PATH, oldest first: number, time, rows,
     what changed, and deltas pending compaction.  `--version N` on the read commands reads
-    one of them.
+    one of them.  Each commit is one version (a write past the compaction threshold is
+    also the compaction), and the retention setting counts them.
 
     \b
     Example:
@@ -42,7 +43,8 @@ def log_cmd(path, as_json, quiet):
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"] or 0))
         ch = e["change"] or {}
-        what = ch.get("kind", "?") + (f" {ch['rows']} rows" if "rows" in ch else "")
+        what = ch.get("kind", "?") + (f" {ch['rows']} rows" if "rows" in ch else "") + (
+            ", deltas compacted in" if ch.get("folded") == "chunks" else "")
         pending = f", {e['deltas']} delta file(s) pending" if e["deltas"] else ""
         click.echo(f"{e['version']:>6}  {when}  {e['rows']} rows  {what}{pending}"
                    + ("  (newest)" if e["version"] == newest else ""))

@@ -43,8 +43,8 @@ from .norms.source import NormsSource
 from ..table import Table
 from ..ids import refuse_existing
 from .versions.commit import Transaction
-from .versions.delta import write_delta
-from .versions.keydelta import encoded_new_keys, fold_keys, key_entries, open_vocab, stage_keys
+from .versions.keydelta import (KEYS, encoded_new_keys, fold_keys, key_entries, open_vocab,
+                                stage_keys)
 from .versions.retain import vacuum
 from .versions.version import Version, check_version, plain, stored_bytes
 
@@ -54,7 +54,10 @@ _log = logging.getLogger("embstore")
 
 DEFAULT_CACHE = "256MiB"  # the row cache of tables whose reads are not cheap
 #: a write leaving more rows than this share of the table in deltas compacts them (or
-#: more bytes than COMPACT_BYTES): lookups overlay deltas; every reader holds them in memory
+#: more bytes than COMPACT_BYTES), in its own commit: lookups overlay deltas; every reader
+#: holds 16 bytes a pending row (the rows stay in the mapped delta files).  A handle whose
+#: ``compaction`` is "deferred" (a trainer's) only merges delta files (MAX_DELTA_FILES):
+#: it folds when told (``compact_if_due()``, ``compact()``).
 COMPACT_FRACTION = 0.05
 COMPACT_BYTES = 128 << 20
 #: more delta files than this in a version (many small writes) are merged into one per array
@@ -108,6 +111,10 @@ class ZarrTable(Table):
         renew_after_fork(self, "_lock")
         self._closed = False
         self._in_write = False  # this handle holds the writer lock (inside _writing)
+        #: when a write folds the deltas into the chunks (in its own commit): "auto" past
+        #: COMPACT_FRACTION or COMPACT_BYTES; "deferred" (a trainer's write-backs) never
+        #: (delta files are merged past MAX_DELTA_FILES)
+        self.compaction = "auto"
         root = None if self._remote is not None else Path(self.path)
         if mode == "r+" and root is not None and root.is_dir():
             with writer_lock(root, lock_timeout):  # finish or clear interrupted writes
@@ -355,9 +362,13 @@ class ZarrTable(Table):
             self._commit_objects("write", uniq, vals)
             return
         with self._writing():
-            txn = self._transaction({"kind": "write", "rows": int(uniq.size)})
+            how = self._fold_plan(uniq.size, 0, 0)
+            txn = self._transaction({"kind": "write", "rows": int(uniq.size),
+                                     **({"folded": how} if how else {})},
+                                    clear_deltas=how is not None)
             try:
-                self._source.write(uniq, vals, txn)  # (a delta of each row array)
+                with self._folding(how, txn):
+                    self._source.write(uniq, vals, txn)  # (a delta of each row array)
             except BaseException:
                 txn.abort()
                 raise
@@ -381,13 +392,23 @@ class ZarrTable(Table):
                 assert keys is not None
                 enc, h = encoded_new_keys(vocab, keys, n0)
                 refuse_existing(vocab.probe_hashed(enc, h), keys)
-            txn = self._transaction({"kind": "append", "rows": int(n),
-                                     "keys": keys is not None})
+            how = self._fold_plan(0, 0 if keys is None else n, n)
+            how = "delta" if how is not None else None  # (key deltas fold into the index;
+            # row deltas are rewritten as one file each: the append writes the last chunk)
+            txn = self._transaction({"kind": "append", "rows": int(n), "keys": keys is not None,
+                                     **({"folded": how} if how else {})},
+                                    clear_deltas=how is not None)
             try:
                 self._source.append(vectors, txn)
-                if vocab is not None:
+                if vocab is not None and how is not None and isinstance(
+                        vocab, (DiskVocab, SegmentedVocab)):
+                    assert keys is not None  # the key index grown whole, the deltas' keys too
+                    self._stage_keys_folded(vocab, keys, n0, txn)
+                elif vocab is not None:
                     assert keys is not None
                     stage_keys(vocab, keys, n0, txn, enc, h)  # (a key delta)
+                with self._folding(how, txn):
+                    pass  # (the pending rows of every array: one delta file each)
                     if not self._versioned and isinstance(vocab, DiskVocab):  # (a version:
                         txn.after(lambda: vocab.committed(n0 + n))  # reopened)
                 self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
@@ -431,52 +452,97 @@ class ZarrTable(Table):
         self._seen_commit = txn.id
 
     def _after_version(self) -> None:
-        """After a commit that made a version: the handle moves to it, deltas past the
-        threshold are compacted, versions past the retention setting removed (the writer
-        lock is held).  The commit happened: a failure here (a full disk) is logged, not
-        raised."""
+        """After a commit that made a version: the handle moves to it, versions past the
+        retention setting removed (the writer lock is held).  The commit happened: a
+        failure here (a full disk) is logged, not raised."""
         if not self._versioned:
             return
         self._reload()
-        ov = self._overlays
         try:
-            if ov is not None and (ov.pending_rows > COMPACT_FRACTION * max(1, self.vocab_size)
-                                   or ov.pending_bytes > COMPACT_BYTES or self._many_keys()):
-                self._compact_locked()
-            elif ov is not None and len(ov.entries) > MAX_DELTA_FILES:
-                self._merge_deltas()
             vacuum(self.path)
         except OSError as exc:
-            _log.warning("%s: committed; the compaction or clean-up after it failed (%s): "
-                         "the next write or `embstore compact` does it", self.path, exc)
+            _log.warning("%s: committed; the clean-up after it failed (%s): the next write "
+                         "or `embstore vacuum` does it", self.path, exc)
 
-    def _many_keys(self) -> bool:
-        """Key deltas past the point where they are folded: more than MAX_KEY_DELTAS files,
-        or more keys than KEYS_FRACTION of the index (each lookup probes every segment;
-        every reader holds them in memory)."""
-        entries = key_entries(self._overlays)
-        if not entries:
-            return False
-        vocab = self._vocab()
-        pending = len(vocab) - len(vocab.base) if isinstance(vocab, SegmentedVocab) else 0
-        return len(entries) > MAX_KEY_DELTAS or pending > KEYS_FRACTION * max(1, self.vocab_size)
-
-    def _merge_deltas(self) -> None:
-        """One delta file per row array in place of many (a commit; the rows of every version
-        unchanged, no chunk rewritten): what a version's readers load stays a few files."""
+    def _fold_plan(self, rows: int, keys: int, appended: int) -> str | None:
+        """How a commit writing ``rows`` rows as deltas (and ``keys`` keys as a key delta,
+        ``appended`` rows) treats the pending deltas, so that every commit is one version:
+        ``"chunks"``, the commit is also the compaction (deltas past COMPACT_FRACTION of
+        the rows or COMPACT_BYTES, key deltas past MAX_KEY_DELTAS files or KEYS_FRACTION
+        of the rows); ``"delta"``, one delta file per array in place of more than
+        MAX_DELTA_FILES; None, a delta file of its own (the lock is held)."""
         ov = self._overlays
-        txn = self._transaction({"kind": "merge deltas", "rows": ov.pending_rows},
-                                clear_deltas=True)
+        if not self._versioned or ov is None:
+            return None
+        n = max(1, self.vocab_size + appended)
+        pending = ov.pending_rows + rows
+        too_big = self.compaction != "deferred" and self._past_threshold(rows, n, True)
+        entries = key_entries(ov)
+        if keys and (len(entries) + 1 > MAX_KEY_DELTAS
+                     or self._pending_keys() + keys > KEYS_FRACTION * n):
+            too_big = True
+        if too_big and (pending or entries or keys):
+            return "chunks"
+        return "delta" if len(ov.entries) + 1 > MAX_DELTA_FILES else None
+
+    def _past_threshold(self, rows: int, n: int, fraction: bool) -> bool:
+        """Whether ``rows`` more rows in deltas pass COMPACT_BYTES (or, ``fraction``,
+        COMPACT_FRACTION of ``n`` rows)."""
+        ov = self._overlays
+        if ov is None:
+            return False
+        row_bytes = 8 + self.dim * self.dtype.itemsize
+        return (ov.pending_bytes + rows * row_bytes > COMPACT_BYTES
+                or (fraction and ov.pending_rows + rows > COMPACT_FRACTION * n))
+
+    def compact_if_due(self) -> int | None:
+        """Compact (:meth:`compact`) if the deltas are past COMPACT_FRACTION of the rows or
+        COMPACT_BYTES, whatever ``compaction`` says (a trainer's checkpoint: its
+        write-backs defer compaction); returns the new version, or None."""
+        with self._writing():
+            if not self._past_threshold(0, max(1, self.vocab_size), True):
+                return None
+            v = self._compact_locked()
+            vacuum(self.path)
+            return v
+
+    def _pending_keys(self) -> int:
+        vocab = self._vocab() if key_entries(self._overlays) else None
+        return len(vocab) - len(vocab.base) if isinstance(vocab, SegmentedVocab) else 0
+
+    @contextmanager
+    def _folding(self, how: str | None, txn: Transaction) -> Iterator[None]:
+        """Around a commit's writes: with ``how`` (:meth:`_fold_plan`), each row array's
+        write merges its pending rows in; then the arrays it did not write fold theirs
+        (into the chunks, or one delta file each), and key deltas are folded into the key
+        index (unless an append did)."""
+        ov = self._overlays
+        if how is None or ov is None:
+            yield
+            return
+        for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
+            o.combine = how
         try:
-            for o in ov.made:  # a loop per row array
-                if o.ids.size:
-                    write_delta(txn.delta(o.name), o.name, o.ids, o.values)
-            fold_keys(self._vocab() if key_entries(ov) else None, txn)  # (deltas dropped)
-        except BaseException:
-            txn.abort()
-            raise
-        self._commit(txn)
-        self._reload()
+            yield
+            for o in ov.made:
+                o.fold(txn, how)
+            if "keys_folded" not in txn.change:
+                txn.change["keys"] = fold_keys(self._vocab() if key_entries(ov) else None,
+                                               txn)
+        finally:
+            for o in ov.made:
+                o.combine = None
+
+    def _stage_keys_folded(self, vocab: DiskVocab | SegmentedVocab, keys: list[str],
+                           n0: int, txn: Transaction) -> None:
+        """An append's keys written into the key index with those of the key deltas (one
+        commit that is also the keys' compaction: no key delta)."""
+        base = vocab.base if isinstance(vocab, SegmentedVocab) else vocab
+        pending = vocab.keys_between(len(base), n0) if len(base) < n0 else []
+        tree = txn.tree(KEYS)
+        for name, live in base.stage_append(pending + list(keys), tree):  # a loop per file
+            txn.adopt(tree / name, live)
+        txn.change["keys_folded"] = len(pending) + len(keys)
 
     def _compact_locked(self) -> int:
         """Fold every delta into the chunks: one commit (the writer lock is held)."""

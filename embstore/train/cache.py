@@ -10,10 +10,11 @@ batch's unique ids (no Python loop per id):
   ``dirty`` marks slots updated since they were last written to the table.
 - :meth:`resolve` gives the slots of unique ids, reading the missing rows once from the
   table (or from rows a prefetch read, when no write happened since) into free slots;
-  when none are free it evicts the least recently used eighth of the cache (never a row
-  of the batch being resolved) and hands the dirty ones among them to ``write_back``
-  (one commit of many rows).
-- :meth:`flush` writes every dirty row back (the rows stay cached, clean).
+  when none are free it evicts the least recently used eighth of the cache (at most
+  WRITE_BACK_ROWS; never a row of the batch being resolved) and hands the dirty ones
+  among them to ``write_back`` (one commit of many rows).
+- :meth:`flush` writes every dirty row back (the rows stay cached, clean), in
+  write-backs of WRITE_BACK_ROWS rows: the memory a write-back takes is bounded.
 
 A row is never served older than its newest update: a cached row is the newest value
 (updates go to the cache only), and a row leaves the cache only after it was written.
@@ -36,6 +37,11 @@ WriteBack = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 Staged = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: ``staged_for(missing ids)``: rows read ahead for some of them (checked first), or None
 StagedFor = Callable[[np.ndarray], "Staged | None"]
+
+
+#: rows evicted (and written back) at most at once, and per write-back of a flush: what a
+#: write-back copies and commits stays this size, whatever the cache's
+WRITE_BACK_ROWS = 1 << 15
 
 
 class CacheTooSmallError(InvalidOptionError):
@@ -62,7 +68,7 @@ class WriteBackCache:
         self.dirty = np.zeros(cap, bool)
         self._free = np.arange(cap - 1, -1, -1, dtype=np.int64)  # a stack: [0, n_free)
         self._n_free = cap
-        self._evict_n = max(1, int(cap * evict_fraction))
+        self._evict_n = max(1, min(int(cap * evict_fraction), WRITE_BACK_ROWS))
         self.clock = 0
         self.flushes = 0  # bumped by every write to the table (prefetches check it)
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "written": 0}
@@ -155,9 +161,11 @@ class WriteBackCache:
         self.stats["written"] += int(slots.size)
 
     def flush(self) -> int:
-        """Write every dirty row back (one ``write_back``); returns how many."""
+        """Write every dirty row back (a ``write_back`` per WRITE_BACK_ROWS of them);
+        returns how many."""
         slots = np.flatnonzero(self.dirty)
-        self._write(slots)
+        for a in range(0, slots.size, WRITE_BACK_ROWS):  # a loop per write-back
+            self._write(slots[a: a + WRITE_BACK_ROWS])
         return int(slots.size)
 
     def peek(self, ids: np.ndarray, *, state: bool = False) -> np.ndarray:

@@ -181,10 +181,10 @@ class Trainer:
 
     def checkpoint(self) -> int:
         self.prefetcher.wait()
-        self.cache.flush()
         if self.store is None:
+            self.cache.flush()
             return int(self.table.version)
-        return self.store.checkpoint(self.step)
+        return self.store.checkpoint(self.step, self.cache.flush)
 
     def state_of(self, ids) -> np.ndarray:
         """The optimizer state of rows ``ids`` (their newest values; (n, 0) for SGD)."""

@@ -31,6 +31,7 @@ import os
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -133,7 +134,9 @@ class TrainStore:
         self._bases: list = []
         self.state: ZarrTable | None = None
         try:
+            self._defer()
             self.step = self._resume(state_cols, resume)
+            self._defer()
         except BaseException:
             self.close()
             raise
@@ -210,11 +213,34 @@ class TrainStore:
             self.state.write(ids, state)
         self.table.write(ids, rows)
 
-    def checkpoint(self, step: int) -> int:
-        """Record the current versions of rows and state as a checkpoint (the cache was
-        flushed); returns the rows' version."""
+    def checkpoint(self, step: int, flush: Callable[[], int]) -> int:
+        """A checkpoint: ``flush`` (the row cache's: every dirty row written back) with
+        the deltas compacted where they are past the threshold (in the flush's commits;
+        a compaction of its own when nothing was left to flush), then the current
+        versions of rows and state recorded; returns the rows' version.  Between
+        checkpoints write-backs only add deltas (see :meth:`_defer`)."""
+        handles = self._handles()
+        for h in handles:
+            h.compaction = "auto"
+        try:
+            flush()
+        finally:
+            self._defer()
+        for h in handles:  # (a loop per table: rows, state)
+            h.compact_if_due()
         self._record(step)
         return int(self._current["rows"])
+
+    def _handles(self) -> list[ZarrTable]:
+        return [h for h in (self.table, self.state) if h is not None]
+
+    def _defer(self) -> None:
+        """Write-backs between checkpoints never fold the deltas into the chunks (only
+        merge delta files past 32): a trainer's evictions scatter over every chunk, and
+        compacting them would rewrite the table again and again.  The deltas stay on disk
+        (mapped); the handles hold 16 bytes a pending row."""
+        for h in self._handles():  # (a loop per table: rows, state)
+            h.compaction = "deferred"
 
     def _record(self, step: int) -> None:
         rec = {"id": uuid.uuid4().hex[:16], "rows": int(self.table.version),
@@ -245,6 +271,7 @@ class TrainStore:
         self._bases = bases
 
     def close(self) -> None:
+        self.table.compaction = "auto"  # (the caller's handle, as it was)
         for b in self._bases:
             b.close()
         self._bases = []

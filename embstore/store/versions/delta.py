@@ -20,10 +20,14 @@ Compaction (:func:`embstore.store.versions.compact`) folds them into the chunks.
 
 from __future__ import annotations
 
+import itertools
 import json
+import mmap
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,33 +44,35 @@ MAGIC = b"EMBDELTA"
 MAX_HEADER = 1 << 16
 
 
-def write_framed(path: Path, magic: bytes, header: dict, parts: list[bytes], *,
+def write_framed(path: Path, magic: bytes, header: dict, parts: Iterable[Any], *,
                  fsync: bool = True) -> int:
     """Write (and fsync, unless the caller does) the new file ``path``: ``magic`` (8
-    bytes), the JSON ``header`` with its length, zero padding to 8, ``parts``, then the
-    crc32c of all of it; returns its size (the frame of delta files and key delta files)."""
+    bytes), the JSON ``header`` with its length, zero padding to 8, ``parts`` (buffers,
+    possibly made one at a time), then the crc32c of all of it; returns its size (the
+    frame of delta files and key delta files)."""
     head = json.dumps(header).encode()
     head = magic + struct.pack("<I", len(head)) + head
-    parts = [head + b"\0" * (-len(head) % 8), *parts]
-    crc = 0
-    for p in parts:
-        crc = crc32c(p, crc)
+    crc, size = 0, 0
     fd = create_new(path)
     with os.fdopen(fd, "wb") as f:
-        for p in parts:
-            f.write(p)
+        for p in itertools.chain([head + b"\0" * (-len(head) % 8)], parts):  # per part
+            crc = crc32c(p, crc)
+            size += f.write(p)
         f.write(struct.pack("<I", crc))
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    return sum(len(p) for p in parts) + 4
+    return size + 4
 
 
-def read_framed(path: Path, magic: bytes, what: str, body_size) -> tuple[dict, bytes, int]:
+def read_framed(path: Path, magic: bytes, what: str, body_size, *,
+                mapped: bool = False) -> tuple[dict, Any, int]:
     """``(header, data, start)`` of a file written by :func:`write_framed`: the magic, the
     header (``body_size(header)``: the bytes after it it announces, checked against the
     file's size before the rest is read) and the crc32c checked; :class:`CorruptStoreError`
-    naming the file (``what``: "delta", "key delta")."""
+    naming the file (``what``: "delta", "key delta").  ``mapped``: ``data`` is a read-only
+    memory map of the file (its pages are the page cache's, not the process's: a trainer's
+    deltas do not count against its memory), else bytes."""
     def bad(why: str) -> CorruptStoreError:
         return CorruptStoreError(f"{path}: {why}: the {what} is damaged", path=str(path))
     try:
@@ -91,8 +97,11 @@ def read_framed(path: Path, magic: bytes, what: str, body_size) -> tuple[dict, b
         start = 12 + hlen + (-(12 + hlen) % 8)
         if start + body + 4 != size:
             raise bad(f"{size} bytes, the header says {start + body + 4}")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
+        if mapped:
+            data: Any = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        else:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
     finally:
         os.close(fd)
     if len(data) != size:
@@ -103,17 +112,22 @@ def read_framed(path: Path, magic: bytes, what: str, body_size) -> tuple[dict, b
     return h, data, start
 
 
-def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray) -> int:
+def write_delta(path: Path, array: str, ids: np.ndarray, values: np.ndarray | None, *,
+                blocks: Iterable[np.ndarray] = (), cols: int = 0, dtype=None) -> int:
     """Write (and fsync) the delta file ``path`` of rows ``ids`` (sorted, unique) of
-    ``array``; returns its size."""
-    values = np.ascontiguousarray(values)
-    if values.ndim == 1:
-        values = values[:, None]
-    dt = values.dtype.newbyteorder("<")
+    ``array``: ``values``, or (None) the row blocks ``blocks`` in order (``cols`` values
+    of ``dtype`` each: a delta larger than memory); returns its size."""
+    if values is not None:
+        values = np.ascontiguousarray(values)
+        if values.ndim == 1:
+            values = values[:, None]
+        blocks, cols, dtype = [values], values.shape[1], values.dtype
+    dt = np.dtype(dtype).newbyteorder("<")
     return write_framed(path, MAGIC, {"array": array, "rows": int(ids.size),
-                                      "cols": int(values.shape[1]), "dtype": dt.str},
-                        [np.ascontiguousarray(ids, dtype="<i8").tobytes(),
-                         values.astype(dt, copy=False).tobytes()])
+                                      "cols": int(cols), "dtype": dt.str},
+                        itertools.chain([np.ascontiguousarray(ids, dtype="<i8").tobytes()],
+                                        (np.ascontiguousarray(b, dtype=dt).reshape(-1)
+                                         .view(np.uint8) for b in blocks)))
 
 
 def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -124,7 +138,7 @@ def _parse(path: Path, limit_rows: int | None = None) -> tuple[dict, np.ndarray,
         if dt.hasobject or c < 1 or n < 0 or (limit_rows is not None and n > limit_rows):
             raise ValueError(f"{n} rows of {c} x {dt}")
         return n * 8 + n * c * dt.itemsize
-    h, data, start = read_framed(path, MAGIC, "delta", body)
+    h, data, start = read_framed(path, MAGIC, "delta", body, mapped=True)
     n, c, dt = int(h["rows"]), int(h["cols"]), np.dtype(h["dtype"])
     ids = np.frombuffer(data, dtype="<i8", count=n, offset=start).astype(np.int64)
     values = np.frombuffer(data, dtype=dt, count=n * c, offset=start + n * 8).reshape(n, c)
@@ -156,28 +170,35 @@ def read_delta(path: Path, array: str, cols: int, dtype: np.dtype,
     return ids, values.astype(np.dtype(dtype), copy=False)
 
 
-def merge(parts: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype) -> tuple[
-        np.ndarray, np.ndarray]:
-    """One sorted ``(ids, values)`` of deltas given oldest first (the newest row of an id
-    wins)."""
-    if not parts:
-        return np.empty(0, np.int64), np.empty((0, cols), dtype)
-    if len(parts) == 1:
-        return parts[0]
-    ids = np.concatenate([p[0] for p in parts])
-    vals = np.concatenate([p[1] for p in parts])
-    uniq, last = np.unique(ids[::-1], return_index=True)  # the last (newest) occurrence wins
-    return uniq, vals[::-1][last]
-
-
 class OverlaySource(RowSource):
     """The row array ``inner`` with the rows of its version's deltas on top; a ``write``
     stages a new delta instead of rewriting chunks."""
 
-    def __init__(self, inner: RowSource, name: str, ids: np.ndarray, values: np.ndarray):
+    def __init__(self, inner: RowSource, name: str,
+                 parts: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype):
         self.inner, self.name = inner, name
-        self.ids, self.values = ids, values
+        self._cols, self._dtype = cols, np.dtype(dtype)
+        # the delta files' values stay where they are (memory maps); one sorted array of
+        # the pending ids and, with more than one file, where each one's newest row is:
+        # (file << 40) | position in it
+        self._parts = [p[1].reshape(p[0].size, cols) for p in parts]
+        self._ptr: np.ndarray | None = None
+        if len(parts) == 1:
+            self.ids = parts[0][0]
+        elif parts:
+            ids = np.concatenate([p[0] for p in parts])
+            ptr = np.concatenate([(np.int64(k) << np.int64(40)) + np.arange(p[0].size)
+                                  for k, p in enumerate(parts)])  # (a loop per file)
+            self.ids, last = np.unique(ids[::-1], return_index=True)  # newest wins
+            self._ptr = ptr[::-1][last]
+        else:
+            self.ids = np.empty(0, np.int64)
         self.cheap_reads = inner.cheap_reads
+        #: how a write of this commit treats the pending rows (set by the table for one
+        #: commit): None, a delta file of its own; ``"delta"``/``"chunks"``: see write
+        self.combine: str | None = None
+        self._combined: Transaction | None = None  # the commit a write folded into
+        ids = self.ids
         if ids.size and ids[-1] >= inner.shape[0]:
             raise CorruptStoreError(f"deltas of {name}: row {int(ids[-1])} past the "
                                     f"{inner.shape[0]} rows of the version")
@@ -198,6 +219,28 @@ class OverlaySource(RowSource):
     def reads_cold(self) -> bool:
         return self.inner.reads_cold()
 
+    @property
+    def values(self) -> np.ndarray:
+        """The pending rows (of :attr:`ids`), in memory (compactions and merges)."""
+        return self._rows(np.arange(self.ids.size))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ids.size) * (8 + self._cols * self._dtype.itemsize)
+
+    def _rows(self, pos: np.ndarray) -> np.ndarray:
+        """Rows at positions ``pos`` of :attr:`ids`, gathered from the delta files."""
+        if self._ptr is None:
+            return (self._parts[0][pos] if self._parts else
+                    np.empty((0, self._cols), self._dtype))
+        ptr = self._ptr[pos]
+        part, at = ptr >> np.int64(40), ptr & np.int64((1 << 40) - 1)
+        out = np.empty((pos.size, self._cols), self._dtype)
+        for k in np.unique(part).tolist():  # a loop per delta file (at most 32)
+            m = part == k
+            out[m] = self._parts[k][at[m]]
+        return out
+
     def _over(self, ids: np.ndarray, out: np.ndarray) -> None:
         d = self.ids
         if not d.size or not ids.size:
@@ -205,7 +248,7 @@ class OverlaySource(RowSource):
         hit = np.flatnonzero((self._bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1)
         if hit.size:
             pos = np.searchsorted(d, ids[hit])
-            out[hit] = self.values[pos].reshape(-1, out.shape[1])
+            out[hit] = self._rows(pos).reshape(-1, out.shape[1])
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         self.inner.gather(ids, out)
@@ -225,16 +268,68 @@ class OverlaySource(RowSource):
         if hi > lo:
             if not out.flags.writeable:
                 out = out.copy()
-            out[self.ids[lo:hi] - start] = self.values[lo:hi].reshape(-1, out.shape[1])
+            out[self.ids[lo:hi] - start] = self._rows(np.arange(lo, hi)).reshape(
+                -1, out.shape[1])
         return out
 
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
-        write_delta(txn.delta(self.name), self.name, ids, values)
+        """A write's rows (stored values): a new delta file, or, when the table's commit
+        folds the pending rows in (``combine``: ``"delta"`` or ``"chunks"``), the pending
+        rows and these merged (newest wins) into one delta file or into the chunks."""
+        if self.combine is None:
+            write_delta(txn.delta(self.name), self.name, ids, values)
+            return
+        self._combined = txn
+        self._put(self.combine, ids, values.reshape(ids.size, self._cols), txn)
 
-    def fold(self, txn: Transaction) -> None:
-        """Compaction: the deltas' rows written into the array's chunks (``inner.write``)."""
-        if self.ids.size:
-            self.inner.write(self.ids, self.values.reshape(self.ids.size, -1), txn)
+    def _put(self, how: str, new_ids: np.ndarray, new_values: np.ndarray,
+             txn: Transaction) -> None:
+        """The pending rows and ``new_*`` (newest wins) as one delta file, or into the
+        chunks, a block of rows at a time (blocks of whole shards or chunks: never all of
+        the pending rows in memory at once)."""
+        ids = np.union1d(self.ids, new_ids) if new_ids.size else self.ids
+        cuts = self._cuts(ids)
+        blocks = (self._merged(ids[a:b], new_ids, new_values)
+                  for a, b in zip(cuts[:-1], cuts[1:]))
+        if how == "delta":
+            write_delta(txn.delta(self.name), self.name, ids, None, blocks=blocks,
+                        cols=self._cols, dtype=self._dtype)
+            return
+        for (a, b), vals in zip(zip(cuts[:-1], cuts[1:]), blocks):  # a loop per block
+            self.inner.write(ids[a:b], vals, txn)
+
+    def _cuts(self, ids: np.ndarray, block: int = 1 << 16) -> list[int]:
+        """Block bounds over ``ids``: about ``block`` rows each, cut only where a shard
+        (or a chunk) of the layout begins, so that each block rewrites whole units."""
+        lay = self.inner.layout
+        unit = int(lay.get("shard_rows") or lay.get("chunk_rows") or 0)
+        if not unit or ids.size <= block:
+            return [0, int(ids.size)]
+        firsts = ids[::block] // unit * unit  # (the first row of the unit of every block-th)
+        starts = np.unique(np.searchsorted(ids, firsts))
+        return sorted({0, *starts.tolist(), int(ids.size)})
+
+    def _merged(self, ids: np.ndarray, new_ids: np.ndarray,
+                new_values: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (sorted): from ``new_*`` where it has them, else the pending."""
+        out = np.empty((ids.size, self._cols), self._dtype)
+        fresh = np.zeros(ids.size, bool)
+        if new_ids.size:
+            pos = np.minimum(np.searchsorted(new_ids, ids), new_ids.size - 1)
+            fresh = new_ids[pos] == ids
+            out[fresh] = new_values[pos[fresh]]
+        old = np.flatnonzero(~fresh)
+        if old.size:
+            out[old] = self._rows(np.searchsorted(self.ids, ids[old]))
+        return out
+
+    def fold(self, txn: Transaction, how: str = "chunks") -> None:
+        """The pending rows of a commit that drops the version's deltas (a compaction, or a
+        write that folds them in and did not touch this array): written into the array's
+        chunks (``inner.write``), or (``how="delta"``) as one delta file."""
+        if self.ids.size and self._combined is not txn:
+            self._put(how, np.empty(0, np.int64), np.empty((0, self._cols), self._dtype),
+                      txn)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
         self.inner.append(values, txn)
@@ -265,8 +360,7 @@ class Overlays:
         cols, dt = src.shape[1], src.dtype
         parts = [read_delta(self.snap / DELTAS / e["name"], name, cols, dt, src.shape[0])
                  for e in mine]
-        ids, values = merge(parts, cols, dt)
-        ov = OverlaySource(src, name, ids, values)
+        ov = OverlaySource(src, name, parts, cols, dt)
         self.made.append(ov)
         return ov
 
@@ -277,4 +371,4 @@ class Overlays:
 
     @property
     def pending_bytes(self) -> int:
-        return sum(int(o.values.nbytes + o.ids.nbytes) for o in self.made)
+        return sum(o.nbytes for o in self.made)

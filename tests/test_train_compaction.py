@@ -1,0 +1,156 @@
+"""When deltas are compacted: a write past the threshold is the compaction (one commit, one
+version), so that ``retain_versions`` counts the commits a user made; a trainer's
+write-backs defer compaction to its checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import embstore
+from embstore.cli import cli
+from embstore.store import table as handle
+
+V, D = 200, 8
+
+
+def _log(path):
+    out = CliRunner().invoke(cli, ["log", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.output)["versions"]
+
+
+@pytest.fixture
+def path(tmp_path):
+    w = np.random.default_rng(1).standard_normal((V, D)).astype(np.float32)
+    embstore.save(tmp_path / "t", w).close()
+    return tmp_path / "t"
+
+
+def test_retention_keeps_the_last_user_writes_readable(path):
+    """Each write of 10% of the rows passes the 5% threshold; every one of the last 8 stays
+    readable as written (before: a compaction version after each, and 8 retained versions
+    held only 4 of the writes)."""
+    rng = np.random.default_rng(2)
+    want = {}
+    with embstore.open(path, "r+") as t:
+        expect = t.to_numpy()
+        for _ in range(12):  # a loop per write
+            ids = rng.choice(V, size=V // 10, replace=False)
+            expect[ids] = rng.standard_normal((ids.size, D)).astype(np.float32)
+            t.write(ids, expect[ids])
+            want[t.version] = expect.copy()
+            assert t.info()["pending_rows"] == 0  # (folded into the chunks by the write)
+    log = _log(path)
+    assert [e["change"]["kind"] for e in log] == ["write"] * 8
+    assert all(e["change"]["folded"] == "chunks" and e["deltas"] == 0 for e in log)
+    versions = [e["version"] for e in log]
+    assert versions == sorted(want)[-8:]
+    for v in versions:  # a loop per retained version
+        with embstore.open(path, version=v) as old:
+            np.testing.assert_array_equal(old.to_numpy(), want[v])
+    assert embstore.verify(path).ok
+
+
+def test_small_writes_merge_their_delta_files_in_the_same_commit(tmp_path):
+    rng = np.random.default_rng(3)
+    path = tmp_path / "big"
+    embstore.save(path, rng.standard_normal((20 * V, D)).astype(np.float32)).close()
+    with embstore.open(path, "r+") as t:
+        expect = t.to_numpy()
+        for i in range(handle.MAX_DELTA_FILES + 6):  # a loop per write (below 5% each)
+            ids = np.array([i % V, (7 * i + 3) % V])
+            expect[ids] = rng.standard_normal((2, D)).astype(np.float32)
+            t.write(ids, expect[ids])
+            assert t.version == i + 2  # one version a write
+        np.testing.assert_array_equal(t.to_numpy(), expect)
+    log = _log(path)
+    assert {e["change"]["kind"] for e in log} == {"write"}
+    assert max(e["deltas"] for e in log) <= handle.MAX_DELTA_FILES
+    assert any(e["change"].get("folded") == "delta" for e in log)
+    assert embstore.verify(path).ok
+
+
+def test_appends_with_keys_fold_their_key_deltas_in_the_same_commit(tmp_path):
+    w = np.random.default_rng(4).standard_normal((V, D)).astype(np.float32)
+    keys = [f"k{i}" for i in range(V)]
+    embstore.save(tmp_path / "t", w, keys=keys).close()
+    rows = [w]
+    with embstore.open(tmp_path / "t", "r+") as t:
+        t.write([5], np.ones((1, D), np.float32))  # a delta the appends must keep
+        rows[0] = rows[0].copy()
+        rows[0][5] = 1
+        for i in range(handle.MAX_KEY_DELTAS + 3):  # a loop per append
+            new = np.full((3, D), i, np.float32)
+            first = t.append(new, keys=[f"n{i}-{j}" for j in range(3)])
+            keys += [f"n{i}-{j}" for j in range(3)]
+            rows.append(new)
+            assert first.tolist() == list(range(len(keys) - 3, len(keys)))
+    log = _log(tmp_path / "t")
+    assert [e["change"]["kind"] for e in log[-5:]] == ["append"] * 5
+    assert any(e["change"].get("keys_folded") for e in log)
+    with embstore.open(tmp_path / "t") as t:
+        np.testing.assert_array_equal(t.to_numpy(), np.concatenate(rows))
+        assert list(t.keys) == keys
+        np.testing.assert_array_equal(t.ids_of(keys[::7]), np.arange(len(keys))[::7])
+    assert embstore.verify(tmp_path / "t").ok
+
+
+@pytest.mark.slow
+def test_a_trainers_write_backs_defer_compaction_to_the_checkpoint(path):
+    """A small row cache evicts every step (write-backs far past 5% of the rows): no
+    commit between checkpoints rewrites a chunk; the checkpoint folds them in; the rows
+    equal a run whose cache holds the table (no write-backs)."""
+    torch = pytest.importorskip("torch")
+    import embstore.torch as et
+    rng = np.random.default_rng(5)
+    batches = [torch.from_numpy(rng.integers(0, V, size=24)) for _ in range(16)]
+    runs = {}
+    for name, cache in (("small", 40 * (4 * (D + 1) + 17)), ("big", "auto")):
+        p = path.parent / name
+        embstore.save(p, embstore.open(path).to_numpy()).close()
+        emb = et.Embedding(p, optimizer="rowwise_adagrad", lr=0.05, row_cache_bytes=cache)
+        for ids in batches:  # a loop per step
+            emb(ids).pow(2).sum().backward()
+        between = _log(p)
+        v = emb.checkpoint()
+        runs[name] = (between, _log(p), v, emb.trainer.cache.stats["written"])
+        emb.close()
+        assert embstore.verify(p).ok
+    between, after, v, written = runs["small"]
+    assert written > handle.COMPACT_FRACTION * V * 5
+    assert not any(e["change"].get("folded") == "chunks" for e in between)
+    assert sum(e["change"]["kind"] == "write" for e in between) > 5
+    assert after[-1]["version"] == v and after[-1]["deltas"] == 0
+    assert after[-1]["change"].get("folded") == "chunks"
+    with embstore.open(path.parent / "small", version=v) as a, \
+            embstore.open(path.parent / "big", version=runs["big"][2]) as b:
+        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+    with embstore.open(path.parent / "small", "r+") as t:
+        assert t.compaction == "auto"  # (the handle the trainer had, as it was)
+
+
+@pytest.mark.parametrize("layout", [{"chunk_rows": 1000}, {"shard_rows": 4096}],
+                         ids=["chunks", "shards"])
+def test_a_fold_past_one_block_rewrites_every_row_right(tmp_path, layout):
+    """Pending rows are folded a block of whole chunks (or shards) at a time: more than one
+    block, the pending rows and the write's own, newest wins."""
+    import zarr
+    rng = np.random.default_rng(6)
+    n = 300_000
+    w = rng.standard_normal((n, 4)).astype(np.float32)
+    path = tmp_path / "t"
+    embstore.save(path, w, **layout).close()
+    expect = w.copy()
+    with embstore.open(path, "r+") as t:
+        for size in (12_000, 70_000):  # (3%: deltas; then past 5%: folded, 2 blocks)
+            ids = np.sort(rng.choice(n, size=size, replace=False))
+            expect[ids] = rng.standard_normal((size, 4)).astype(np.float32)
+            t.write(ids, expect[ids])
+        assert t.info()["pending_rows"] == 0
+    np.testing.assert_array_equal(zarr.open_group(str(path), mode="r")["vectors"][:], expect)
+    assert _log(path)[-1]["change"]["folded"] == "chunks"
+    assert embstore.verify(path).ok
