@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import CorruptStoreError
 from ..place.objstore import LIST_PAGE, ObjectClient
 from ...keys.segments import KeySegment
-from ..versions.delta import merge, read_delta, write_delta
+from ..versions.delta import read_delta, write_delta
 from ..versions.keydelta import read_key_delta, write_key_delta
 from ..versions.snapshot import VersionNotFoundError, manifest_crc
 
@@ -169,6 +169,20 @@ def key_delta_bytes(enc, hashes: np.ndarray) -> bytes:
         path = Path(d) / "keys"
         write_key_delta(path, 0, enc, hashes, fsync=False)
         return path.read_bytes()
+
+
+def merge(parts: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype) -> tuple[
+        np.ndarray, np.ndarray]:
+    """One sorted ``(ids, values)`` of deltas given oldest first (the newest row of an id
+    wins)."""
+    if not parts:
+        return np.empty(0, np.int64), np.empty((0, cols), dtype)
+    if len(parts) == 1:
+        return parts[0]
+    ids = np.concatenate([p[0] for p in parts])
+    vals = np.concatenate([p[1] for p in parts])
+    uniq, last = np.unique(ids[::-1], return_index=True)  # the last (newest) occurrence wins
+    return uniq, vals[::-1][last]
 
 
 class DeltaCache:
