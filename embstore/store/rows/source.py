@@ -300,19 +300,17 @@ class PagedSource(LayoutSource):
         """Stage chunk ``k`` with rows ``local`` (chunk-relative) set to ``values``, and its
         page checksums, as new files of ``txn``; the live files are not touched."""
         L = replace(self._rl, rows=rows_after)
-        data = bytearray(L.chunk_bytes)
+        data = bytearray(L.chunk_bytes)  # (the one copy of the chunk: 64 MiB, not three)
+        buf = np.frombuffer(data, dtype=L.dtype).reshape(L.chunk_rows, L.dim)
         if k < self._rl.n_chunks:  # an existing chunk: its stored rows are kept
-            r, checks = self._state()
             lo = k * L.chunk_rows
             hi = min(self._rl.rows, lo + L.chunk_rows)
-            old = self._ready_range(lo, hi)[lo:hi]
-            data[: old.nbytes] = old.tobytes()
-        buf = np.frombuffer(data, dtype=L.dtype).reshape(L.chunk_rows, L.dim)
+            buf[: hi - lo] = self._ready_range(lo, hi)[lo:hi]
         buf[local] = values
         end = L.chunk_end(k)
         crcs = page_crcs(data, end, L.pages_per_chunk)
         live = "/".join([self.name, *L.chunk_key(k).split(L.separator)])
-        for dest, body in ((txn.file(live), bytes(data)), (txn.file(
+        for dest, body in ((txn.file(live), data), (txn.file(
                 "/".join([self.crc_name, *L.chunk_key(k).split(L.separator)])),
                 encode_crc_file(crcs))):
             with open(dest, "wb") as f:
