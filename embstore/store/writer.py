@@ -156,8 +156,9 @@ class TableWriter:
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
         if self.rows_layout:  # every row array: rows at a fixed stride (FORMAT.md §3a)
-            self._decide_rows(rows)
-            self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync)
+            vectors_chunk_rows = self._decide_rows(rows)
+            self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync,
+                                               vectors_chunk_rows)
             return
         arr = self._group.create_array(
             "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
@@ -187,8 +188,8 @@ class TableWriter:
         self._streams.append(create_norms_stream(self._group, self._tmp, self.storage, cr, sr,
                                                  self._sync))  # the rows' norms (norms/calc.py)
 
-    def _decide_rows(self, rows: int | None) -> None:
-        """Make ``vectors`` a format-2 row array (docs/FORMAT.md §3a)."""
+    def _decide_rows(self, rows: int | None) -> int:
+        """Make ``vectors`` a format-2 row array (docs/FORMAT.md §3a); return its chunk rows."""
         rb = self.dim * self.record.code.itemsize
         cr = self._layout_args[0] or choose_chunk_rows(rb, rows)
         if (cr * rb) % PAGE and (rows is None or rows > cr):
@@ -201,6 +202,7 @@ class TableWriter:
         self._layout = Layout(rows=0, dim=self.dim, dtype=rl.dtype, chunk_rows=cr, shard_rows=cr,
                               compression="none", has_crc=False, index_crc=False,
                               separator="/", fill_value=0.0)  # (what commit records)
+        return cr
 
     def add(self, vectors: np.ndarray, keys: list[str] | None = None) -> int:
         """Append a block of rows ``(n, dim)`` (with ``has_keys``, one key per row).
