@@ -55,6 +55,7 @@ class ImportResult:
     tensor: str | None = None
     compression: str | None = None   # of the source: gzip, bz2, xz, zstd, zip (None: plain)
     notes: tuple[str, ...] = ()      # what the import decided (padding rows, a copied source)
+    duplicate_keys: tuple[str, ...] = ()  # the first few of the dropped duplicates (up to 5)
 
 
 def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "auto",
@@ -200,11 +201,11 @@ def _import_reader(module, where, dest: str, fmt: str, *, vocab, storage, tensor
         vocab = None
     if on_progress is not None and hasattr(on_progress, "unit"):
         setattr(on_progress, "unit", reader.progress_unit)  # a progress.Display
-    rows, duplicates, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
-                                             limit=limit, unicode_errors=unicode_errors,
-                                             on_progress=on_progress, notes=notes, **layout)
+    rows, dups, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
+                                       limit=limit, unicode_errors=unicode_errors,
+                                       on_progress=on_progress, notes=notes, **layout)
     return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim, dtype=storage,
-                        duplicates=duplicates, tensor=reader.tensor)
+                        duplicates=dups[0], tensor=reader.tensor, duplicate_keys=dups[1])
 
 
 def _vocab_beside(src, fmt: str, vocab, notes: list[str]):
@@ -247,8 +248,9 @@ def _spool(source, path: str) -> int:
 
 def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_errors,
                  compression, chunk_rows, shard_rows, overwrite, on_progress,
-                 notes: list[str]) -> tuple[int, int, str]:
-    """Feed ``reader``'s blocks (and keys from ``vocab``) to a TableWriter at ``dest``."""
+                 notes: list[str]) -> tuple[int, tuple[int, tuple[str, ...]], str]:
+    """Feed ``reader``'s blocks (and keys from ``vocab``) to a TableWriter at ``dest``; returns
+    the rows kept, (duplicates dropped, the first few of them) and the storage dtype."""
     if storage is None:  # the source's own dtype, bfloat16 kept native
         storage = reader.native_dtype or np.dtype(reader.dtype).name
     keys_file: VocabReader | TokenKeys | None = None
@@ -283,7 +285,7 @@ def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_
         notes += getattr(reader, "notes", [])
         if isinstance(keys_file, TokenKeys):
             notes += keys_file.notes
-        return writer.rows, writer.duplicates, storage
+        return writer.rows, (writer.duplicates, tuple(writer.duplicate_keys)), storage
     finally:
         reader.close()
         if keys_file is not None:

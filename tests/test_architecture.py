@@ -213,6 +213,8 @@ LONG_MODULES: dict[str, str] = {
                              "into one VerifyReport",
     "embstore.store.table": "ZarrTable: one class, a handle's reads, writes and the versions "
                             "they commit share its lock and its Version",
+    "embstore.torch": "the torch.nn.Embedding and EmbeddingBag faces of a table: one base "
+                      "module (torch's attributes, devices, forking), torch's error classes",
     "embstore.store.versions.commit": "the commit protocol: one Transaction (staged files, the "
                                       "journal, the snapshot) and its recovery, repair and "
                                       "settle, which read the same journal",
@@ -397,6 +399,8 @@ RENAME_ALLOWED = {
     "embstore.fs.atomic": "the one helper: write beside, then rename into place",
     "embstore.fs.beside": "the helper's mechanics (the exchange, the fallback's two renames, "
                           "putting back a table a killed swap set aside)",
+    "embstore.torch": "the torch.nn.Embedding and EmbeddingBag faces of a table: one base "
+                      "module (torch's attributes, devices, forking), torch's error classes",
     "embstore.store.versions.commit": "the commit protocol: the journal's rename is the commit point and "
                              "the roll-forward renames staged files over live ones, exactly "
                              "one rename(2) each, no stat before it (see the module doc)",

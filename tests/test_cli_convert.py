@@ -147,8 +147,11 @@ def test_vocab_for_keyed_format_and_tensor_misuse(run, tmp_path):
     res = run("import", d("two2d.safetensors"), tmp_path / "t")
     assert res.exit_code == 1
     assert res.stderr == (f"Error: {d('two2d.safetensors')}: expected exactly one 2-D float "
-                          "tensor, got 2 (decoder.weight [5, 4], encoder.weight [5, 4]); choose "
-                          "one with --tensor\n")
+                          "tensor, or one named as an input embedding (a name ending in "
+                          "embed_tokens.weight, word_embeddings.weight, wte.weight, "
+                          "shared.weight, embed_in.weight, tok_embeddings.weight), got 2 "
+                          "(decoder.weight [5, 4], encoder.weight [5, 4]); choose one with "
+                          "--tensor\n")
 
 
 def test_overwrite(run, tmp_path):

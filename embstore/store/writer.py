@@ -144,6 +144,11 @@ class TableWriter:
     def duplicates(self) -> int:
         return 0 if self._keys is None else int(self._keys.duplicates)
 
+    @property
+    def duplicate_keys(self) -> list[str]:
+        """The first few keys dropped as duplicates (up to 5), in the order met."""
+        return [] if self._keys is None else list(self._keys.duplicate_keys)
+
     def _decide(self, rows: int | None) -> None:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
         cr, sr = choose_layout(self.dim, self.storage, rows, chunk_rows=self._layout_args[0],
