@@ -133,3 +133,15 @@ def test_torch_modules_have_weight_and_refuse_a_missing_device(small_table):
                 with pytest.raises((AssertionError, RuntimeError), match="CUDA|cuda"):
                     move()
         m.close()
+
+
+def test_info_on_a_foreign_zarr_group_says_what_it_is(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    g = zarr.open_group(str(tmp_path / "f.zarr"), mode="w")
+    g.create_array("vectors", shape=(10, 4), dtype="float32")[:] = np.ones((10, 4), np.float32)
+    res = invoke("info", tmp_path / "f.zarr")
+    assert res.exit_code == 0, res.output
+    assert "format:        none (a Zarr group written by another tool, not by embstore)" in (
+        res.output)
+    assert "format:        None" not in res.output
+    assert json.loads(invoke("info", tmp_path / "f.zarr", "--json").output)["format"] is None
