@@ -20,6 +20,7 @@ from numpy.typing import DTypeLike
 
 from ._types import PathLike
 from .fs.atomic import check_dest, remove, replace, temp_path
+from .fs.copytree import disk_usage
 from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
@@ -29,7 +30,7 @@ from .formats.vocabfile import VocabReader, vocab_path_for, write_vocab
 from .store.remote.fetch import is_source_url, open_url, url_name
 from .store.codecs import Compression
 from .store.table import open as open_table
-from .dtypes import QUANTISED, check_storage
+from .dtypes import DTYPES, QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
 from .store.subword.build import import_fasttext_bin
@@ -204,8 +205,21 @@ def _import_reader(module, where, dest: str, fmt: str, *, vocab, storage, tensor
     rows, dups, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
                                        limit=limit, unicode_errors=unicode_errors,
                                        on_progress=on_progress, notes=notes, **layout)
+    if layout.get("compression", "none") != "none":
+        _note_incompressible(dest, layout["compression"], rows * reader.dim *
+                             DTYPES[storage].code.itemsize, notes)
     return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim, dtype=storage,
                         duplicates=dups[0], tensor=reader.tensor, duplicate_keys=dups[1])
+
+
+def _note_incompressible(dest: str, compression: str, raw: int, notes: list[str]) -> None:
+    """A note when compressed chunks of ``vectors`` take more than the ``raw`` bytes of the
+    rows uncompressed (float32 vectors rarely compress; each small chunk adds a frame)."""
+    stored = disk_usage(os.path.join(dest, "vectors"), skip=(".embstore",))
+    if raw and stored > raw:
+        notes.append(f"{compression} compression stored the rows in {stored} bytes, more than "
+                     f"the {raw} they take uncompressed (these values do not compress): "
+                     "without compression the table is smaller and faster to read")
 
 
 def _vocab_beside(src, fmt: str, vocab, notes: list[str]):

@@ -66,6 +66,7 @@ def saved(tmp_path_factory):
     return path, E
 
 
+@pytest.mark.slow  # a 400,000-row table
 def test_a_saved_table_takes_its_rows_and_keys_on_disk_sparse_or_not(saved):
     path, E = saved
     keys = sum(_apparent(path / name) for name in KEY_ARRAYS)
@@ -118,6 +119,7 @@ def _links_kept(src, dest):
     return groups(src) == groups(dest)
 
 
+@pytest.mark.slow  # a 400,000-row table
 @pytest.mark.skipif(shutil.which("cp") is None, reason="no cp")
 def test_cp_a_keeps_the_size_and_cp_r_doubles_it(saved, tmp_path):
     path, E = saved
@@ -128,6 +130,7 @@ def test_cp_a_keeps_the_size_and_cp_r_doubles_it(saved, tmp_path):
     assert _du(tmp_path / "r.emb") > 1.8 * _du(path)  # what docs/copying.md warns of
 
 
+@pytest.mark.slow  # a 400,000-row table
 def test_embstore_copy_local_to_local_keeps_size_links_and_rows(saved, tmp_path):
     path, E = saved
     seen = []

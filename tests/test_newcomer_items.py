@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import errno
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -145,3 +146,27 @@ def test_info_on_a_foreign_zarr_group_says_what_it_is(tmp_path):
         res.output)
     assert "format:        None" not in res.output
     assert json.loads(invoke("info", tmp_path / "f.zarr", "--json").output)["format"] is None
+
+
+def test_compression_that_saves_nothing_says_so_and_info_counts_the_rows(tmp_path):
+    """Random float32 rows do not compress: the import says so, info's saved_bytes is 0;
+    small whole numbers do, and saved_bytes is what the chunks of vectors saved."""
+    rng = np.random.default_rng(9)
+    for name, rows in (("noise", rng.standard_normal((3000, 64)).astype(np.float32)),
+                       ("counts", rng.integers(0, 3, (3000, 64)).astype(np.float32))):
+        src = tmp_path / f"{name}.txt"
+        src.write_text("".join(f"w{i} " + " ".join(map(repr, r.tolist())) + "\n"
+                               for i, r in enumerate(rows)))
+        res = embstore.import_file(src, tmp_path / f"{name}.emb", compression="zstd")
+        with embstore.open(tmp_path / f"{name}.emb") as t:
+            np.testing.assert_array_equal(t[:], rows)
+            info = t.info()
+        du = subprocess.run(["du", "-s", "-B1", "--exclude=.embstore",
+                             str(tmp_path / f"{name}.emb" / "vectors")],
+                            capture_output=True, text=True, check=True).stdout
+        assert info["saved_bytes"] == max(0, rows.nbytes - int(du.split()[0]))
+        noted = [n for n in res.notes if "do not compress" in n]
+        if name == "noise":
+            assert info["saved_bytes"] == 0 and len(noted) == 1, res.notes
+        else:
+            assert info["saved_bytes"] > rows.nbytes // 2 and not noted, (info, res.notes)
