@@ -170,3 +170,25 @@ def test_compression_that_saves_nothing_says_so_and_info_counts_the_rows(tmp_pat
             assert info["saved_bytes"] == 0 and len(noted) == 1, res.notes
         else:
             assert info["saved_bytes"] > rows.nbytes // 2 and not noted, (info, res.notes)
+
+
+def test_lookup_resume_on_a_complete_output_has_nothing_to_do(small_table, tmp_path):
+    path, E = small_table
+    ids = np.array([[0, 5, 7], [29, 1, 1]])
+    np.save(tmp_path / "ids.npy", ids)
+    out = tmp_path / "out.zarr"
+    assert invoke("lookup", path, tmp_path / "ids.npy", out, "-q").exit_code == 0
+    before = sorted(p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file())
+    res = invoke("lookup", path, tmp_path / "ids.npy", out, "--resume")
+    assert res.exit_code == 0, res.output
+    assert res.stderr.startswith(f"nothing to do: {out} is complete (shape (2, 3, 4), float32)")
+    assert sorted(p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()) == before
+    zarr = pytest.importorskip("zarr")
+    np.testing.assert_array_equal(zarr.open_array(str(out), mode="r")[:], E[ids])
+    doc = json.loads(invoke("lookup", path, tmp_path / "ids.npy", out, "--resume",
+                            "--json").stdout)
+    assert doc["nothing_to_do"] is True and doc["resumed_blocks"] == doc["blocks"]
+    np.save(tmp_path / "other.npy", ids[:, :2])  # another job's output is there: refused
+    res = invoke("lookup", path, tmp_path / "other.npy", out, "--resume")
+    assert res.exit_code == 1 and "is not this job's complete output" in res.output
+    assert "pass --overwrite to replace it" in res.output
