@@ -139,7 +139,7 @@ def test_safetensors_bf16_imports_natively_and_exports_bit_exact(tmp_path):
         np.testing.assert_array_equal(t.to_numpy(), w.float().numpy())
         info = t.info()
         assert info["storage_dtype"] == "bfloat16"
-        assert info["stored_bytes"] < 0.52 * info["nbytes"]
+        assert info["stored_bytes"] < 0.55 * info["nbytes"]  # half, and (as du) the folders
     res = CliRunner().invoke(cli, ["export", str(tmp_path / "t"), str(tmp_path / "o.safetensors")])
     assert res.exit_code == 0, res.output
     back = load_file(str(tmp_path / "o.safetensors"))["weight"]
