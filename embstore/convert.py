@@ -20,6 +20,7 @@ from numpy.typing import DTypeLike
 
 from ._types import PathLike
 from .fs.atomic import check_dest, remove, replace, temp_path
+from .fs.copytree import disk_usage
 from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
@@ -29,7 +30,7 @@ from .formats.vocabfile import VocabReader, vocab_path_for, write_vocab
 from .store.remote.fetch import is_source_url, open_url, url_name
 from .store.codecs import Compression
 from .store.table import open as open_table
-from .dtypes import QUANTISED, check_storage
+from .dtypes import DTYPES, QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
 from .store.subword.build import import_fasttext_bin
@@ -55,6 +56,7 @@ class ImportResult:
     tensor: str | None = None
     compression: str | None = None   # of the source: gzip, bz2, xz, zstd, zip (None: plain)
     notes: tuple[str, ...] = ()      # what the import decided (padding rows, a copied source)
+    duplicate_keys: tuple[str, ...] = ()  # the first few of the dropped duplicates (up to 5)
 
 
 def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "auto",
@@ -200,11 +202,24 @@ def _import_reader(module, where, dest: str, fmt: str, *, vocab, storage, tensor
         vocab = None
     if on_progress is not None and hasattr(on_progress, "unit"):
         setattr(on_progress, "unit", reader.progress_unit)  # a progress.Display
-    rows, duplicates, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
-                                             limit=limit, unicode_errors=unicode_errors,
-                                             on_progress=on_progress, notes=notes, **layout)
+    rows, dups, storage = _import_rows(reader, dest, fmt, vocab=vocab, storage=storage,
+                                       limit=limit, unicode_errors=unicode_errors,
+                                       on_progress=on_progress, notes=notes, **layout)
+    if layout.get("compression", "none") != "none":
+        _note_incompressible(dest, layout["compression"], rows * reader.dim *
+                             DTYPES[storage].code.itemsize, notes)
     return ImportResult(path=dest, format=fmt, rows=rows, dim=reader.dim, dtype=storage,
-                        duplicates=duplicates, tensor=reader.tensor)
+                        duplicates=dups[0], tensor=reader.tensor, duplicate_keys=dups[1])
+
+
+def _note_incompressible(dest: str, compression: str, raw: int, notes: list[str]) -> None:
+    """A note when compressed chunks of ``vectors`` take more than the ``raw`` bytes of the
+    rows uncompressed (float32 vectors rarely compress; each small chunk adds a frame)."""
+    stored = disk_usage(os.path.join(dest, "vectors"), skip=(".embstore",))
+    if raw and stored > raw:
+        notes.append(f"{compression} compression stored the rows in {stored} bytes, more than "
+                     f"the {raw} they take uncompressed (these values do not compress): "
+                     "without compression the table is smaller and faster to read")
 
 
 def _vocab_beside(src, fmt: str, vocab, notes: list[str]):
@@ -247,8 +262,9 @@ def _spool(source, path: str) -> int:
 
 def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_errors,
                  compression, chunk_rows, shard_rows, overwrite, on_progress,
-                 notes: list[str]) -> tuple[int, int, str]:
-    """Feed ``reader``'s blocks (and keys from ``vocab``) to a TableWriter at ``dest``."""
+                 notes: list[str]) -> tuple[int, tuple[int, tuple[str, ...]], str]:
+    """Feed ``reader``'s blocks (and keys from ``vocab``) to a TableWriter at ``dest``; returns
+    the rows kept, (duplicates dropped, the first few of them) and the storage dtype."""
     if storage is None:  # the source's own dtype, bfloat16 kept native
         storage = reader.native_dtype or np.dtype(reader.dtype).name
     keys_file: VocabReader | TokenKeys | None = None
@@ -283,7 +299,7 @@ def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_
         notes += getattr(reader, "notes", [])
         if isinstance(keys_file, TokenKeys):
             notes += keys_file.notes
-        return writer.rows, writer.duplicates, storage
+        return writer.rows, (writer.duplicates, tuple(writer.duplicate_keys)), storage
     finally:
         reader.close()
         if keys_file is not None:

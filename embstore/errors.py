@@ -8,6 +8,8 @@ the raw values are kept as attributes.
 
 from __future__ import annotations
 
+import errno
+
 import re
 
 __all__ = [
@@ -139,6 +141,19 @@ class NotATableError(FormatError):
     def __init__(self, message: str, *, path=None, is_file: bool = False):
         super().__init__(message, path=path)
         self.is_file = is_file
+
+
+class TableNotFoundError(NotATableError, FileNotFoundError):
+    """Nothing at a table's path.  A ``FileNotFoundError`` as a missing file is, and still a
+    :class:`NotATableError` (and ``ValueError``) for the ``except`` clauses written before;
+    ``errno`` is ``ENOENT`` and ``filename`` the path, as ``open`` sets them."""
+
+    def __init__(self, message: str, *, path=None):
+        super().__init__(message, path=path)
+        self.errno, self.strerror, self.filename = errno.ENOENT, message, self.path
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno 2] ...: 'path'"
+        return Exception.__str__(self)
 
 
 class ShapeMismatchError(EmbstoreError, ValueError):

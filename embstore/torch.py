@@ -230,6 +230,26 @@ class _TableModule(Trainable, torch.nn.Module):
     def norm_type(self) -> float:
         return self._layer.norm_type
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The rows as a CPU tensor: a copy read as ``table[:]`` (refused as it is past the
+        memory the system gives), not a ``Parameter``: a trained module learns in the table."""
+        with _torch_errors():
+            return _tensor(np.asarray(self._table[:]), None, self._dtype)
+
+    def to(self, *args, **kwargs):
+        """No parameters to move: rows come out on the device of the ids.  A device that this
+        torch build or machine lacks raises torch's own error (never a silent no-op)."""
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is not None and device.type != "cpu":
+            torch.empty(0, device=device)  # "Torch not compiled with CUDA enabled", ...
+        return super().to(*args, **kwargs)
+
+    def cuda(self, device=None):
+        """As :meth:`to` with a CUDA device."""
+        return self.to(device if isinstance(device, torch.device) else torch.device(
+            "cuda", device) if device is not None else torch.device("cuda"))
+
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
         for name in ("padding_idx", "max_norm"):

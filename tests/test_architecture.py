@@ -216,6 +216,8 @@ LONG_MODULES: dict[str, str] = {
     "embstore.store.place.objstore": "ObjectClient: one class, every request a table's "
                                       "client makes (reads, uploads, conditional writes, "
                                       "listings) through one error translation and counter",
+    "embstore.torch": "the torch.nn.Embedding and EmbeddingBag faces of a table: one base "
+                      "module (torch's attributes, devices, forking), torch's error classes",
     "embstore.store.versions.commit": "the commit protocol: one Transaction (staged files, the "
                                       "journal, the snapshot) and its recovery, repair and "
                                       "settle, which read the same journal",
@@ -400,6 +402,8 @@ RENAME_ALLOWED = {
     "embstore.fs.atomic": "the one helper: write beside, then rename into place",
     "embstore.fs.beside": "the helper's mechanics (the exchange, the fallback's two renames, "
                           "putting back a table a killed swap set aside)",
+    "embstore.torch": "the torch.nn.Embedding and EmbeddingBag faces of a table: one base "
+                      "module (torch's attributes, devices, forking), torch's error classes",
     "embstore.store.versions.commit": "the commit protocol: the journal's rename is the commit point and "
                              "the roll-forward renames staged files over live ones, exactly "
                              "one rename(2) each, no stat before it (see the module doc)",

@@ -392,6 +392,7 @@ print("pandas" in sys.modules)
 """
 
 
+@pytest.mark.slow  # over 5 CPU-s (2026-12-02 per-test CPU timings)
 def test_an_id_job_does_not_import_pandas(weights, tmp_path):
     """pyarrow's ``to_numpy``/``np.asarray`` import pandas (about a second a process,
     a Dask worker each); ids and offsets are read from the Arrow buffers (regression)."""

@@ -139,7 +139,7 @@ def test_safetensors_bf16_imports_natively_and_exports_bit_exact(tmp_path):
         np.testing.assert_array_equal(t.to_numpy(), w.float().numpy())
         info = t.info()
         assert info["storage_dtype"] == "bfloat16"
-        assert info["stored_bytes"] < 0.52 * info["nbytes"]
+        assert info["stored_bytes"] < 0.55 * info["nbytes"]  # half, and (as du) the folders
     res = CliRunner().invoke(cli, ["export", str(tmp_path / "t"), str(tmp_path / "o.safetensors")])
     assert res.exit_code == 0, res.output
     back = load_file(str(tmp_path / "o.safetensors"))["weight"]
@@ -362,10 +362,18 @@ def _check_accuracy(t32, t8, vecs):
     assert cos.mean() >= 0.999, cos.mean()
     info32, info8 = t32.info(), t8.info()
     assert info8["nbytes"] == info32["nbytes"]
-    assert info8["saved_bytes"] == info8["nbytes"] - info8["stored_bytes"] > 0
+    assert info8["saved_bytes"] == info8["nbytes"] - _vectors_du(t8.path) > 0
 
 
-@pytest.mark.parametrize("dtype,limit", [("int8", 0.27), ("bfloat16", 0.51)])
+def _vectors_du(path) -> int:
+    """What du counts for the chunks of ``vectors`` (its versions folder aside)."""
+    out = subprocess.run(["du", "-s", "-B1", "--exclude=.embstore", str(Path(path) / "vectors")],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+# int8: 264 of 1,024 bytes a row (0.258), then norms and, as du counts them, the folders
+@pytest.mark.parametrize("dtype,limit", [("int8", 0.275), ("bfloat16", 0.51)])
 def test_size_against_float32(tmp_path, rng, dtype, limit):
     x = rng.standard_normal((20000, 256)).astype(np.float32)
     s32 = embstore.save(tmp_path / "f", x).info()["stored_bytes"]
@@ -419,7 +427,7 @@ def test_cli_import_dtype_and_info(tmp_path, dtype):
     info = json.loads(res.output)
     assert info["storage_dtype"] == dtype
     assert info["dtype"] == ("float16" if dtype == "float16" else "float32")
-    assert info["saved_bytes"] == max(0, info["nbytes"] - info["stored_bytes"])
+    assert info["saved_bytes"] == max(0, info["nbytes"] - _vectors_du(tmp_path / "t"))
     text = CliRunner().invoke(cli, ["info", str(tmp_path / "t")]).output
     assert f"storage_dtype:{dtype}" in text.replace(" ", "")
     with embstore.open(tmp_path / "t") as t:

@@ -234,6 +234,7 @@ def cli_run(args, stdin: bytes = b"") -> subprocess.CompletedProcess:
                           capture_output=True, env=env, timeout=300)
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_stdin_and_stdout_through_pipes(tmp_path):
     gz = open(packed(tmp_path, "gensim.txt", "gz"), "rb").read()
     embstore.import_file(os.path.join(DATA, "gensim.txt"), tmp_path / "ref.emb")

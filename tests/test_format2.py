@@ -203,6 +203,7 @@ def test_upgrade_leaves_compressed_format2_tables_as_they_are(tmp_path, E):
         np.testing.assert_array_equal(t.to_numpy(), E)
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_refresh_under_readers_and_a_writer_never_breaks_a_lookup(tmp_path, E):
     """Three threads look rows up on one handle while a fourth refreshes it and another
     process appends: every lookup returns the right rows (refresh used to unmap the range a
@@ -235,6 +236,7 @@ def test_refresh_under_readers_and_a_writer_never_breaks_a_lookup(tmp_path, E):
     assert errors == []
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_four_writer_processes_at_once(tmp_path, E):
     """Four processes append and write to one format-2 table at the same time (the writer
     lock serialises them): every append's rows land whole at the ids it was given, every

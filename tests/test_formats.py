@@ -181,8 +181,10 @@ def test_bad_binary(tmp_path, content, message):
 def test_safetensors_choice_and_errors(tmp_path):
     vecs, _, _ = read_all("safetensors", d("two2d.safetensors"), tensor="decoder.weight")
     np.testing.assert_array_equal(vecs, VALUES[::-1])
-    with pytest.raises(FormatError, match=r"expected exactly one 2-D float tensor, got 2 "
-                       r"\(decoder.weight \[5, 4\], encoder.weight \[5, 4\]\); choose one"):
+    with pytest.raises(FormatError, match=r"expected exactly one 2-D float tensor, or one "
+                       r"named as an input embedding \(a name ending in embed_tokens.weight, .*"
+                       r"\), got 2 \(decoder.weight \[5, 4\], encoder.weight \[5, 4\]\); "
+                       r"choose one"):
         get("safetensors").read(d("two2d.safetensors"))
     with pytest.raises(FormatError, match="expected a 2-D float tensor, got I64"):
         get("safetensors").read(d("two2d.safetensors"), tensor="ids")

@@ -150,6 +150,7 @@ _MANY_SHARDS = textwrap.dedent("""
     """)
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_many_shards_under_a_low_descriptor_limit(tmp_path):
     res = subprocess.run([sys.executable, "-c", _MANY_SHARDS, str(tmp_path / "t")],
                          capture_output=True, text=True, timeout=600,
@@ -232,6 +233,7 @@ def test_bad_cache_bytes_on_the_command_line(tmp_path, bad):
     assert "byte size" in res.output and len(res.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_zarr_decode_failure_prints_one_line(tmp_path):
     """A foreign (unsharded, zstd) table with damaged chunks, read by zarr-python."""
     import zarr

@@ -146,6 +146,7 @@ def test_a_compressed_write_costs_the_rows_not_the_chunks(tmp_path, rng):
         np.testing.assert_array_equal(t.to_numpy(), want)
 
 
+@pytest.mark.slow  # over 5 CPU-s (2026-12-02 per-test CPU timings)
 def test_threads_sharing_a_refreshing_handle_of_a_compressed_table(tmp_path, E):
     """Threads look rows up through a row cache of one handle while another refreshes it
     and a writer commits whole-table rewrites: every lookup is one version's rows."""

@@ -130,7 +130,7 @@ def test_text_export_writes_the_shortest_round_trip_floats(tmp_path):
     embstore.export_table(tmp_path / "t.emb", tmp_path / "t.txt")
     lines = (tmp_path / "t.txt").read_text().splitlines()
     toks = [line.split()[1:] for line in lines[1:]]
-    assert toks[0][:4] == ["0.418", "0.24968", "-0.41242", "0"]
+    assert toks[0][:4] == ["0.418", "0.24968", "-0.41242", "0.0"]
     back = np.array(toks, dtype=np.float64).astype(np.float32)
     assert np.array_equal(back.view(np.uint32), vals.view(np.uint32))  # bit for bit
     ref = [[np.format_float_positional(v, unique=True, trim="-") for v in row] for row in vals]
@@ -138,6 +138,57 @@ def test_text_export_writes_the_shortest_round_trip_floats(tmp_path):
     # gensim reads it back to the same values
     gensim = pytest.importorskip("gensim")
     kv = gensim.models.KeyedVectors.load_word2vec_format(str(tmp_path / "t.txt"))
+    assert np.array_equal(kv.vectors.view(np.uint32), vals.view(np.uint32))
+
+
+def _gensim_text(vals, path):
+    gensim = pytest.importorskip("gensim")
+    kv = gensim.models.KeyedVectors(vals.shape[1])
+    kv.add_vectors([f"w{i}" for i in range(len(vals))], vals)
+    kv.save_word2vec_format(str(path))
+    return path.read_text().splitlines()
+
+
+@pytest.mark.parametrize("fmt", ["word2vec", "glove"])
+def test_text_export_writes_whole_numbers_as_gensim_does(tmp_path, fmt):
+    """Count vectors, one-hot rows, hand-made values: every whole number token as gensim's
+    save_word2vec_format writes it (10.0, -30.0, 0.0, 1e+06), the rest shortest; exact back."""
+    rng = np.random.default_rng(3)
+    counts = rng.integers(-40, 40, size=(300, 12)).astype(np.float32)
+    onehot = np.eye(12, dtype=np.float32)[rng.integers(0, 12, 200)]
+    mixed = rng.standard_normal((300, 12)).astype(np.float32)
+    mixed[:, ::3] = np.round(mixed[:, ::3] * 1000)  # whole numbers among other values
+    special = np.array([[10, -30, 0.0, -0.0, 999999, 1e6, 1234567, -2 ** 24, 3e10, 0.5, 1.5, 7]],
+                       dtype=np.float32)
+    vals = np.concatenate([special, counts, onehot, mixed])
+    keys = [f"w{i}" for i in range(len(vals))]
+    embstore.save(tmp_path / "t.emb", vals, keys=keys).close()
+    embstore.export_table(tmp_path / "t.emb", tmp_path / "t.txt", format=fmt)
+    ours = (tmp_path / "t.txt").read_text().splitlines()
+    theirs = _gensim_text(vals, tmp_path / "g.txt")
+    ours = ours[1:] if fmt == "word2vec" else ours
+    assert ours[0] == theirs[1] == ("w0 10.0 -30.0 0.0 -0.0 999999.0 1e+06 1.234567e+06 "
+                                    "-1.6777216e+07 3e+10 0.5 1.5 7.0")
+    mine = np.array([line.split()[1:] for line in ours])
+    ref = np.array([line.split()[1:] for line in theirs[1:]])
+    whole = vals == np.round(vals)
+    assert np.array_equal(mine[whole], ref[whole])  # whole numbers: gensim's very tokens
+    back = mine.astype(np.float64).astype(np.float32)
+    assert np.array_equal(back.view(np.uint32), vals.view(np.uint32))  # every value exact
+    size = (tmp_path / "t.txt").stat().st_size
+    assert size <= 1.05 * (tmp_path / "g.txt").stat().st_size
+
+
+def test_text_export_of_trained_like_rows_stays_within_gensims_size(tmp_path):
+    vals = np.random.default_rng(8).standard_normal((2000, 50)).astype(np.float32) / 3
+    vals[::7, 0] = 0.0
+    embstore.save(tmp_path / "t.emb", vals, keys=[f"w{i}" for i in range(len(vals))]).close()
+    embstore.export_table(tmp_path / "t.emb", tmp_path / "t.txt")
+    theirs = _gensim_text(vals, tmp_path / "g.txt")
+    ours = (tmp_path / "t.txt").read_text().splitlines()
+    assert ours == theirs  # here NumPy's str and the shortest %g agree token for token
+    kv = pytest.importorskip("gensim").models.KeyedVectors.load_word2vec_format(
+        str(tmp_path / "t.txt"))
     assert np.array_equal(kv.vectors.view(np.uint32), vals.view(np.uint32))
 
 

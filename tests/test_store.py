@@ -291,6 +291,7 @@ def test_reader_opened_before_append_keeps_old_size(tmp_path, E):
     assert (reader[200] == 0).all() and (reader[len(E) + 29] == 1).all()
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_threads_read_while_a_thread_writes(tmp_path):
     V, D = 256, 8
     base = np.repeat(np.arange(V, dtype=np.float32)[:, None], D, axis=1)

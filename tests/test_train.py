@@ -196,6 +196,7 @@ def test_rest_of_the_model_trains_with_a_torch_optimizer(table):
     emb.close()
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_small_cache_evicts_and_equals_a_large_one(tmp_path, weights):
     out = {}
     for name, cache in [("big", "auto"), ("small", 20 * (4 * (D + 1) + 17))]:
@@ -237,6 +238,7 @@ def _train(path, steps, *, resume=None, cache="auto", ckpt_every=None):
     return emb
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, weights):
     cache = 24 * (4 * (D + 1) + 17)  # evictions between checkpoints
     for name in ("a", "b"):
@@ -425,6 +427,7 @@ def test_sigkill_at_50_random_moments_then_resume_equals_an_uninterrupted_run(tm
     _crash_trials(tmp_path, 50, seed=1)
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_steady_state_allocates_nothing_of_the_batch_size():
     """tracemalloc over 100 steps (NumPy's buffers are traced): no growth, and no
     allocation near the size of the batch's rows (the output and the gradient sums

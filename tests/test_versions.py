@@ -379,7 +379,7 @@ TORN_LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", [
-    pytest.param(k, marks=[] if k in ("rows", "zstd") else [pytest.mark.slow])
+    pytest.param(k, marks=[] if k == "rows" else [pytest.mark.slow])
     for k in TORN_LAYOUTS])
 def test_readers_never_see_part_of_a_commit(tmp_path, layout):
     """4 reader processes (refreshing, and opening afresh; gathers and to_numpy) while a
@@ -407,6 +407,7 @@ def test_readers_never_see_part_of_a_commit(tmp_path, layout):
     assert max(int(o[3]) for o in outs) > 3  # the readers saw the table change
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_a_row_cache_never_mixes_versions_under_a_refreshing_handle(tmp_path):
     """Threads look rows up through a row cache while another refreshes the handle and a
     process rewrites the whole table (value k at commit k): every lookup holds one value
@@ -428,6 +429,7 @@ def test_a_row_cache_never_mixes_versions_under_a_refreshing_handle(tmp_path):
     assert count.errors == [] and count.lookups > 100 and count.mixed == 0
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_threads_sharing_a_refreshing_handle(t2, E):
     """One thread refreshes a handle in a loop while three look rows up through it and a
     writer commits: no error, and every lookup is one version's rows."""
@@ -538,6 +540,7 @@ def test_norms_stored_again_over_deltas_are_the_newest_rows_norms(t2, E):
     assert embstore.verify(t2).ok
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_many_small_writes_keep_few_delta_files(t2, E):
     """100 one-row writes (0.03% of the rows each: no compaction): the deltas are merged
     into one file per array now and then, and every row reads back."""

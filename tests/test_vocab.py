@@ -347,6 +347,7 @@ _text = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=st.lists(st.one_of(_text, st.sampled_from(SPECIAL)), max_size=60),
        block=st.integers(1, 25), queries=st.lists(_text, max_size=20))
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_property_matches_dict(keys, block, queries):
     with tempfile.TemporaryDirectory() as d:
         writer, mask = _build(Path(d) / "t", keys, block)

@@ -32,7 +32,8 @@ from .io import (DEFAULT_CACHE_BYTES, FilledIds, Job, KeyLines, NpyIds, NpySink,
 from .._types import Bytes, PathLike
 from ..fs.atomic import check_dest, remove, replace, temp_path
 from ..cache.hotfile import hot_ids
-from ..errors import EmbstoreError, InvalidOptionError, KeyNotFoundError, table_label
+from ..errors import (DestinationExistsError, EmbstoreError, InvalidOptionError,
+                      KeyNotFoundError, table_label)
 from ..ids import as_ids, one_of, positive_int
 from ..oov import KEY_OOV_MODES, OOV
 from .remote import RemoteNpyIds, RemoteZarrSink, check_remote_output, is_url, remote_stamp
@@ -174,10 +175,10 @@ def _check_job(input: str, output: str, lengths: str | None, *, keys: bool, oov:
     if is_url(output):  # on object storage: a Zarr array, written without rename
         check_remote_output(output, kind)
         RemoteZarrSink.check_dest(output, overwrite or resume)
-    else:
-        check_dest(output, overwrite)
+    else:  # resume over a complete output: nothing to do (checked against the job in _run)
+        check_dest(output, overwrite or (resume and os.path.isdir(output)))
     if lengths is not None:
-        check_dest(lengths, overwrite)
+        check_dest(lengths, overwrite or (resume and os.path.isdir(output)))
     if not is_url(input) and not os.path.exists(input):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), input)
     return batch_rows, kind
@@ -271,6 +272,8 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
          overwrite, resume, lengths, on_progress, cache_bytes, n_workers, threads, t0) -> dict:
     job, line_lengths = _plan(tab, table_path, input, kind, keys=keys, oov=oov, unk_id=unk_id,
                               batch_rows=batch_rows, cache_bytes=cache_bytes)
+    if resume and not overwrite and not is_url(output) and os.path.isdir(output):
+        return _already_complete(output, job, lengths, scheduler, t0)
     tmp = output if is_url(output) else _tmp_path(output, kind)
     job = dataclasses.replace(job, tmp=tmp)
     if is_url(tmp):
@@ -334,6 +337,26 @@ def _run(tab, table_path, input, output, kind, *, keys, oov, unk_id, batch_rows,
             "ids": int(np.prod(job.shape, dtype=np.int64)), "blocks": job.n_blocks,
             "resumed_blocks": len(done), "seconds": time.perf_counter() - t0,
             "scheduler": scheduler, "lengths": lengths}
+
+
+def _already_complete(output: str, job: Job, lengths, scheduler, t0: float) -> dict:
+    """The summary of a resumed job whose ``output`` is already complete (nothing to do),
+    after checking that it is this job's: its shape and dtype; else the destination error."""
+    import zarr
+    want = job.shape + (job.dim,)
+    try:
+        arr = zarr.open_array(output, mode="r")
+        same = tuple(arr.shape) == want and np.dtype(arr.dtype) == np.dtype(job.dtype)
+    except Exception:  # noqa: BLE001 - not a Zarr array at all: another thing is there
+        same = False
+    if not same:
+        raise DestinationExistsError(f"{output} exists and is not this job's complete output "
+                                     f"(expected a {np.dtype(job.dtype)} array of shape "
+                                     f"{want}); pass overwrite=True to replace it")
+    return {"output": output, "shape": want, "dtype": str(np.dtype(job.dtype)),
+            "ids": int(np.prod(job.shape, dtype=np.int64)), "blocks": job.n_blocks,
+            "resumed_blocks": job.n_blocks, "seconds": time.perf_counter() - t0,
+            "scheduler": scheduler, "lengths": lengths, "nothing_to_do": True}
 
 
 def _resumable_failure(exc: BaseException) -> bool:

@@ -92,7 +92,7 @@ def import_cmd(src, dest, fmt, tensor, vocab, no_vocab, dtype, compression, chun
     if as_json:
         print_json({"source": src, "path": dest, "format": res.format, "rows": res.rows,
                      "dim": res.dim, "dtype": res.dtype, "duplicates": res.duplicates,
-                     "tensor": res.tensor})
+                     "duplicate_keys": list(res.duplicate_keys), "tensor": res.tensor})
     what = f" tensor {res.tensor}" if res.tensor else ""
     packed = f"{res.compression}-compressed " if res.compression else ""
     say(f"imported {res.rows} x {res.dim} {res.dtype} from {src} ({packed}{res.format}{what}) "
@@ -100,8 +100,10 @@ def import_cmd(src, dest, fmt, tensor, vocab, no_vocab, dtype, compression, chun
     for note in res.notes:
         say(f"Note: {flag_terms(note.replace('vocab=False', '--no-vocab'))}", quiet or as_json)
     if res.duplicates and not quiet:
-        click.echo(f"{plural(res.duplicates, 'duplicate key')} dropped (the first occurrence wins)",
-                   err=True)
+        named = ", ".join(repr(k) for k in res.duplicate_keys)
+        more = ", ..." if res.duplicates > len(res.duplicate_keys) else ""
+        click.echo(f"{plural(res.duplicates, 'duplicate key')} dropped (the first occurrence wins)"
+                   + (f": {named}{more}" if named else ""), err=True)
 
 
 @click.command("export", short_help="Export a table to a vectors file.")

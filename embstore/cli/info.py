@@ -48,7 +48,10 @@ def info_cmd(path, version, as_json, quiet):
               "has_keys", "pending_rows",
               "chunk_rows",
               "shard_rows", "compression", "nbytes", "stored_bytes", "saved_bytes"):
-        click.echo(f"{k + ':':15}{info.get(k)}")
+        value = info.get(k)
+        if k == "format" and value is None:  # a group another tool wrote: no embstore format
+            value = "none (a Zarr group written by another tool, not by embstore)"
+        click.echo(f"{k + ':':15}{value}")
     bare = info["unchecksummed_arrays"]
     click.echo(f"{'checksummed:':15}" + ("yes" if info["checksummed"] else "no (vectors "
                                          "written without crc32c: rows cannot be verified)")

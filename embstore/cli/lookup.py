@@ -166,6 +166,9 @@ def _say_written(summary: dict, as_json: bool, quiet: bool) -> None:
     """The summary of an ids or key-file job: as JSON, or one line on standard error."""
     if as_json:
         print_json(summary)
+    elif not quiet and summary.get("nothing_to_do"):
+        click.echo(f"nothing to do: {summary['output']} is complete (shape {summary['shape']}, "
+                   f"{summary['dtype']}); pass --overwrite to compute it again", err=True)
     elif not quiet:
         resumed = summary["resumed_blocks"]
         click.echo(f"wrote {summary['output']}: shape {summary['shape']}, {summary['dtype']} "

@@ -19,7 +19,6 @@ from ..store import repair as repair_table
 from ..store import upgrade as upgrade_table
 from ..store import verify as verify_table
 from ..store.stored_norms import store_norms
-from ..store.place.objstore import is_url
 from ..store.remote.transfer import copy_table
 from ..progress import display as progress, plural
 from .common import DEST, TABLE, options, print_json, say, version_option
@@ -282,22 +281,22 @@ def demo_cmd(directory: str | None, no_dask: bool, as_json: bool, quiet: bool) -
         print_json(summary)
 
 
-@click.command("copy", short_help="Copy a table to or from object storage.")
+@click.command("copy", short_help="Copy a table (local folders, object storage).")
 @click.argument("src", type=TABLE)
 @click.argument("dest", type=DEST)
 @click.option("--overwrite", is_flag=True, help="Replace an existing DEST (once complete).")
 @options
 def copy_cmd(src, dest, overwrite, as_json, quiet):
     """Copy the table SRC to DEST between a local folder and object storage (s3://...); an
-    upload becomes visible only when complete (its zarr.json is written last).
+    upload becomes visible only when complete (its zarr.json is written last).  Between two
+    local folders it copies as `cp -a` does (hard links and holes kept: the same space on
+    disk), with no writer committing meanwhile.
 
     \b
     Example:
       embstore copy news.emb s3://bucket/news.emb
+      embstore copy news.emb /backup/news.emb
     """
-    if not (is_url(src) or is_url(dest)):
-        raise click.UsageError("copy moves tables to or from object storage: SRC or DEST "
-                               "must be a URL such as s3://bucket/table.emb")
     with progress(f"copying {src}", quiet=quiet or as_json, unit="bytes") as on_progress:
         copy_table(src, dest, overwrite=overwrite, on_progress=on_progress)
     if as_json:

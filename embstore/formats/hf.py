@@ -28,7 +28,7 @@ import numpy as np
 from . import DEFAULT_BLOCK_ROWS, Reader
 from . import safetensors as st_format
 from . import torch as torch_format
-from .safetensors import read_header
+from .safetensors import EMBEDDING_SUFFIXES, embedding_by_name, read_header
 from .tokens import TOKEN_FILES, TokenKeys, _read_json, load_tokens
 from ..errors import FormatError
 
@@ -36,8 +36,7 @@ __all__ = ["read", "find_checkpoint", "choose_embedding", "is_model_folder", "Ke
 
 CHECKPOINTS = ("model.safetensors.index.json", "model.safetensors",
                "pytorch_model.bin.index.json", "pytorch_model.bin")
-SUFFIXES = ("embed_tokens.weight", "word_embeddings.weight", "wte.weight", "shared.weight",
-            "embed_in.weight", "tok_embeddings.weight")
+SUFFIXES = EMBEDDING_SUFFIXES
 BY_MODEL_TYPE = {  # config.json model_type -> the input embedding's usual names
     "bert": ("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"),
     "roberta": ("embeddings.word_embeddings.weight",
@@ -83,9 +82,7 @@ def choose_embedding(names, model_type: str | None) -> str | None:
     for name in BY_MODEL_TYPE.get(model_type or "", ()):
         if name in have:
             return name
-    found = [(n.count("."), i, n) for n in names for i, s in enumerate(SUFFIXES)
-             if n == s or n.endswith("." + s)]
-    return min(found)[2] if found else None
+    return embedding_by_name(names)
 
 
 def _shard(folder: str, index: str, wmap: dict[str, str], name: str) -> str:

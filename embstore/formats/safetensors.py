@@ -25,7 +25,7 @@ from ._array import ArrayReader, write_rows
 from ..errors import FormatError
 from ._json import parse_json
 
-__all__ = ["read", "write", "read_header", "choose_tensor", "TENSOR_NAME"]
+__all__ = ["read", "write", "read_header", "choose_tensor", "embedding_by_name", "TENSOR_NAME"]
 
 TENSOR_NAME = "weight"
 MAX_HEADER_BYTES = 100 << 20
@@ -77,7 +77,9 @@ def read_header(path) -> tuple[dict, int]:
 
 def choose_tensor(tensors: dict[str, tuple[tuple[int, ...], str]], tensor: str | None, *,
                   path, floats: tuple[str, ...]) -> str:
-    """The name of the tensor to import: ``tensor``, or the only 2-D float one."""
+    """The name of the tensor to import: ``tensor``, or the only 2-D float one, or among
+    several the one named as an input embedding (:func:`embedding_by_name`), as a model
+    folder's import finds it."""
     listing = ", ".join(f"{k} {list(s)} {d}" for k, (s, d) in tensors.items()) or "none"
     if tensor is not None:
         if tensor not in tensors:
@@ -88,11 +90,27 @@ def choose_tensor(tensors: dict[str, tuple[tuple[int, ...], str]], tensor: str |
                               f"{dtype} {list(shape)}", path=path)
         return tensor
     two_d = [k for k, (s, d) in tensors.items() if len(s) == 2 and d in floats]
-    if len(two_d) != 1:
+    named = embedding_by_name(two_d) if len(two_d) > 1 else None
+    if len(two_d) != 1 and named is None:
         cands = ", ".join(f"{k} {list(tensors[k][0])}" for k in two_d) or "none"
-        raise FormatError(f"expected exactly one 2-D float tensor, got {len(two_d)} ({cands}); "
-                          "choose one with tensor=", path=path)
-    return two_d[0]
+        raise FormatError(f"expected exactly one 2-D float tensor, or one named as an input "
+                          f"embedding (a name ending in {', '.join(EMBEDDING_SUFFIXES)}), got "
+                          f"{len(two_d)} ({cands}); choose one with tensor=", path=path)
+    return two_d[0] if named is None else named
+
+
+# the usual names of a model's input embedding matrix (Hugging Face checkpoints and others)
+EMBEDDING_SUFFIXES = ("embed_tokens.weight", "word_embeddings.weight", "wte.weight",
+                      "shared.weight", "embed_in.weight", "tok_embeddings.weight")
+
+
+def embedding_by_name(names) -> str | None:
+    """The input embedding among tensor ``names``: the shallowest name ending in one of
+    :data:`EMBEDDING_SUFFIXES` (earlier suffixes first at one depth; T5's ``shared.weight``
+    before ``encoder.embed_tokens.weight``, the same matrix), or None."""
+    found = [(n.count("."), i, n) for n in names for i, s in enumerate(EMBEDDING_SUFFIXES)
+             if n == s or n.endswith("." + s)]
+    return min(found)[2] if found else None
 
 
 def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,

@@ -15,12 +15,13 @@ holds one block, not the table.  A table stored in bfloat16 is written as bfloat
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import warnings
 
 import numpy as np
 
-from . import DEFAULT_BLOCK_ROWS
+from . import DEFAULT_BLOCK_ROWS, _safetensors_header
 from ._array import ArrayReader
 from .safetensors import TENSOR_NAME, _bf16_bits, choose_tensor
 from ..dtypes import FLOAT_DTYPES
@@ -49,6 +50,23 @@ def _flatten(obj, prefix: str, out: dict) -> None:
             _flatten(v, f"{prefix}.{i}" if prefix else str(i), out)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torch's message is in bold in places
+
+
+def _load_failure(exc: BaseException) -> str:
+    """What ``torch.load(weights_only=True)`` refused, whole: torch's own message is a
+    paragraph offering to unpickle (which embstore never does) before it names the object,
+    so keep the unpickler's reason, and say how to make a file embstore reads."""
+    text = _ANSI.sub("", str(exc)).strip()
+    at = text.find("WeightsUnpickler error:")
+    if at < 0:
+        return " ".join(text.split()) or type(exc).__name__
+    why = text[at + len("WeightsUnpickler error:"):].split("Check the documentation")[0]
+    why = " ".join(why.split(" Please use ")[0].split())
+    return (f"{why or 'refused'} (not a file of tensors alone: save just the tensors, "
+            "torch.save(model.state_dict(), path), or as safetensors)")
+
+
 def load_tensors(path) -> dict:
     """``{dotted name: tensor}`` of every tensor in a PyTorch file (restricted loader)."""
     torch = _torch()
@@ -65,12 +83,22 @@ def load_tensors(path) -> dict:
                 obj = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - the restricted unpickler of a hostile file
         # raises many types (UnpicklingError, RuntimeError, EOFError, IndexError, KeyError...)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise FormatError(f"expected a PyTorch state dict readable with weights_only=True, "
-                          f"got: {first}", path=path) from None
+                          f"got: {_load_failure(exc)}", path=path) from None
     out: dict = {}
     _flatten(obj, "", out)
     return out
+
+
+def _refuse_safetensors(path: str) -> None:
+    """A safetensors file asked to be read as PyTorch's format (``torch.load`` reads some):
+    refused, naming the format it is, so the table records what the file really was."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if _safetensors_header(head, "", os.path.getsize(path)):
+        raise FormatError("expected a PyTorch file (torch.save), got a safetensors file: "
+                          "import it with format 'safetensors' (or let the format be "
+                          "detected)", path=path)
 
 
 def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None,
@@ -79,6 +107,7 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
     torch = _torch()
 
     path = os.fspath(path)
+    _refuse_safetensors(path)
     tensors = load_tensors(path)
     listing = {k: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for k, t in tensors.items()}
     name = choose_tensor(listing, tensor, path=path, floats=_FLOATS)

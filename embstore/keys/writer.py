@@ -78,6 +78,9 @@ class _Spill:
         self.file.close()
 
 
+DUPLICATE_EXAMPLES = 5  # dropped keys a writer remembers, to name them
+
+
 class KeyIndexWriter:
     """Writes ``keys`` and the key index of a new table, block by block, dropping duplicates.
 
@@ -88,6 +91,7 @@ class KeyIndexWriter:
     def __init__(self, group: zarr.Group, *, expected: int | None = None):
         self.group = group
         self.duplicates = 0
+        self.duplicate_keys: list[str] = []  # the first few dropped (DUPLICATE_EXAMPLES)
         self._n = 0          # kept keys
         self._offered = 0    # keys given to add()
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []
@@ -136,6 +140,9 @@ class KeyIndexWriter:
                         break
         kept = np.flatnonzero(keep)
         self.duplicates += len(enc) - len(kept)
+        room = DUPLICATE_EXAMPLES - len(self.duplicate_keys)
+        if room > 0 and kept.size < len(enc):  # a few dropped keys, to name in messages
+            self.duplicate_keys += [key_list[i] for i in np.flatnonzero(~keep)[:room]]
         if not kept.size:
             return keep
         lengths = enc.lengths[kept]

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TypeGuard
 
 from ..dtypes import STORAGE_DTYPES
-from ..errors import CorruptStoreError, FormatError, NotATableError, ResourceLimitError
+from ..errors import (CorruptStoreError, FormatError, NotATableError, ResourceLimitError,
+                      TableNotFoundError)
 from ..fs import atomic
 from ..fs.files import MAX_JSON_BYTES, link_below, open_regular, read_small
 
@@ -210,7 +211,7 @@ def read_table_meta(path: Path) -> tuple[dict, dict]:
             raise NotATableError("is a file, not an embstore table (a table is a directory "
                                  "written by save, create or import_file)" + hint,
                                  path=str(path), is_file=True)
-        raise NotATableError("no such table (no file or directory there)", path=str(path))
+        raise TableNotFoundError("no such table (no file or directory there)", path=str(path))
     if not (path / "zarr.json").exists():
         raise NotATableError("is a directory but not an embstore table (it has no zarr.json)",
                              path=str(path))

@@ -24,6 +24,7 @@ from ..cache.null import make_cache
 from ..errors import (CorruptStoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
                       ReadOnlyError)
 from ..fs.beside import sweep_beside
+from ..fs.copytree import disk_usage
 from .versions.commit import last_commit, recover, settle
 from .place.lock import writer_lock
 from ..fs.forksafe import renew_after_fork
@@ -46,7 +47,7 @@ from .versions.commit import Transaction
 from .versions.keydelta import (KEYS, encoded_new_keys, fold_keys, key_entries, open_vocab,
                                 stage_keys)
 from .versions.retain import vacuum
-from .versions.version import Version, check_version, plain, stored_bytes
+from .versions.version import Version, check_version, plain
 
 __all__ = ["ZarrTable", "open", "COMPACT_FRACTION", "COMPACT_BYTES"]
 
@@ -196,9 +197,12 @@ class ZarrTable(Table):
         """What ``embstore info --json`` prints."""
         self._check_open()
         if self._remote is not None:
-            stored = sum(size for _, size in self._v.objects.client.list())
-        else:  # every file once (versions share files: hard links)
-            stored = stored_bytes(self.path)
+            objects = self._v.objects.client.list()
+            stored = sum(size for _, size in objects)
+            rows = sum(size for name, size in objects if name.startswith("vectors/c/"))
+        else:  # as du counts: every file once (versions share files: hard links), holes free
+            stored = disk_usage(self.path)
+            rows = disk_usage(self.path / "vectors", skip=(".embstore",))  # vectors' chunks
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
                 "storage_dtype": self.storage_dtype,
@@ -208,7 +212,7 @@ class ZarrTable(Table):
                 "pending_rows": (self._source.pending_rows if isinstance(
                     self._source, ObjectVersionSource) else 0 if self._overlays is None
                     else self._overlays.pending_rows),
-                "saved_bytes": max(0, self.nbytes - stored),  # by compression; never < 0
+                "saved_bytes": max(0, self.nbytes - rows),  # vectors' chunks by compression
                 **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
                     "format", "dim", "dtype", "chunk_rows", "shard_rows", "compression",

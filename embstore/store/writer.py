@@ -144,6 +144,11 @@ class TableWriter:
     def duplicates(self) -> int:
         return 0 if self._keys is None else int(self._keys.duplicates)
 
+    @property
+    def duplicate_keys(self) -> list[str]:
+        """The first few keys dropped as duplicates (up to 5), in the order met."""
+        return [] if self._keys is None else list(self._keys.duplicate_keys)
+
     def _decide(self, rows: int | None) -> None:
         from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
         cr, sr = choose_layout(self.dim, self.storage, rows, chunk_rows=self._layout_args[0],
@@ -156,8 +161,9 @@ class TableWriter:
                                  typesize=codes.itemsize)]}
         comp = by_name[self.compression]
         if self.rows_layout:  # every row array: rows at a fixed stride (FORMAT.md §3a)
-            self._decide_rows(rows)
-            self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync)
+            vectors_chunk_rows = self._decide_rows(rows)
+            self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync,
+                                               vectors_chunk_rows)
             return
         arr = self._group.create_array(
             "vectors", shape=(0, self.dim), dtype=record.zarr_dtype, chunks=(cr, self.dim),
@@ -187,8 +193,8 @@ class TableWriter:
         self._streams.append(create_norms_stream(self._group, self._tmp, self.storage, cr, sr,
                                                  self._sync))  # the rows' norms (norms/calc.py)
 
-    def _decide_rows(self, rows: int | None) -> None:
-        """Make ``vectors`` a format-2 row array (docs/FORMAT.md §3a)."""
+    def _decide_rows(self, rows: int | None) -> int:
+        """Make ``vectors`` a format-2 row array (docs/FORMAT.md §3a); return its chunk rows."""
         rb = self.dim * self.record.code.itemsize
         cr = self._layout_args[0] or choose_chunk_rows(rb, rows)
         if (cr * rb) % PAGE and (rows is None or rows > cr):
@@ -201,6 +207,7 @@ class TableWriter:
         self._layout = Layout(rows=0, dim=self.dim, dtype=rl.dtype, chunk_rows=cr, shard_rows=cr,
                               compression="none", has_crc=False, index_crc=False,
                               separator="/", fill_value=0.0)  # (what commit records)
+        return cr
 
     def add(self, vectors: np.ndarray, keys: list[str] | None = None) -> int:
         """Append a block of rows ``(n, dim)`` (with ``has_keys``, one key per row).

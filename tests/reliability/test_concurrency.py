@@ -78,6 +78,7 @@ def _spawn(code: str, args: list) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.slow  # over 5 CPU-s (2026-12-02 per-test CPU timings)
 def test_readers_see_old_or_new_rows_while_a_writer_works(tmp_path, compression):
     path = tmp_path / "t"
     base = np.repeat(np.arange(ROWS, dtype=np.float32)[:, None], DIM, axis=1)
@@ -142,6 +143,7 @@ print("searched", searches)
 """
 
 
+@pytest.mark.slow  # over 5 CPU-s (2026-12-02 per-test CPU timings)
 def test_two_index_builds_and_a_searcher_at_once(tmp_path):
     """Two processes rebuild a table's approximate index over and over (nlist 24 and 32)
     while a third opens and searches it: every build succeeds (the last swap wins), every

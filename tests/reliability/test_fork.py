@@ -111,6 +111,7 @@ def test_a_child_forked_while_a_thread_writes_does_not_hold_the_writer_lock(tmp_
     assert got["rows"] == [0.0, 0.0, 7.0, 8.0]
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_a_table_on_s3_used_before_fork_works_in_the_child():
     """The child's requests hung in obstore's get_range (its runtime's threads are the
     parent's); now a helper process makes them (embstore/store/remote/proxy.py)."""

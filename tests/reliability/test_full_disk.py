@@ -195,6 +195,7 @@ def test_outputs_on_a_full_disk(small_fs, tmp_path, what):
     assert embstore.verify(table).ok
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_index_build_on_a_full_disk(small_fs):
     """``build_index(overwrite=True)`` over an index that searches: on a full disk at any
     point it fails with ENOSPC and the old index files are untouched (no staging left), or

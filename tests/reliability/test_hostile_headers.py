@@ -86,6 +86,7 @@ def full_fs(tmp_path):
         yield mnt
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_a_dask_job_on_a_full_disk_prints_one_error_line(tmp_path, full_fs):
     pytest.importorskip("dask.distributed")
     embstore.save(tmp_path / "t.emb", np.ones((1000, 64), np.float32)).close()

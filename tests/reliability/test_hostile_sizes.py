@@ -193,6 +193,7 @@ print(json.dumps({"code": res.exit_code, "output": res.output,
 """
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_a_huge_zarr_json_on_s3_is_refused_like_a_local_one():
     pytest.importorskip("moto")
     pytest.importorskip("obstore")
@@ -268,6 +269,7 @@ print(json.dumps(got.tolist()))
 
 
 @pytest.mark.parametrize("mode", ["mean", "max"])
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_a_bag_of_1e7_ids_is_pooled_in_bounded_blocks(tmp_path, mode):
     """1e7 ids x dim 64: 2.56 GB of rows gathered at once before (MemoryError under a
     1.5 GiB address space); now in blocks of 64 MiB."""

@@ -27,6 +27,7 @@ def test_an_import_of_a_0_x_2_40_array_is_refused_by_the_writer(tmp_path):
     assert not (tmp_path / "t.emb").exists()  # written before, then refused by every open
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_an_append_rekeys_a_legacy_emb64_table_with_the_salted_hash(tmp_path, monkeypatch):
     keys = emb64_collisions(2000)  # one emb64-v1 hash: a run of 2000 to walk per lookup
     monkeypatch.setattr(key_writer, "new_hash_key", lambda: None)  # written as before
@@ -101,6 +102,7 @@ def test_memory_table_refuses_duplicate_keys_naming_the_first(tmp_path):
     assert embstore.MemoryTable(E, keys=["a", "b", "c", "d"]).ids_of(["d"]).tolist() == [3]
 
 
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_a_10_gb_sparse_text_file_is_refused_after_a_few_mib(tmp_path):
     src = tmp_path / "v.vec"
     with open(src, "wb") as f:

@@ -268,6 +268,7 @@ def _verify_names(d: Path, k: int) -> None:
 
 @FUZZ
 @given(data=st.data())
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_flipped_bytes_anywhere_in_a_shard(store, scratch, data):
     k = data.draw(st.integers(0, 2), label="shard")
     d = copy_of(store, scratch)
@@ -286,6 +287,7 @@ def test_flipped_bytes_anywhere_in_a_shard(store, scratch, data):
 
 @FUZZ
 @given(data=st.data())
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_truncated_or_extended_shard(store, scratch, data):
     k = data.draw(st.integers(0, 2), label="shard")
     d = copy_of(store, scratch)

@@ -135,6 +135,7 @@ def embstore_rm(path: Path) -> None:
 
 
 @pytest.mark.parametrize("writer", ["import", "save"])
+@pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
 def test_overwrite_killed_keeps_old_or_new(tmp_path, sources, writer):
     """Replacing v1 by v2 with overwrite, killed at random: DEST is v1 or v2 whole."""
     dest = tmp_path / "dest"

@@ -11,7 +11,8 @@ it is only used (capped by the file size) as a size hint, never to allocate.
 Writing gives each float32 value its shortest round-trip form (``0.418``, not
 ``0.418000013``: the digits of ``np.format_float_positional(x, unique=True)``), found
 for a whole block at once by :func:`shortest_digits` and printed with ``%.*g``, one
-C-level ``%`` per row; float64 uses ``repr`` (shortest for float64).
+C-level ``%`` per row; whole numbers as gensim writes them (``10.0``, ``-30.0``, ``1e+06``);
+float64 uses ``repr`` (shortest for float64, ``10.0`` for whole numbers).
 """
 
 from __future__ import annotations
@@ -308,17 +309,41 @@ def write_text(path, table, *, header: bool, fmt: str, limit: int | None = None,
             check_text_keys(ks, start, fmt=fmt)
             if wide:
                 rows = [fmt_row % (k, *r) for k, r in zip(ks, block.tolist())]
-            else:  # key, then (digits, value) pairs for "%.*g"
-                args = np.empty((len(ks), 1 + 2 * dim), dtype=object)
-                args[:, 0] = ks
-                args[:, 1::2] = shortest_digits(block)
-                args[:, 2::2] = block.astype(np.float32, copy=False)
-                rows = [fmt_row % tuple(r) for r in args.tolist()]
+            else:  # key, then (precision, value) pairs
+                rows = _float32_rows(fmt_row, ks, block.astype(np.float32, copy=False))
             rows.append("")
             f.write("\n".join(rows).encode("utf-8"))
             if progress is not None:
                 progress(stop - start)
     return n
+
+
+_WHOLE_POSITIONAL = 1e6  # NumPy (and so gensim) writes float32 whole numbers below this as "10.0"
+_TOKENS = np.frombuffer(b"%.*g %.*f %.*e ", dtype=np.uint8).reshape(3, 5)
+
+
+def _float32_rows(fmt_row: str, keys: list[str], block: np.ndarray) -> list[str]:
+    """One text line per row of the float32 ``block``: each value in its shortest round-trip
+    form (``%.*g`` with :func:`shortest_digits`), except whole numbers, written as gensim's
+    ``save_word2vec_format`` writes them (NumPy's float32 ``str``): ``10.0``, ``-30.0``,
+    ``0.0`` below 1e6 (``%.1f``), ``1e+06``, ``1.234567e+06`` from there (``%.*e``).  Rows
+    holding a whole number get their own format string, built for the block at once."""
+    digits = shortest_digits(block)
+    with np.errstate(invalid="ignore"):
+        whole = np.isfinite(block) & (block == np.round(block))
+    args = np.empty((len(keys), 1 + 2 * block.shape[1]), dtype=object)
+    args[:, 0] = keys
+    args[:, 2::2] = block
+    if not whole.any():
+        args[:, 1::2] = digits
+        return [fmt_row % tuple(r) for r in args.tolist()]
+    small = np.abs(block) < _WHOLE_POSITIONAL
+    kind = np.where(whole, np.where(small, 1, 2), 0)  # 0 %g, 1 %f, 2 %e
+    args[:, 1::2] = np.where(kind == 1, 1, np.where(kind == 2, digits - 1, digits))
+    tokens = _TOKENS[kind].reshape(len(keys), -1)[:, :-1]  # "%.*g %.*f ..." without the last space
+    fmts = np.ascontiguousarray(tokens).view(f"S{tokens.shape[1]}").ravel().tolist()
+    return ["%s " % k + f.decode("ascii") % tuple(r[1:])
+            for k, f, r in zip(keys, fmts, args.tolist())]
 
 
 def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BLOCK_ROWS,

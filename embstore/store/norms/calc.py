@@ -17,12 +17,12 @@ import numpy as np
 
 from ..codecs import Layout
 from ...dtypes import DTYPES, StorageDtype
-from ..rows.layout import choose_chunk_rows
+from ..rows.layout import choose_chunk_rows, min_chunk_rows
 from ..rows.stream import PagedStream, create_paged_array
 from ..shard.write import BackgroundSync, RowStream
 
 __all__ = ["NORMS_ARRAY", "norms_dtype", "row_norms", "stored_rows", "create_norms_stream",
-           "norms_layout", "create_paged_side"]
+           "norms_layout", "create_paged_side", "side_chunk_rows"]
 
 NORMS_ARRAY = "norms"
 NORM_CHUNK_ROWS = 1024  # 4 KiB chunks: norms are read in long runs, a page per chunk
@@ -88,11 +88,22 @@ def create_norms_stream(group, root: str, storage: str, chunk_rows: int, shard_r
     return RowStream(os.path.join(root, NORMS_ARRAY), layout, None, sync)
 
 
+def side_chunk_rows(row_bytes: int, rows: int | None, vectors_chunk_rows: int) -> int:
+    """Rows per chunk of a side array (``norms``, ``row_scale``) of ``row_bytes`` a row:
+    fitted to ``rows`` when known; otherwise as many rows as a chunk of ``vectors`` holds
+    (at least a page), so the side array's padding is a ``dim``-th of the vectors' padding,
+    not a 64 MiB file (16M norms) beside a table of 400,000 rows."""
+    if rows is not None:
+        return choose_chunk_rows(row_bytes, rows)
+    return max(min_chunk_rows(row_bytes), vectors_chunk_rows)
+
+
 def create_paged_side(group, root: str, record: StorageDtype, rows: int | None,
-                      sync: BackgroundSync | None) -> list[PagedStream]:
+                      sync: BackgroundSync | None, vectors_chunk_rows: int
+                      ) -> list[PagedStream]:
     """Format 2: the empty row arrays beside ``vectors`` (``row_scale`` of a record with a
     side array, then ``norms``) as format-2 row arrays with their page checksums, each with
-    its own chunk rows (about 64 MiB, or fitted to ``rows``); their streams, in that order."""
+    its own chunk rows (:func:`side_chunk_rows`); their streams, in that order."""
     arrays: list[tuple[str, np.dtype, int, tuple[str, str]]] = [] if record.side is None else [
         (record.side.name, np.dtype(record.side.dtype), record.side.columns,
          record.side.dimension_names)]
@@ -101,5 +112,6 @@ def create_paged_side(group, root: str, record: StorageDtype, rows: int | None,
     for name, dt, cols, dims in arrays:  # a loop per array
         dt = dt.newbyteorder("<")
         out.append(create_paged_array(group, root, name, dt, dt, cols,
-                                      choose_chunk_rows(cols * dt.itemsize, rows), sync, dims))
+                                      side_chunk_rows(cols * dt.itemsize, rows,
+                                                      vectors_chunk_rows), sync, dims))
     return out

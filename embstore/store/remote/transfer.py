@@ -26,6 +26,8 @@ from typing import Any
 
 from ...errors import DestinationExistsError, FormatError
 from ...fs.atomic import replace
+from ...fs.copytree import copy_folder
+from ..place.lock import writer_lock
 from .ranged import block_sidecar, is_sidecar, sidecar_name
 from ...keys.writer import INDEX_ARRAYS
 from ..place.objstore import ObjectClient, is_url
@@ -174,7 +176,8 @@ def download_table(url: str, dest, *, overwrite: bool = False,
 def copy_table(src, dest, *, overwrite: bool = False, storage_options: dict | None = None,
                on_progress: Progress = None) -> None:
     """Copy a table between a local folder and object storage (either way, or remote to
-    remote through a local temporary folder).  ``storage_options`` apply to both URLs."""
+    remote through a local temporary folder), or from a local folder to another (as
+    ``cp -a``: hard links and sparse files kept, the same space on disk).  ``storage_options`` apply to both URLs."""
     opts: dict[str, Any] = {"storage_options": storage_options, "on_progress": on_progress,
                             "overwrite": overwrite}
     if is_url(src) and is_url(dest):
@@ -185,8 +188,11 @@ def copy_table(src, dest, *, overwrite: bool = False, storage_options: dict | No
         upload_table(src, dest, **opts)
     elif is_url(src):
         download_table(src, dest, **opts)
-    else:
-        raise ValueError(f"copy needs a URL on at least one side, got {src!r} and {dest!r}")
+    else:  # local to local: hard links and holes kept (fs/copytree.py), no writer meanwhile
+        if not os.path.isfile(os.path.join(src, "zarr.json")):
+            raise FormatError("not a table (no zarr.json)", path=os.fspath(src))
+        with writer_lock(Path(src)):
+            copy_folder(src, dest, overwrite=overwrite, on_progress=on_progress)
 
 
 @contextmanager

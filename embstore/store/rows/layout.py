@@ -43,14 +43,23 @@ def min_chunk_rows(row_bytes: int) -> int:
     return PAGE // math.gcd(row_bytes, PAGE)
 
 
+PAD_SHARE = 16  # a table of known rows: its last chunk's padding at most 1/16 of its rows
+PAD_BYTES = 1 << 20  # ... or 1 MiB, whichever is more
+
+
 def choose_chunk_rows(row_bytes: int, rows: int | None = None) -> int:
-    """Rows per chunk: about 64 MiB (a power of two, at least a page's worth), or for a
-    table of ``rows`` rows known to be smaller, the power of two just above it (so a small
-    table is one chunk padded by less than its size or a page)."""
+    """Rows per chunk: about 64 MiB (a power of two, at least a page's worth).  For a table
+    of ``rows`` rows known in advance, the largest such power of two whose last chunk's
+    zero padding stays within ``rows / PAD_SHARE`` rows or ``PAD_BYTES`` (a file copied
+    without its holes, ``cp --sparse=never`` or a plain upload, stays near its rows' size)."""
     low = min_chunk_rows(row_bytes)
     cr = max(low, _pow2_below(CHUNK_TARGET / row_bytes))
-    if rows is not None and rows < cr:
-        cr = max(low, 1 << max(0, int(rows - 1).bit_length()))
+    if rows is None:
+        return cr
+    cr = min(cr, max(low, 1 << max(0, int(rows - 1).bit_length())))
+    slack = max(rows // PAD_SHARE, PAD_BYTES // max(1, row_bytes))
+    while cr > low and -rows % cr > slack:  # one halving per step: at most ~26 steps
+        cr //= 2
     return cr
 
 
