@@ -27,7 +27,7 @@ __all__ = ["main", "cli", "flag_terms"]
 # the one each command declares (a test checks that they agree).
 COMMANDS: dict[str, tuple[str, str, str]] = {  # name: (module, command, short help)
     "compact": ("versions", "compact_cmd", "Fold rows written since the last compaction in."),
-    "copy": ("tables", "copy_cmd", "Copy a table to or from object storage."),
+    "copy": ("tables", "copy_cmd", "Copy a table (local folders, object storage)."),
     "demo": ("tables", "demo_cmd", "Run the main job end to end (a tour)."),
     "export": ("files", "export_cmd", "Export a table to a vectors file."),
     "import": ("files", "import_cmd", "Import a vectors file as a table."),
