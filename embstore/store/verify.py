@@ -31,7 +31,7 @@ from ..keys.segments import SegmentedVocab
 from .codecs import Layout
 from .rows.layout import PAGE_CRC, RowLayout, crc_array
 from .rows.verify import verify_rows
-from .annfiles import verify_index
+from .annfiles import index_identity, verify_index
 from ..fs.files import real_dir
 from .versions.commit import AREA, last_commit, settle
 from .versions.delta import check_delta
@@ -393,7 +393,8 @@ def _index_note(root: Path, report: VerifyReport) -> str:
     (embstore/store/annfiles.py), its damage reported ("" if there is none)."""
     try:
         home = real_dir(root, ("vectors", AREA[0], "ann"))
-        note, problems = verify_index(home, report.vocab_size, last_commit(root))
+        note, problems = verify_index(home, report.vocab_size, last_commit(root),
+                                      **index_identity(root))
     except CorruptStoreError as exc:
         note, problems = "damaged", [(str(exc.path), str(exc))]
     for file, message in problems:
