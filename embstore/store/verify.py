@@ -36,7 +36,7 @@ from ..fs.files import real_dir
 from .versions.commit import AREA, last_commit, settle
 from .versions.delta import check_delta
 from .versions.keydelta import KEYS, check_key_delta, open_vocab
-from .versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest,
+from .versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest, version_pins,
                                 snapshot_root)
 from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS, check_subwords
@@ -371,6 +371,8 @@ def _check_versions(root: Path, report: VerifyReport) -> None:
                     snap / DELTAS / e["name"])
             except CorruptStoreError as exc:
                 report.add(str(snap / DELTAS / e["name"]), None, str(exc))
+        for file, message in version_pins(root, v, snap, manifest):
+            report.add(file, None, message)
 
 
 def _too_long(root: Path, name: str, report: VerifyReport) -> bool:
