@@ -129,8 +129,15 @@ def _mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | RowLayout | No
     if meta is None:
         return "", None
     paged = RowLayout.from_metadata(meta)
-    layout: Layout | RowLayout | None = paged if paged is not None and (
-        root / crc_array(NORMS_ARRAY) / "zarr.json").is_file() else Layout.from_metadata(meta)
+    if paged is not None and not (root / crc_array(NORMS_ARRAY) / "zarr.json").is_file():
+        # a row array is checksummed by its page checksums: without them, damage (never
+        # read unchecked as a layout without checksums, never silently set aside)
+        raise CorruptStoreError(
+            f"{root / crc_array(NORMS_ARRAY)}/zarr.json: missing; {NORMS_ARRAY} is a row array, "
+            f"whose page checksums live there (store the norms again: store_norms)",
+            path=str(root / crc_array(NORMS_ARRAY)))
+    layout: Layout | RowLayout | None = paged if paged is not None else \
+        Layout.from_metadata(meta)
     want = norms_dtype(rows.storage_dtype)
     n = rows.shape[0]
     if layout is None or layout.dim != 1 or layout.dtype != want or \
@@ -255,7 +262,13 @@ def check_norms(root: Path, damage) -> int:
     if _norms_meta(here) is None:
         return 0
     _, meta = read_table_meta(here)
-    source = attach_norms(here, open_source(here, meta, "r", wrap), wrap)
+    rows_source = open_source(here, meta, "r", wrap)
+    try:
+        source = attach_norms(here, rows_source, wrap)
+    except CorruptStoreError as exc:
+        rows_source.close()
+        damage(str(exc.path), str(exc))
+        return 0
     try:
         if not isinstance(source, NormsSource):
             damage(str(root / NORMS_ARRAY), _mismatch(here, source)[0])
