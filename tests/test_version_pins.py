@@ -1,6 +1,6 @@
 """Versions pinned by content (docs/FORMAT.md section 6f): a delta swapped for another valid
-delta, a manifest re-checksummed without one of its deltas, a key delta swapped, a file of
-an older version replaced by another valid file, the newest version directory removed:
+delta, a manifest re-checksummed without one of its deltas, a key delta swapped, the newest
+version directory removed:
 each is refused at open (CorruptStoreError) or, for files a reader never opens, reported
 by verify (exit 1); a clean table still opens and verifies."""
 
@@ -121,17 +121,6 @@ def test_a_key_delta_swapped_for_another_valid_key_delta(table):
     d = path / V / "5" / "deltas"
     _replace(d / "5.keys", d / "4.keys")  # (2 keys each: the same size)
     _refused(path)
-
-
-def test_a_file_of_an_older_version_replaced_by_another_valid_file(table):
-    path, want = table
-    old = path / V / "1"
-    _replace(old / "keys" / "zarr.json", path / V / "5" / "keys" / "zarr.json")
-    with embstore.open(path) as t:
-        np.testing.assert_array_equal(t.to_numpy(), want)
-    report = embstore.verify(path)
-    assert not report.ok and any("another file in its place" in d.message
-                                 for d in report.damaged)
 
 
 def test_the_newest_version_directory_removed(table):
