@@ -224,6 +224,15 @@ def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[s
     except CorruptStoreError as exc:
         out.append((str(exc.path), str(exc)))
     out += verify_objects(snap, manifest, version_files(snap))
+    try:  # the version's vectors are its own (an older vectors/zarr.json copied in: damage)
+        shape = json.loads((snap / "vectors" / "zarr.json").read_text("utf-8"))["shape"]
+        rows = shape[0]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        rows = None
+    if rows != manifest.get("rows"):
+        out.append((str(snap / "vectors" / "zarr.json"), f"{snap}/vectors/zarr.json: {rows} "
+                    f"rows, version {n}'s manifest says {manifest.get('rows')} (the version's "
+                    "files are not its own)"))
     last = last_doc(root)
     if last is not None and isinstance(last.get("snapshot"), list) and \
             isinstance(last["snapshot"][-1], int) and last["snapshot"][-1] > n and \
