@@ -587,7 +587,7 @@ def test_hostile_versions_are_refused(t2, E, tmp_path):
     data = bytearray(delta.read_bytes())
     with open(delta, "ab") as f:
         f.write(b"\0" * 64)
-    with pytest.raises(CorruptStoreError, match="the header says"):
+    with pytest.raises(CorruptStoreError, match="the header says|the manifest records"):
         embstore.open(t2)
     assert not embstore.verify(t2).ok
     assert len(data) > 0

@@ -79,7 +79,13 @@ class DiskVocab(Vocab):
             return self._group
         import zarr
 
-        group = zarr.open_group(str(self.path), mode=mode, use_consolidated=False)
+        try:
+            group = zarr.open_group(str(self.path), mode=mode, use_consolidated=False)
+        except (zarr.errors.GroupNotFoundError, zarr.errors.NodeTypeValidationError,
+                ValueError, OSError) as exc:  # (a group zarr.json removed or damaged)
+            raise CorruptStoreError(f"{self.path}/zarr.json: zarr cannot open the table's "
+                                    f"group ({type(exc).__name__}: {exc})",
+                                    path=str(self.path)) from None
         if mode != "r":
             self._group = group
         return group

@@ -54,6 +54,45 @@ def _sipround(v0, v1, v2, v3, t) -> None:
 
 
 _SIP_BLOCK = 1 << 15  # keys hashed together: the state arrays stay in the CPU cache
+#: keys of more 8-byte words are hashed one by one with Python ints: a NumPy pass per word
+#: over one long key cost ~0.2 ms a word (8 s for a MiB), the loop below ~3 us
+_LONG_WORDS = 64
+_M64 = (1 << 64) - 1
+
+
+def _one(data: bytes, k0: int, k1: int) -> int:
+    """SipHash-1-3 of one (long) key with Python ints, linear in its length."""
+    v0, v1 = k0 ^ int(_SIP_INIT[0]), k1 ^ int(_SIP_INIT[1])
+    v2, v3 = k0 ^ int(_SIP_INIT[2]), k1 ^ int(_SIP_INIT[3])
+    end = len(data) - len(data) % 8
+    tail = ((len(data) & 0xFF) << 56) | int.from_bytes(data[end:], "little")
+    words = np.frombuffer(data, dtype="<u8", count=end // 8).tolist() + [tail]
+    for i, m in enumerate(words):  # a loop per 8-byte word of one long key
+        v3 ^= m
+        v0 = (v0 + v1) & _M64
+        v1 = ((v1 << 13) | (v1 >> 51)) & _M64 ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+        v2 = (v2 + v3) & _M64
+        v3 = ((v3 << 16) | (v3 >> 48)) & _M64 ^ v2
+        v0 = (v0 + v3) & _M64
+        v3 = ((v3 << 21) | (v3 >> 43)) & _M64 ^ v0
+        v2 = (v2 + v1) & _M64
+        v1 = ((v1 << 17) | (v1 >> 47)) & _M64 ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+        v0 ^= m
+    v2 ^= 0xFF
+    for _ in range(3):
+        v0 = (v0 + v1) & _M64
+        v1 = ((v1 << 13) | (v1 >> 51)) & _M64 ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+        v2 = (v2 + v3) & _M64
+        v3 = ((v3 << 16) | (v3 >> 48)) & _M64 ^ v2
+        v0 = (v0 + v3) & _M64
+        v3 = ((v3 << 21) | (v3 >> 43)) & _M64 ^ v0
+        v2 = (v2 + v1) & _M64
+        v1 = ((v1 << 17) | (v1 >> 47)) & _M64 ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    return v0 ^ v1 ^ v2 ^ v3
 
 
 def siphash13(enc, key: tuple[int, int]) -> np.ndarray:
@@ -61,7 +100,9 @@ def siphash13(enc, key: tuple[int, int]) -> np.ndarray:
     :class:`~embstore.keys.hashing.EncodedKeys`: UTF-8 bytes, starts and lengths).
 
     Blocks of keys, longest first: one NumPy pass per 8-byte word position over the keys
-    that still have such a word, then the last block and the finalisation together.
+    that still have such a word, then the last block and the finalisation together.  A key
+    of more than ``_LONG_WORDS`` words is hashed alone (:func:`_one`), so no key costs a
+    NumPy pass per word.
     """
     n = len(enc)
     out = np.empty(n, dtype=np.uint64)
@@ -71,7 +112,12 @@ def siphash13(enc, key: tuple[int, int]) -> np.ndarray:
     init = (k0 ^ _SIP_INIT[0], k1 ^ _SIP_INIT[1], k0 ^ _SIP_INIT[2], k1 ^ _SIP_INIT[3])
     words = word_view(enc.buf)
     full = enc.lengths >> 3  # complete 8-byte words; the rest goes into the last block
-    order = np.argsort(-full, kind="stable")
+    long_ = np.flatnonzero(full > _LONG_WORDS)
+    for i in long_.tolist():  # a loop per long key (each over _LONG_WORDS words)
+        a = int(enc.starts[i])
+        out[i] = _one(enc.buf[a:a + int(enc.lengths[i])].tobytes(), int(k0), int(k1))
+    order = np.argsort(-full, kind="stable")[long_.size:]  # (the long ones sort first)
+    n = order.size
     for a in range(0, n, _SIP_BLOCK):
         sel = order[a:a + _SIP_BLOCK]
         st, ln, nfull = enc.starts[sel], enc.lengths[sel], full[sel]

@@ -63,7 +63,8 @@ from ..fs.files import open_regular, read_small, real_dir
 from ..ids import one_of, positive_int
 from ..optional import require
 from ..store.versions.commit import AREA, LAST, area_of, last_commit
-from ..store.meta import read_table_meta
+from ..store.meta import read_table_meta, table_id
+from ..store.versions.snapshot import newest
 from ..store.table import ZarrTable
 from ..store.table import open as open_table
 from ..table import Table
@@ -155,7 +156,8 @@ def build_index(table: PathLike | ZarrTable, *, metric: str = "cos", nlist: int 
                               recall=float(recall), threads=int(threads), progress=progress)
             meta = {"embstore_ann": 1, **built, "metric": metric, "dtype": dtype,
                     "expansion_search": built["nprobe"], "dim": t.dim, "table_rows": rows,
-                    "table_commit": commit,
+                    "table_commit": commit, "table_id": table_id(t._attrs),
+                    "table_version": t._version or None,
                     "build_seconds": round(time.perf_counter() - t0, 3),
                     "created_by": f"embstore {__version__}",
                     check.SUMS: check.make_sums(tmp, INDEX_FILE, DATA_FILE)}
@@ -209,10 +211,13 @@ def index_info(table: PathLike | ZarrTable) -> dict | None:
     root = path.parent.parent.parent.parent
     rows = meta.get("table_rows")
     if isinstance(table, ZarrTable):
-        now = table.vocab_size
+        now, attrs = table.vocab_size, table._attrs
     else:
-        now = read_table_meta(root)[1]["shape"][0]
-    meta["stale"] = meta.get("table_commit") != last_commit(root) or rows != now
+        attrs, vmeta = read_table_meta(root)
+        now = vmeta["shape"][0]
+    meta["foreign"] = check.foreign(meta, table_id(attrs))
+    meta["stale"] = (bool(meta["foreign"]) or meta.get("table_commit") != last_commit(root)
+                     or rows != now or meta.get("table_version") != (newest(root) or None))
     return meta
 
 
@@ -305,12 +310,14 @@ class AnnIndex:
 
 
 def _sig(path: str):
-    """What changes when ``path`` is replaced or rewritten (None: absent)."""
+    """What changes when ``path`` is replaced or rewritten (None: absent).  The change time
+    too: a file copied in with its modification time kept (``cp -p``, ``copytree``) may
+    reuse a removed file's inode and size."""
     try:
         st = os.lstat(path)
     except OSError:
         return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
 #: index dir -> (what the last look saw: meta.json, the table's last commit, its rows;
@@ -368,10 +375,12 @@ def approx_top_k(table: Table, q: np.ndarray, k: int, *, exclude: np.ndarray,
                                  f"(got {type(table).__name__})", path=None)
     index = open_index(table)
     if index.meta["stale"]:
+        why = (f"its approximate index is not this table's: {index.meta['foreign']}"
+               if index.meta.get("foreign") else
+               "the table changed after its approximate index was built")
         warnings.warn(StaleIndexWarning(
-            f"{table.path}: the table changed after its approximate index was built; "
-            "searching exactly (rebuild the index to search approximately again)"),
-            stacklevel=4)
+            f"{table.path}: {why}; searching exactly (rebuild the index to search "
+            "approximately again)"), stacklevel=4)
         return None
     if q.shape[1] != index.meta["dim"]:
         raise ShapeMismatchError(f"queries of dim {q.shape[1]}, index of dim "

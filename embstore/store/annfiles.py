@@ -34,13 +34,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptStoreError
+from ..errors import CorruptStoreError, EmbstoreError
 from ..fs.files import map_file, open_regular, read_small
+from ..fs import atomic
 from ..fs.checksum import crc32c
+from .meta import read_table_meta, table_id as _table_id
+from .versions.snapshot import newest
 
 __all__ = ["META_CRC", "SUMS", "LIST_SUMS", "INDEX_FILE", "DATA_FILE", "Header", "damaged", "meta_crc",
            "check_meta", "parse_header", "check_header", "check_data_size", "list_sums",
-           "read_list_sums", "bad_lists", "bad_ids", "whole_sum", "file_sum", "make_sums", "verify_index"]
+           "read_list_sums", "bad_lists", "bad_ids", "whole_sum", "file_sum", "make_sums", "verify_index",
+           "foreign", "index_identity", "retarget"]
 
 META_CRC, SUMS, LIST_SUMS = "meta_crc32c", "checksums", "lists.crc32c"
 INDEX_FILE, DATA_FILE = "index.faiss", "lists.ivfdata"
@@ -61,8 +65,8 @@ def damaged(path, what: str) -> CorruptStoreError:
 
 def meta_crc(meta: dict) -> int:
     """The crc32c of ``meta.json``'s fields but its own (canonical JSON: sorted keys, no
-    spaces; ``stale`` is computed, never stored)."""
-    body = {k: v for k, v in meta.items() if k not in (META_CRC, "stale")}
+    spaces; ``stale`` and ``foreign`` are computed, never stored)."""
+    body = {k: v for k, v in meta.items() if k not in (META_CRC, "stale", "foreign")}
     return crc32c(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -269,11 +273,56 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
-def verify_index(home: Path, rows: int | None, commit: str | None
+def foreign(meta: dict, table_id: str | None) -> str:
+    """Why the index of ``meta`` is not the table's (whose id is ``table_id``), "" if it is:
+    an index records the id of the table it was built on (a copied ``ann/`` of another
+    table of the same shape is refused, never searched)."""
+    got = meta.get("table_id")
+    if got == table_id:
+        return ""
+    if got is None:
+        return f"it records no table id, the table's is {table_id}"
+    return f"built on table {str(got)[:40]}, this table is {table_id or 'one without an id'}"
+
+
+def retarget(home: Path, *, rows: int, commit: str | None, table_id: str,
+             version: int) -> None:
+    """Make the index in ``home`` (a copy carried into a rewritten table: same rows, a new
+    id and version) the new table's, if it was up to date on the old one (its ``rows`` and
+    last ``commit``); else it stays stale.  ``meta.json`` is rewritten with its crc32c."""
+    path = home / "meta.json"
+    try:
+        meta = _read_meta(path)
+        check_meta(meta, path)
+    except (CorruptStoreError, OSError, ValueError, RecursionError):
+        return  # (damaged: verify reports it in the new table as in the old)
+    if meta.get("table_rows") != rows or meta.get("table_commit") != commit:
+        return
+    meta.update(table_id=table_id, table_version=version, table_commit=None)
+    meta.pop("stale", None)
+    if META_CRC in meta:
+        meta[META_CRC] = meta_crc(meta)
+    with atomic.write_beside(path, overwrite=True) as tmp:
+        Path(tmp).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+
+def index_identity(root: Path) -> dict:
+    """What an index of the table at ``root`` must record: its ``table_id`` and newest
+    ``version`` (the keyword arguments of :func:`verify_index`)."""
+    try:
+        tid = _table_id(read_table_meta(Path(root))[0])
+    except (EmbstoreError, OSError):
+        tid = None  # (the table's own damage is reported by verify)
+    return {"table_id": tid, "version": newest(Path(root)) or None}
+
+
+def verify_index(home: Path, rows: int | None, commit: str | None, *,
+                 table_id: str | None = None, version: int | None = None
                  ) -> tuple[str, list[tuple[str, str]]]:
     """``(note, problems)``: every check of the index in ``home`` (the module doc) for
-    ``verify``, against the table's ``rows`` and last ``commit``.  ``("", [])`` when the
-    table has no index."""
+    ``verify``, against the table's ``rows``, last ``commit``, id and newest ``version``.
+    ``("", [])`` when the table has no index.  An index that cannot be checked (no
+    checksums, or an HNSW index of embstore <= 0.4) is a problem: *not verified*."""
     index_name, data_name = INDEX_FILE, DATA_FILE
     path = home / "meta.json"
     try:
@@ -284,11 +333,15 @@ def verify_index(home: Path, rows: int | None, commit: str | None
         why = str(exc) if isinstance(exc, CorruptStoreError) else \
             str(damaged(path, f"unreadable index metadata ({exc})"))
         return "damaged", [(str(path), why)]
-    stale = meta.get("table_commit") != commit or meta.get("table_rows") != rows
+    stale = (meta.get("table_commit") != commit or meta.get("table_rows") != rows
+             or meta.get("table_version") != version)
     note = (f"{meta.get('indexed_rows')} rows, {meta['metric']}, "
             f"{'stale (the table changed since it was built)' if stale else 'up to date'}")
+    other = foreign(meta, table_id)
+    if other:
+        return "damaged", [(str(path), str(damaged(path, f"not this table's index: {other}")))]
     if meta.get("library", "usearch") != "faiss":
-        return note + "; unverified (an HNSW index of embstore <= 0.4: rebuild it)", []
+        return note + "; not verified", [(str(home), _unverified_hnsw(home))]
     try:
         sums = check_meta(meta, path)
         raw = (home / index_name).read_bytes()
@@ -323,5 +376,21 @@ def verify_index(home: Path, rows: int | None, commit: str | None
     except OSError as exc:
         return "damaged", [(str(home), str(damaged(home, f"unreadable ({exc})")))]
     if sums is None:
-        note += "; unverified (built without checksums: rebuild it to have them)"
+        return note + "; not verified", [(str(path), (
+            f"{path}: not verified: built without checksums, its bytes cannot be checked "
+            "(rebuild it with `embstore index --overwrite`)"))]
     return note, []
+
+
+def _unverified_hnsw(home: Path) -> str:
+    """Why an HNSW index of embstore <= 0.4 is not verified (it has no checksums; without
+    usearch it cannot even be opened)."""
+    try:
+        import usearch.index  # noqa: F401  (only whether it is there)
+        have = True
+    except ImportError:
+        have = False
+    why = ("usearch is not installed: the index can be neither opened nor checked (pip "
+           "install 'embstore[ann]')" if not have else
+           "an HNSW index of embstore <= 0.4 has no checksums")
+    return f"{home / 'index.usearch'}: not verified: {why}; rebuild it with `embstore index --overwrite`"

@@ -4,6 +4,7 @@ or any table, streamed in blocks), locally or to object storage."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,9 @@ from ..dtypes.bfloat16 import is_ml_bfloat16
 from .table import ZarrTable
 from .remote.transfer import staged
 from .writer import TableWriter
+from .annfiles import retarget
+from .meta import table_id
+from .versions.commit import last_commit
 from .rowinit import check_init, init_rows
 
 __all__ = ["create", "save", "upgrade"]
@@ -161,13 +165,17 @@ def upgrade(path: PathLike, *, cache_bytes: Bytes = "auto") -> ZarrTable:
         if info.get("format") == 2:
             return ZarrTable(path, cache_bytes=cache_bytes)
         extra = {k: v for k, v in info.get("attributes", {}).items() if k not in _LAYOUT_ATTRS}
+        extra["table_id"] = table_id(extra) or secrets.token_hex(16)  # (kept, or the first)
         ann = Path(os.fspath(path)) / "vectors" / ".embstore" / "ann"
+        rows, commit = len(src), last_commit(Path(os.fspath(path)))
 
         def carry(staged: str) -> None:  # the approximate index: its rows did not change
             if ann.is_dir() and not ann.is_symlink():
                 area = Path(staged) / "vectors" / ".embstore"
                 area.mkdir(parents=True, exist_ok=True)
                 shutil.copytree(ann, area / "ann", symlinks=False)
+                retarget(area / "ann", rows=rows, commit=commit, table_id=extra["table_id"],
+                         version=1)
         packed = info["compression"] not in ("none", None)  # (its codec, chunks and shards)
         _write(path, src, None, chunk_rows=info["chunk_rows"] if packed else None,
                shard_rows=info["shard_rows"] if packed else None,

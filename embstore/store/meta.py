@@ -10,6 +10,7 @@ know (other codecs) still passes here and is read by zarr-python.
 from __future__ import annotations
 
 import json
+import re
 import os
 import stat
 import uuid
@@ -24,7 +25,7 @@ from ..fs.files import MAX_JSON_BYTES, link_below, open_regular, read_small
 
 FORMATS = (1, 2)  # what this version reads (docs/FORMAT.md); new tables: 2
 
-__all__ = ["FORMATS", "check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
+__all__ = ["table_id", "FORMATS", "check_group_meta", "check_vectors_meta", "read_json", "read_table_meta",
            "unsafe_files", "MAX_INNER_CHUNKS", "MAX_DIM", "MAX_JSON_BYTES", "write_json",
            "replace_json", "set_data_type", "set_rows"]
 
@@ -299,3 +300,14 @@ def set_rows(root: str, rows: int, name: str = "vectors", txn=None) -> None:
     dest = txn.file(f"{name}/zarr.json")
     write_json(dest, doc, fsync=False)
     txn.sync_later(dest)
+
+
+def table_id(attrs: dict) -> str | None:
+    """The table's id (``attributes.embstore.table_id``: 32 random hex digits written at
+    save and kept by every commit, compaction and upgrade), None for a table written before
+    ids (format 1, or format 2 of embstore <= 0.6) or with a malformed one."""
+    v = attrs.get("table_id")
+    return v if isinstance(v, str) and _TABLE_ID.fullmatch(v) else None
+
+
+_TABLE_ID = re.compile(r"[0-9a-f]{32}")

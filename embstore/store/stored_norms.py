@@ -123,7 +123,13 @@ def check_norms(root: Path, damage) -> int:
     if _norms_meta(here) is None:
         return 0
     _, meta = read_table_meta(here)
-    source = attach_norms(here, open_source(here, meta, "r", wrap), wrap)
+    rows_source = open_source(here, meta, "r", wrap)
+    try:
+        source = attach_norms(here, rows_source, wrap)
+    except CorruptStoreError as exc:
+        rows_source.close()
+        damage(str(exc.path), str(exc))
+        return 0
     try:
         if not isinstance(source, NormsSource):
             damage(str(root / NORMS_ARRAY), _mismatch(here, source)[0])

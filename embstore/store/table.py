@@ -216,7 +216,7 @@ class ZarrTable(Table):
                 **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
                     "format", "dim", "dtype", "chunk_rows", "shard_rows", "compression",
-                    "has_keys")}}
+                    "has_keys", "table_id")}, "table_id": self._attrs.get("table_id")}
 
     # -- reads ------------------------------------------------------------------------------
     def lookup(self, ids, out: Any = None) -> np.ndarray:  # out: an array, a CPU tensor

@@ -40,12 +40,12 @@ from .place.objstore import ObjectClient, is_url
 from .objects.check import check_versions
 from .remote.open import read_remote_meta
 from .remote.verify import downloaded
-from .annfiles import verify_index
+from .annfiles import index_identity, verify_index
 from ..fs.files import real_dir
 from .versions.commit import AREA, last_commit, settle
 from .versions.delta import check_delta
 from .versions.keydelta import KEYS, check_key_delta, open_vocab
-from .versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest,
+from .versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest, version_pins,
                                 snapshot_root)
 from .meta import read_json, read_table_meta, unsafe_files
 from .subword.ngrams import NGRAMS, check_subwords
@@ -462,6 +462,8 @@ def _check_versions(root: Path, report: VerifyReport) -> None:
                     snap / DELTAS / e["name"])
             except CorruptStoreError as exc:
                 report.add(str(snap / DELTAS / e["name"]), None, str(exc))
+        for file, message in version_pins(root, v, snap, manifest):
+            report.add(file, None, message)
 
 
 def _too_long(root: Path, name: str, report: VerifyReport) -> bool:
@@ -484,7 +486,8 @@ def _index_note(root: Path, report: VerifyReport) -> str:
     (embstore/store/annfiles.py), its damage reported ("" if there is none)."""
     try:
         home = real_dir(root, ("vectors", AREA[0], "ann"))
-        note, problems = verify_index(home, report.vocab_size, last_commit(root))
+        note, problems = verify_index(home, report.vocab_size, last_commit(root),
+                                      **index_identity(root))
     except CorruptStoreError as exc:
         note, problems = "damaged", [(str(exc.path), str(exc))]
     for file, message in problems:

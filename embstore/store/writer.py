@@ -6,6 +6,7 @@ a fixed stride, or sharded chunks with a codec): the default layout and the stre
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -335,6 +336,8 @@ class TableWriter:
                     "chunk_rows": L.chunk_rows, "shard_rows": L.shard_rows,
                     "compression": self.compression, "has_keys": self._keys is not None,
                     "created_by": f"embstore {__version__}"}
+            if self.format == 2:  # (format 1 as it was: no id, docs/FORMAT.md section 2)
+                meta["table_id"] = self._attrs.get("table_id") or secrets.token_hex(16)
             self._group.update_attributes({"embstore": {**self._attrs, **meta}})
             if self.record.side is not None:
                 set_rows(self._tmp, self.rows, self.record.side.name)

@@ -120,10 +120,10 @@ def test_a_clean_index_verifies_and_searches_exactly_scored(built):
     np.testing.assert_array_equal(ids[:, 0], np.arange(0, ROWS, 10))  # each row finds itself
 
 
-def test_a_legacy_index_opens_searches_and_is_unverified(built):
+def test_a_legacy_index_opens_searches_and_is_not_verified(built):
     res = invoke(["verify", built["legacy"]])
-    assert res.exit_code == 0, res.output
-    assert "unverified (built without checksums: rebuild it to have them)" in res.output
+    assert res.exit_code == 1, res.output  # what verify cannot check is not OK
+    assert "not verified: built without checksums" in res.output
     ids, scores = search(built["legacy"])
     np.testing.assert_allclose(scores, true_cosines(ids, A[::10]), atol=1e-5)
 

@@ -201,5 +201,7 @@ def test_threads_with_handles_of_their_own(tmp_path):
             ids = t.ids_of([f"w{w}-{i}" for i in range(50)])
             np.testing.assert_array_equal(t[ids][:, 0], 1000 * (w + 1) + np.arange(50))
     assert embstore.verify(path).ok
-    assert sorted(set(os.listdir(path / "vectors" / ".embstore")) - {"readers", "versions"}) \
+    area = path / "vectors" / ".embstore"
+    assert sorted(set(os.listdir(area)) - {"readers", "versions", "writers"}) \
         == ["last"]  # (no journal, no staged file left)
+    assert not (area / "writers").exists() or os.listdir(area / "writers") == []  # no ticket

@@ -117,8 +117,15 @@ def mismatch(root: Path, rows: RowSource) -> tuple[str, Layout | RowLayout | Non
     if meta is None:
         return "", None
     paged = RowLayout.from_metadata(meta)
-    layout: Layout | RowLayout | None = paged if paged is not None and (
-        root / crc_array(NORMS_ARRAY) / "zarr.json").is_file() else Layout.from_metadata(meta)
+    if paged is not None and not (root / crc_array(NORMS_ARRAY) / "zarr.json").is_file():
+        # a row array is checksummed by its page checksums: without them, damage (never
+        # read unchecked as a layout without checksums, never silently set aside)
+        raise CorruptStoreError(
+            f"{root / crc_array(NORMS_ARRAY)}/zarr.json: missing; {NORMS_ARRAY} is a row array, "
+            f"whose page checksums live there (store the norms again: store_norms)",
+            path=str(root / crc_array(NORMS_ARRAY)))
+    layout: Layout | RowLayout | None = paged if paged is not None else \
+        Layout.from_metadata(meta)
     want = norms_dtype(rows.storage_dtype)
     n = rows.shape[0]
     if layout is None or layout.dim != 1 or layout.dtype != want or \

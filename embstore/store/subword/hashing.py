@@ -38,6 +38,8 @@ HASH_NAME = "fasttext-fnv1a32-signed-bytes"
 BUDGET_ROWS = 1 << 16
 #: (characters x n-gram lengths) of the work arrays of one group of words (~80 MiB of them)
 _BLOCK_ELEMENTS = 1 << 22
+#: n-grams of a word summed position by position with the others; a longer word alone
+_STEPS = 64
 
 
 def _wrapped(words: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -126,36 +128,53 @@ def compose(ids: np.ndarray, counts: np.ndarray, take: Callable[[np.ndarray], np
     ``(base + sum of its n-gram rows) / (count + 1)`` (a known word); without, the mean of
     its n-gram rows, zeros for a word with none (an unknown word).  Sums run in float32
     (float64 for float64 rows) in gensim's order.  ``take(ids)`` gives rows of the n-gram
-    matrix, called with at most ``budget_rows`` ids (or one word's n-grams) at a time.
+    matrix, called with at most ``budget_rows`` ids at a time (a long word's n-grams in
+    several calls, its running sum carried from one to the next).
     """
     n = counts.size
     acc = _acc_dtype(base.dtype if base is not None else np.dtype(np.float32))
     out = np.zeros((n, dim), dtype=acc)
     if n == 0:
         return out
+    counts = np.asarray(counts, dtype=np.int64)
     ends = np.cumsum(counts)
     offs = ends - counts
-    # pieces of whole words holding at most budget_rows n-gram rows (a loop per piece)
-    cuts = [0]
-    while cuts[-1] < n:
-        a = cuts[-1]
-        b = int(np.searchsorted(ends, offs[a] + budget_rows, side="right"))
-        cuts.append(max(a + 1, min(n, b)))
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        lo, hi = int(offs[a]), int(ends[b - 1])
-        rows = take(ids[lo:hi]) if hi > lo else np.zeros((0, dim), acc)
-        rows = rows.astype(acc, copy=False)
-        cnt = counts[a:b]
-        seg = offs[a:b] - lo
-        sums = base[a:b].astype(acc) if base is not None else np.zeros((b - a, dim), acc)
-        # one step per n-gram position, every word at once: the rows of each word are added
-        # one after the other, as gensim does (np.add.reduceat sums in another order)
-        for k in range(int(cnt.max()) if cnt.size else 0):
-            w = np.flatnonzero(cnt > k)
-            sums[w] += rows[seg[w] + k]
-        if base is not None:
-            out[a:b] = sums / (cnt + 1).astype(acc)[:, None]
-        else:
-            some = cnt > 0
-            out[a:b][some] = sums[some] / cnt[some].astype(acc)[:, None]
+    sums = base.astype(acc) if base is not None else np.zeros((n, dim), acc)
+    step = max(1, int(budget_rows))
+    for lo in range(0, int(ends[-1]), step):  # a loop per budget of n-gram rows
+        hi = min(lo + step, int(ends[-1]))
+        a = int(np.searchsorted(ends, lo, side="right"))  # first word ending after lo
+        b = int(np.searchsorted(offs, hi, side="left"))  # words starting before hi
+        seg = np.maximum(offs[a:b], lo) - lo
+        cnt = np.minimum(ends[a:b], hi) - lo - seg
+        rows = take(ids[lo:hi]).astype(acc, copy=False)
+        if not (rows.flags.owndata and rows.flags.writeable and rows.flags.c_contiguous):
+            rows = np.array(rows, dtype=acc, order="C")  # (changed in place below)
+        _add_in_order(rows, seg, cnt, sums[a:b])
+    if base is not None:
+        out[:] = sums / (counts + 1).astype(acc)[:, None]
+    else:
+        some = counts > 0
+        out[some] = sums[some] / counts[some].astype(acc)[:, None]
     return out
+
+
+def _add_in_order(rows: np.ndarray, seg: np.ndarray, cnt: np.ndarray, sums: np.ndarray) -> None:
+    """``sums[i] += rows[seg[i]]``, then ``rows[seg[i] + 1]``, ... (``cnt[i]`` rows), one
+    addition after the other as gensim does (``np.add.reduceat`` and ``sum`` add in another
+    order).  Words of at most :data:`_STEPS` rows: one step per n-gram position, every word
+    at once; a longer word: its first row gets the running sum, then one ``np.add.reduce``
+    down the rows (axis 0 of a C-ordered array of two or more columns: NumPy adds row after
+    row into the running sum, pairwise summation is only along the contiguous axis; one
+    column is padded to two), so a word's cost is linear in its n-grams whatever its
+    length.  ``rows`` is changed in place."""
+    short = cnt <= _STEPS
+    for k in range(int(cnt[short].max()) if short.any() else 0):  # a loop per position
+        w = np.flatnonzero(short & (cnt > k))
+        sums[w] += rows[seg[w] + k]
+    for i in np.flatnonzero(~short).tolist():  # a loop per long word (over _STEPS rows each)
+        part = rows[seg[i]:seg[i] + cnt[i]]
+        part[0] += sums[i]
+        if part.shape[1] < 2:
+            part = np.concatenate([part, np.zeros_like(part)], axis=1)
+        sums[i] = np.add.reduce(part, axis=0)[:sums.shape[1]]

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptStoreError, FormatError
+from ...errors import CorruptStoreError, FormatError, InvalidOptionError
 from ...formats.fasttext.bin import MAX_NGRAM_CHARS
+from ...keys.hashing import MAX_KEY_BYTES
 from .hashing import HASH_NAME, compose, ngram_buckets
 from ..codecs import Layout, make_codec
 from ..meta import check_vectors_meta, read_json
@@ -156,8 +157,12 @@ class Subwords:
 
     def vectors(self, words: Sequence[str]) -> np.ndarray:
         """``(len(words), dim)`` float vectors of words, each the mean of its n-gram rows
-        (zeros for a word without n-grams), as fastText and gensim compute them."""
-        ids, counts = ngram_buckets(list(words), self.minn, self.maxn, self.bucket)
+        (zeros for a word without n-grams), as fastText and gensim compute them.  A word
+        longer than a stored key may be (``MAX_KEY_BYTES`` of UTF-8) is refused with
+        :class:`InvalidOptionError`: a caller's key bounds the work (its n-gram rows)."""
+        words = list(words)
+        _check_lengths(words)
+        ids, counts = ngram_buckets(words, self.minn, self.maxn, self.bucket)
         return compose(ids, counts, self._take, self.dim)
 
     def _take(self, ids: np.ndarray) -> np.ndarray:
@@ -221,3 +226,15 @@ def check_subwords(root: Path, attrs: dict, dim: int, block_bytes: int = 16 << 2
     finally:
         sub.close()
     return []
+
+
+def _check_lengths(words: list[str]) -> None:
+    """Refuse a word of more than ``MAX_KEY_BYTES`` bytes of UTF-8 (the cap on stored keys)."""
+    if not words or max(map(len, words)) * 4 <= MAX_KEY_BYTES:  # 4 bytes a character at most
+        return
+    for w in words:  # a loop per word only when one is long
+        if len(w) * 4 > MAX_KEY_BYTES and len(w.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise InvalidOptionError(
+                f"key {w[:40]!r}... is {len(w.encode('utf-8', 'surrogatepass')):,} bytes of "
+                f"UTF-8, more than the {MAX_KEY_BYTES:,} a key may have; subword vectors are "
+                "composed for keys a table could store (docs/FORMAT.md section 5)")

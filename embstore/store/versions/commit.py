@@ -45,7 +45,8 @@ from ...fs.files import create_new, open_regular, read_small, real_dir
 from ..place.lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 from ..meta import read_json, refresh_consolidated
 from ..codecs import Layout
-from .snapshot import VERSIONS, build_snapshot, newest, versions_dir
+from .snapshot import VERSIONS, build_snapshot, newest, read_manifest, versions_dir
+from .pinning import manifest_sha256
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "is_versioned", "AREA"]
 
@@ -150,6 +151,8 @@ class Transaction:
                 self.root, self.id, {live: self.area / staged for staged, live in self.moves},
                 self.deltas, self.change, clear_deltas=self.clear_deltas)
             doc["snapshot"] = [self._snapshot, n]
+            doc["manifest_sha256"] = manifest_sha256(read_manifest(  # (pinning.py)
+                versions_dir(self.root) / self._snapshot))
             doc["links"] = [p.name for p in self.deltas.values()]
         tmp = self.area / f"{JOURNAL}.tmp-{self.id}"
         try:

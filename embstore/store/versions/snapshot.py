@@ -27,9 +27,11 @@ from ...errors import CorruptStoreError, InvalidOptionError
 from ...fs.beside import fsync_all, fsync_path, remove_quietly
 from ...fs.checksum import crc32c
 from ...fs.files import create_new, open_regular, read_small, real_dir
+from .pinning import OBJECTS, check_pins, last_doc, manifest_sha256, object_sums, verify_objects
 
 __all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
-           "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError"]
+           "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError",
+           "version_files", "version_pins"]
 
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
@@ -128,6 +130,17 @@ def _files(src: Path, *, live: bool) -> list[str]:
     return out
 
 
+def version_files(snap: Path) -> list[str]:
+    """Every file of the snapshot ``snap`` by relative name, its deltas as
+    ``deltas/<name>`` (the manifest left out)."""
+    rels = _files(snap, live=False)
+    try:
+        rels += [f"{DELTAS}/{x}" for x in os.listdir(snap / DELTAS)]
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return rels
+
+
 def _link(src: str, dst: Path, made: set) -> None:
     parent = str(dst.parent)
     if parent not in made:
@@ -166,9 +179,9 @@ def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_del
           made) -> tuple[str, int]:
     vdir = versions_dir(root)
     old = read_manifest(src) if parent is not None else {"deltas": []}
-    for rel in _files(src, live=parent is None):  # a loop per file of the table (links)
-        if rel not in staged:
-            _link(str(src / rel), tmp / rel, made)
+    rels = [rel for rel in _files(src, live=parent is None) if rel not in staged]
+    for rel in rels:  # a loop per file of the table (links)
+        _link(str(src / rel), tmp / rel, made)
     for rel, path in staged.items():
         _link(str(path), tmp / rel, made)
     entries = [] if clear_deltas else list(old["deltas"])
@@ -183,8 +196,12 @@ def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_del
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         raise CorruptStoreError(f"{tmp}: the new version has no readable vectors/zarr.json",
                                 path=str(tmp)) from None
+    fresh = set(staged) | {f"{DELTAS}/{n}.{array}" for array in deltas}
+    named = rels + list(staged) + [f"{DELTAS}/{e['name']}" for e in entries]
+    objects = object_sums(tmp, named, old.get(OBJECTS) or {}, fresh)
     doc = {"embstore_version": n, "parent": parent, "time": round(time.time(), 3),
-           "txn": tmp_name.split(".tmp-", 1)[1], "rows": rows, "change": change, "deltas": entries}
+           "txn": tmp_name.split(".tmp-", 1)[1], "rows": rows, "change": change, "deltas": entries,
+           OBJECTS: objects, "parent_sha256": manifest_sha256(old) if parent is not None else None}
     doc["crc32c"] = manifest_crc(doc)
     fd = create_new(tmp / MANIFEST)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -195,3 +212,32 @@ def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_del
     fsync_all([d for d, _, _ in os.walk(tmp)], directory=True)
     fsync_path(vdir, directory=True)
     return tmp_name, n
+
+
+def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[str, str]]:
+    """``(file, message)`` of everything wrong with version ``n``'s pins: its manifest
+    against the hash its child or the last commit records, every object's size and crc32c,
+    files its manifest does not name, and (the newest version) the last commit naming it."""
+    out = []
+    try:
+        check_pins(root, n, snap, manifest, read_manifest)
+    except CorruptStoreError as exc:
+        out.append((str(exc.path), str(exc)))
+    out += verify_objects(snap, manifest, version_files(snap))
+    try:  # the version's vectors are its own (an older vectors/zarr.json copied in: damage)
+        shape = json.loads((snap / "vectors" / "zarr.json").read_text("utf-8"))["shape"]
+        rows = shape[0]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        rows = None
+    if rows != manifest.get("rows"):
+        out.append((str(snap / "vectors" / "zarr.json"), f"{snap}/vectors/zarr.json: {rows} "
+                    f"rows, version {n}'s manifest says {manifest.get('rows')} (the version's "
+                    "files are not its own)"))
+    last = last_doc(root)
+    if last is not None and isinstance(last.get("snapshot"), list) and \
+            isinstance(last["snapshot"][-1], int) and last["snapshot"][-1] > n and \
+            not (snap.parent / str(last["snapshot"][-1])).is_dir():
+        out.append((str(snap.parent), f"{snap.parent}: the last commit made version "
+                                      f"{last['snapshot'][-1]}, which is missing (a version "
+                                      "directory was removed)"))
+    return out

@@ -26,6 +26,7 @@ from .commit import last_commit, settle
 from .delta import Overlays, OverlaySource
 from .retain import Lease
 from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
+from .pinning import check_pins
 
 __all__ = ["Version", "check_version", "plain", "stored_bytes"]
 
@@ -93,6 +94,7 @@ class Version:
             manifest = read_manifest(root)
             seen = manifest.get("txn")
             _check_named(path, n, manifest, want is None)
+            check_pins(path, n, root, manifest, read_manifest)
             overlays = Overlays(root, manifest, writable=mode == "r+")
         attrs, meta = read_table_meta(root)
         if n is not None and manifest.get("rows") != meta["shape"][0]:

@@ -1,0 +1,184 @@
+"""Versions pinned by content (docs/FORMAT.md §6f): what a version's manifest records of
+its objects, and the checks that find an object or a version directory that is not what
+the version's commit made.
+
+A manifest (:mod:`.snapshot`) records ``objects``: for every delta of the version, by its
+relative name ``deltas/<N>.<array>``, ``[size, crc32c, tail]`` (:func:`file_sum`).  The
+layout's files are not in it: they carry their own checksums (page checksums, shard index
+and chunk crc32c, the key index's block sums), an append writes rows into a row chunk's
+padding in place, and another Zarr tool may write a layout in place (measured: a whole-file
+pin of every file failed 15 existing cases of both); the deltas are embstore's alone and
+never change once written.  A delta kept from the parent (the same link) keeps the
+parent's entry: a commit checksums only what it wrote.
+The manifest also records ``parent_sha256``, the SHA-256 of the parent's manifest, and the
+commit's journal (``last``) the SHA-256 of the new manifest (``manifest_sha256``): a chain
+from the table's pointer to its newest commit down every retained version, as Git pins a
+commit's tree and parents.  A version directory whose manifest was edited and re-checksummed
+(a delta left out, a delta swapped, a key renamed in a key delta) no longer matches the hash
+its child or ``last`` holds.
+
+- **open** (cheap: manifests, and the deltas, which are read anyway): the newest version's
+  manifest against ``last``'s ``manifest_sha256``; an older version's against its child's
+  ``parent_sha256``; each delta file's size and last 4 bytes (its own crc32c, checked when
+  it is read) against ``objects``.
+- **verify**: all of that for every retained version, every delta's size and crc32c, and
+  no delta file of a version outside ``objects``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ...errors import CorruptStoreError
+from ...fs.checksum import crc32c
+from ...fs.files import open_regular, read_small
+
+__all__ = ["OBJECTS", "SEED", "manifest_sha256", "file_sum", "size_and_tail",
+           "object_sums",
+           "last_doc", "check_pins", "verify_objects"]
+
+OBJECTS = "objects"
+_BLOCK = 16 << 20
+#: what an object's crc32c starts from (docs/FORMAT.md section 6f)
+SEED = b"embstore-object\n"
+_SEED_CRC = crc32c(SEED)
+
+
+def manifest_sha256(doc: dict) -> str:
+    """The SHA-256 (hex) of a manifest: the canonical JSON of its fields but ``crc32c``."""
+    body = {k: v for k, v in doc.items() if k != "crc32c"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+                          ).hexdigest()
+
+
+def file_sum(path: Path) -> list[int]:
+    """``[size, crc32c, tail]`` of the regular file at ``path`` (read in pieces of 16 MiB):
+    the crc32c of :data:`SEED` followed by the file's bytes (a file ending in its own
+    crc32c, as a delta or a checksummed chunk does, would otherwise always sum to the
+    constant 0x48674BC7), and its last 4 bytes as a little-endian uint32 (0 when shorter):
+    the open-time check of a delta reads only those."""
+    fd = open_regular(path, nofollow=True)
+    try:
+        crc, size, last = _SEED_CRC, 0, b""
+        while True:  # a loop per 16 MiB
+            block = os.read(fd, _BLOCK)
+            if not block:
+                return [size, crc, _tail(last)]
+            crc, size = crc32c(block, crc), size + len(block)
+            last = (last + block)[-4:]
+    finally:
+        os.close(fd)
+
+
+def _tail(last: bytes) -> int:
+    return int.from_bytes(last, "little") if len(last) == 4 else 0
+
+
+def size_and_tail(path: Path) -> list[int]:
+    """``[size, tail]`` of a file: one ``fstat`` and one 4-byte read."""
+    fd = open_regular(path, nofollow=True)
+    try:
+        size = os.fstat(fd).st_size
+        return [size, _tail(os.pread(fd, 4, size - 4)) if size >= 4 else 0]
+    finally:
+        os.close(fd)
+
+
+def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str]) -> dict:
+    """``objects`` of the version in ``snap``: ``rels`` (its files and ``deltas/...``),
+    entries of ``old`` (the parent's) kept for the files not in ``fresh`` (written now)."""
+    out = {}
+    for rel in sorted(rels):  # a loop per delta of the version (a checksum per new one)
+        if not rel.startswith("deltas/"):
+            continue  # (pinned by their own checksums: see the module doc)
+        kept = old.get(rel) if rel not in fresh else None
+        out[rel] = list(kept) if isinstance(kept, list) else file_sum(snap / rel)
+    return out
+
+
+def last_doc(root: Path) -> dict | None:
+    """The table's pointer to its newest commit (``vectors/.embstore/last``), or None."""
+    path = Path(root) / "vectors" / ".embstore" / "last"
+    try:
+        fd = open_regular(path, nofollow=True)
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(read_small(fd, path))
+    except (OSError, ValueError, RecursionError):
+        return None  # (unreadable: the commit checks report it)
+    finally:
+        os.close(fd)
+    return doc if isinstance(doc, dict) else None
+
+
+def _damage(snap: Path, what: str) -> CorruptStoreError:
+    return CorruptStoreError(f"{snap}: {what} (the version's files are not the ones its commit "
+                             "made)", path=str(snap))
+
+
+def check_pins(root: Path, n: int, snap: Path, manifest: dict, read_manifest) -> None:
+    """The open-time checks of version ``n`` (the module doc): its manifest against the
+    hash ``last`` or its child holds, its deltas against ``objects``."""
+    from_last = last_doc(root)
+    pin, by = None, ""
+    if from_last is not None and isinstance(from_last.get("snapshot"), list) and \
+            from_last["snapshot"][1:] == [n]:
+        pin, by = from_last.get("manifest_sha256"), "the table's last commit"
+    else:
+        child = Path(root) / "vectors" / ".embstore" / "versions" / str(n + 1)
+        if child.is_dir():
+            try:
+                pin, by = read_manifest(child).get("parent_sha256"), f"version {n + 1}"
+            except CorruptStoreError:
+                pin = None  # (its own damage is reported when it is opened or verified)
+    if isinstance(pin, str) and pin != manifest_sha256(manifest):
+        raise _damage(snap, f"its manifest's SHA-256 is not the one {by} records")
+    objects = manifest.get(OBJECTS)
+    if objects is None:
+        return  # a version made before content pins: its manifest's crc32c only
+    if not isinstance(objects, dict):
+        raise _damage(snap, "manifest.json: objects must be an object")
+    for e in manifest["deltas"]:  # a loop per delta file
+        rel = f"deltas/{e['name']}"
+        want = objects.get(rel)
+        try:
+            got = size_and_tail(snap / rel)
+        except FileNotFoundError:
+            raise _damage(snap, f"{rel}: missing") from None
+        if not (isinstance(want, list) and len(want) == 3 and [want[0], want[2]] == got):
+            raise _damage(snap, f"{rel}: {got[0]} bytes ending in {got[1]:#010x}; the manifest "
+                                f"records {want} (size, crc32c, last 4 bytes)")
+
+
+def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[str, str]]:
+    """``(file, message)`` of every object of the version in ``snap`` whose size or crc32c
+    is not the manifest's, missing, or not named by it (``files``: the version's files and
+    ``deltas/...``)."""
+    objects = manifest.get(OBJECTS)
+    if not isinstance(objects, dict):
+        return [] if objects is None else [(str(snap / "manifest.json"), "objects: not an object")]
+    out = []
+    named = set(objects)
+    for rel in sorted({f for f in files if f.startswith("deltas/")} | named):  # per object
+        if rel not in named:
+            out.append((str(snap / rel), f"{snap / rel}: a file the version's manifest does "
+                                         "not name (not a file of this version)"))
+            continue
+        try:
+            got = file_sum(snap / rel)
+        except FileNotFoundError:
+            out.append((str(snap / rel), f"{snap / rel}: missing (the version's manifest "
+                                         f"names it: {objects[rel]})"))
+            continue
+        except (OSError, CorruptStoreError) as exc:
+            out.append((str(snap / rel), f"{snap / rel}: unreadable ({exc})"))
+            continue
+        if got != objects[rel]:
+            out.append((str(snap / rel), f"{snap / rel}: {got[0]} bytes, seeded crc32c "
+                                         f"{got[1]:#010x}; the version's manifest records "
+                                         f"{objects[rel]} (another file in its place)"))
+    return out
