@@ -39,6 +39,8 @@ _buckets = itertools.count()
 
 @pytest.fixture(scope="session")
 def s3_server():
+    """moto's S3 server on loopback (benchmarks/s3server.py), in this process for the session
+    (the fixtures of tests/remote too)."""
     srv = s3server.start()
     yield srv
     srv.stop()

@@ -60,6 +60,21 @@ _LONG_WORDS = 64
 _M64 = (1 << 64) - 1
 
 
+def _round(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
+    """One SipRound on Python ints (64-bit words)."""
+    v0 = (v0 + v1) & _M64
+    v1 = ((v1 << 13) | (v1 >> 51)) & _M64 ^ v0
+    v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+    v2 = (v2 + v3) & _M64
+    v3 = ((v3 << 16) | (v3 >> 48)) & _M64 ^ v2
+    v0 = (v0 + v3) & _M64
+    v3 = ((v3 << 21) | (v3 >> 43)) & _M64 ^ v0
+    v2 = (v2 + v1) & _M64
+    v1 = ((v1 << 17) | (v1 >> 47)) & _M64 ^ v2
+    v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    return v0, v1, v2, v3
+
+
 def _one(data: bytes, k0: int, k1: int) -> int:
     """SipHash-1-3 of one (long) key with Python ints, linear in its length."""
     v0, v1 = k0 ^ int(_SIP_INIT[0]), k1 ^ int(_SIP_INIT[1])
@@ -67,31 +82,13 @@ def _one(data: bytes, k0: int, k1: int) -> int:
     end = len(data) - len(data) % 8
     tail = ((len(data) & 0xFF) << 56) | int.from_bytes(data[end:], "little")
     words = np.frombuffer(data, dtype="<u8", count=end // 8).tolist() + [tail]
-    for i, m in enumerate(words):  # a loop per 8-byte word of one long key
+    for m in words:  # a loop per 8-byte word of one long key
         v3 ^= m
-        v0 = (v0 + v1) & _M64
-        v1 = ((v1 << 13) | (v1 >> 51)) & _M64 ^ v0
-        v0 = ((v0 << 32) | (v0 >> 32)) & _M64
-        v2 = (v2 + v3) & _M64
-        v3 = ((v3 << 16) | (v3 >> 48)) & _M64 ^ v2
-        v0 = (v0 + v3) & _M64
-        v3 = ((v3 << 21) | (v3 >> 43)) & _M64 ^ v0
-        v2 = (v2 + v1) & _M64
-        v1 = ((v1 << 17) | (v1 >> 47)) & _M64 ^ v2
-        v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+        v0, v1, v2, v3 = _round(v0, v1, v2, v3)
         v0 ^= m
     v2 ^= 0xFF
     for _ in range(3):
-        v0 = (v0 + v1) & _M64
-        v1 = ((v1 << 13) | (v1 >> 51)) & _M64 ^ v0
-        v0 = ((v0 << 32) | (v0 >> 32)) & _M64
-        v2 = (v2 + v3) & _M64
-        v3 = ((v3 << 16) | (v3 >> 48)) & _M64 ^ v2
-        v0 = (v0 + v3) & _M64
-        v3 = ((v3 << 21) | (v3 >> 43)) & _M64 ^ v0
-        v2 = (v2 + v1) & _M64
-        v1 = ((v1 << 17) | (v1 >> 47)) & _M64 ^ v2
-        v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+        v0, v1, v2, v3 = _round(v0, v1, v2, v3)
     return v0 ^ v1 ^ v2 ^ v3
 
 

@@ -7,7 +7,6 @@ gets a fresh bucket and the standard AWS environment variables pointing at the s
 
 from __future__ import annotations
 
-import itertools
 import socket
 import sys
 import threading
@@ -22,29 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import s3server  # noqa: E402
-
-_buckets = itertools.count()
-
-@pytest.fixture(scope="session")
-def s3_server():
-    srv = s3server.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def s3(s3_server, monkeypatch):
-    """The server, with a fresh bucket ``s3.bucket`` and the AWS variables set for it."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT", "AWS_SKIP_SIGNATURE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
-    bucket = f"embstore-test-{next(_buckets)}"
-    s3_server.make_bucket(bucket)
-    s3_server.bucket = bucket
-    s3_server.reset()
-    return s3_server
+from s3faults import s3, s3_server  # noqa: E402,F401 - one definition of the fixtures
 
 
 class _FakeEndpoint:
