@@ -59,7 +59,7 @@ def test_the_readme_test_command_is_what_ci_runs_and_cpu_only():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     timed = re.findall(r"^time \((.*)\)$", ci, re.M)
     assert len(timed) == 1 and timed[0].replace(" --quiet", "") == readme
-    cpu = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    cpu = "pip install --retries 1 torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
     for text in (readme, timed[0].replace(" --quiet", "")):
         assert text.startswith(cpu + " && ") and text.index(cpu) < text.index(".[test]")
     assert "TIMEFORMAT=" in ci  # the elapsed time closes the log, beside pytest's summary
