@@ -209,8 +209,6 @@ LONG_MODULES: dict[str, str] = {
                         "with their steps, sharing the keys file beside and the atomic write",
     "embstore.search.ivf": "the FAISS IVF index: its streamed two-pass build and IvfIndex, "
                            "the opened index, over one file format (docs/FORMAT.md §5)",
-    "embstore.store.verify": "one verify of a table: every array of every layout checked "
-                             "into one VerifyReport",
     "embstore.store.table": "ZarrTable: one class, a handle's reads, writes and the versions "
                             "they commit share its lock and its Version",
     "embstore.store.place.objstore": "ObjectClient: one class, every request a table's "
