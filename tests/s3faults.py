@@ -168,7 +168,7 @@ WRITER = textwrap.dedent("""
                 log.append({"v": t.version, "kind": "append", "first": int(first[0]), "n": n,
                             "value": value})
                 continue
-            own = np.arange(w, 200, nw)  # this writer's rows: disjoint from the others'
+            own = np.arange(w, 199, nw)  # this writer's rows: disjoint from the others' and 199
             ids = np.unique(rng.choice(own, size=3, replace=False))
             hot = c % hot_every == hot_every - 1  # row 199 (everyone's): may overlap
             if hot:

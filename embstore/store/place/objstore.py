@@ -346,11 +346,23 @@ class ObjectClient:
         the table), in name order: one request per 1,000 (``pages``: at most that many)."""
         prefix = self.key(rel.rstrip("/")) + "/"
         cut = len(self.prefix) + 1 if self.prefix else 0
-        out = []
+        out: list[tuple[str, int, float]] = []
+        offset = None if after is None else self.key(after)
+        if _forked():  # (a forked child: through the helper process, one request)
+            with self._count_lock:
+                self.requests += 1
+            try:
+                found = self._helper().call("list", prefix, offset=offset)[0]["found"]
+            except FileNotFoundError:
+                return out
+            except EmbstoreError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise self._translate(exc, rel) from None
+            return sorted((p[cut:], int(n), float(t)) for p, n, t in found)
         try:
             for i, batch in enumerate(self._ob.list(
-                    self.store, prefix, chunk_size=LIST_PAGE,
-                    offset=None if after is None else self.key(after))):
+                    self.store, prefix, chunk_size=LIST_PAGE, offset=offset)):
                 with self._count_lock:
                     self.requests += 1
                 out += [(m["path"][cut:], int(m["size"]), m["last_modified"].timestamp())
@@ -384,7 +396,7 @@ class ObjectClient:
         out = []
         cut = len(self.prefix) + 1 if self.prefix else 0
         try:
-            batches: Any = ([[{"path": p, "size": n} for p, n in self._helper().call(
+            batches: Any = ([[{"path": p, "size": n} for p, n, _ in self._helper().call(
                 "list", prefix + "/" if prefix else None)[0]["found"]]] if _forked() else
                 self._ob.list(self.store, prefix + "/" if prefix else None, chunk_size=1000))
             for batch in batches:

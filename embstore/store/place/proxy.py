@@ -131,8 +131,9 @@ def _answer(ob, stores: dict, req: dict, payload: bytes) -> tuple[dict, bytes]:
     if op == "delete":
         ob.delete(store, key)
         return {}, b""
-    if op == "list":
-        found = [[m["path"], int(m["size"])] for batch in ob.list(store, key, chunk_size=1000)
+    if op == "list":  # (offset: names after it only; with each object's modification time)
+        found = [[m["path"], int(m["size"]), m["last_modified"].timestamp()]
+                 for batch in ob.list(store, key, chunk_size=1000, offset=kw.get("offset"))
                  for m in batch]
         return {"found": found}, b""
     raise ValueError(f"unknown request {op!r}")
