@@ -85,7 +85,8 @@ def _zarr(endpoint: str, path: str):
 
 def _ideal(t, ids: np.ndarray) -> tuple[int, int, int]:
     """``(requests, bytes, bytes of the rows' pages)`` the cost model asks for ``ids``."""
-    src = t.row_source  # the vectors source
+    src = t.row_source  # the vectors source (a version's deltas over its base table's)
+    src = getattr(src, "base", src)
     if not isinstance(src, PagedSource) or src._ranged is None:
         raise Skip("not a table of rows at a fixed stride")
     L, ranged = src.row_layout, src._ranged
