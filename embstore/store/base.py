@@ -11,15 +11,17 @@ source's dtype.
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .codecs import Layout
 
-__all__ = ["RowSource", "LayoutSource", "Transaction"]
+__all__ = ["RowSource", "LayoutSource", "Transaction", "Handle", "Versions"]
 
 
 class Transaction(Protocol):
@@ -39,6 +41,66 @@ class Transaction(Protocol):
 
     def after(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the commit is applied (update in-memory views)."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What the versions of a place (:class:`Versions`) see of the table handle they
+    commit for: the version it reads, how it adopts another (row cache rebound), its key
+    index, row cache, compaction setting and lock.  Nothing else of the table."""
+
+    current: Callable[[], Any]  # the Version the handle reads now
+    adopt: Callable[[Any], None]  # swap in a Version (one assignment; the cache follows)
+    reload: Callable[[], None]  # adopt the newest version
+    vocab: Callable[[], Any]  # the current version's key index (opened on first use)
+    cache: Callable[[], Any]  # the handle's row cache
+    compaction: Callable[[], str]  # "auto" or "deferred" (a trainer's write-backs)
+    check_open: Callable[[], None]
+    lock: threading.RLock
+
+
+class Versions(Protocol):
+    """The versions of a table where its bytes live, the one thing a table handle asks of
+    its place: :class:`embstore.store.versions.local.LocalVersions` (a local folder: hard
+    links, a journal rename, leases) and
+    :class:`embstore.store.objects.history.ObjectVersions` (object storage: immutable
+    objects and manifests created with ``If-None-Match``).  Chosen once, by
+    :func:`embstore.store.versions_at`."""
+
+    path: Any  # a Path on disk, a str URL
+    remote: bool  # on object storage (reported by ``ZarrTable.is_remote``; never branched on)
+
+    def open(self, old: Any) -> Any:
+        """The Version the handle should read (``old``: the one it reads now, or None)."""
+
+    def is_current(self, v: Any) -> bool:
+        """Whether ``v`` is still the newest version (``refresh`` has nothing to do)."""
+
+    def moved_on(self) -> bool:
+        """Whether another handle committed since this one last read or wrote."""
+
+    def needs_key_index(self, v: Any) -> bool:
+        """Whether ``v``'s keys need their index stored now (keys another tool wrote)."""
+
+    def open_vocab(self, v: Any, writable: bool) -> Any:
+        """``v``'s key index with its key deltas (None: no keys array)."""
+
+    def open_ngrams(self, v: Any, info: dict, dim: int, mode: str) -> Any: ...
+
+    def stored_bytes(self, v: Any) -> tuple[int, int]:
+        """Bytes the table takes where it lives, and those of ``vectors``' chunks."""
+
+    def pending_rows(self, v: Any) -> int: ...
+
+    def write(self, h: Handle, ids: Any, values: Any) -> None: ...
+
+    def append(self, h: Handle, values: Any, keys: list[str] | None) -> int: ...
+
+    def compact(self, h: Handle) -> int: ...
+
+    def compact_if_due(self, h: Handle) -> int | None: ...
+
+    def vacuum(self, h: Handle, keep: int | None, cutoff: float | None) -> list[int]: ...
 
 
 class RowSource(abc.ABC):

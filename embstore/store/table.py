@@ -2,71 +2,42 @@
 :mod:`embstore.store.build`, :class:`~embstore.store.writer.TableWriter` in
 :mod:`embstore.store.writer`, ``verify`` in :mod:`embstore.store.verify`).
 
-Rows are read through a row source (:mod:`embstore.store.source`: format-1 shards, format-2
-rows, or zarr-python for layouts embstore does not know; docs/FORMAT.md).
+Rows are read through a version's row source (:mod:`embstore.store.source`: sharded chunks,
+rows at a fixed stride, or zarr-python for layouts embstore does not know; docs/FORMAT.md);
+versions are opened and committed by the table's place (:mod:`embstore.store.history`: a
+local folder's :mod:`~embstore.store.versions.local`, or object storage's
+:mod:`~embstore.store.objects.history`).  The table itself never asks where it lives.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._types import Bytes, OpenMode, PathLike
-from ..cache.rows import CacheInfo, parse_bytes
 from ..cache.null import make_cache
-from ..errors import (CorruptStoreError, InvalidIdError, InvalidOptionError, InvalidTypeError,
-                      ReadOnlyError)
-from ..fs.beside import sweep_beside
-from ..fs.copytree import disk_usage
-from .versions.commit import last_commit, recover, settle
-from .place.lock import writer_lock
+from ..cache.rows import CacheInfo, parse_bytes
+from ..errors import CorruptStoreError, InvalidIdError, InvalidOptionError, ReadOnlyError
 from ..fs.forksafe import renew_after_fork
 from ..ids import as_ids, memory_refused
 from ..keys.foreign import MemoryKeyIndex
-from ..keys.index import DiskVocab, has_key_index
-from ..keys.mapped import read_array_meta
+from ..keys.index import DiskVocab
 from ..keys.segments import SegmentedVocab
-from .subword.ngrams import Subwords
-from .place.objstore import is_url
-from .remote.open import open_remote_ngrams
-from .objects.manifest import DeltaCache
-from .objects.source import ObjectVersionSource
-from .objects.compact import compact_objects
-from .objects.version import commit_rows, object_vocab, open_version, vacuum_objects
-from .norms.source import NormsSource
 from ..table import Table
-from ..ids import refuse_existing
-from .versions.commit import Transaction
-from .versions.keydelta import (KEYS, encoded_new_keys, fold_keys, key_entries, open_vocab,
-                                stage_keys)
-from .versions.retain import vacuum
+from .base import Handle
+from .history import versions_at
+from .norms.source import NormsSource
+from .subword.ngrams import Subwords
+from .versions.local import (COMPACT_BYTES, COMPACT_FRACTION, KEYS_FRACTION,
+                             MAX_DELTA_FILES, MAX_KEY_DELTAS)
 from .versions.version import Version, check_version, plain
 
-__all__ = ["ZarrTable", "open", "COMPACT_FRACTION", "COMPACT_BYTES"]
-
-_log = logging.getLogger("embstore")
+__all__ = ["ZarrTable", "open", "COMPACT_FRACTION", "COMPACT_BYTES", "MAX_DELTA_FILES",
+           "MAX_KEY_DELTAS", "KEYS_FRACTION"]
 
 DEFAULT_CACHE = "256MiB"  # the row cache of tables whose reads are not cheap
-#: a write leaving more rows than this share of the table in deltas compacts them (or
-#: more bytes than COMPACT_BYTES), in its own commit: lookups overlay deltas; every reader
-#: holds 16 bytes a pending row (the rows stay in the mapped delta files).  A handle whose
-#: ``compaction`` is "deferred" (a trainer's) only merges delta files (MAX_DELTA_FILES):
-#: it folds when told (``compact_if_due()``, ``compact()``).
-COMPACT_FRACTION = 0.05
-COMPACT_BYTES = 128 << 20
-#: more delta files than this in a version (many small writes) are merged into one per array
-MAX_DELTA_FILES = 32
-#: key deltas (appends) are folded into the key index past this many files or this share
-#: of the table's rows
-MAX_KEY_DELTAS = 8
-KEYS_FRACTION = 0.5
 
 
 class ZarrTable(Table):
@@ -76,8 +47,9 @@ class ZarrTable(Table):
     directory, row source, attributes, key index) and swaps it for another in one
     assignment.  Rows come from the version's :class:`~embstore.store.base.RowSource`
     through a row cache (a :class:`~embstore.cache.null.NullCache` when
-    ``cache_bytes=0``).  Writes commit versions (:mod:`embstore.store.versions.commit`).
-    One class: reads, writes and the versions they make share its lock and its state.
+    ``cache_bytes=0``).  Writes, compactions and vacuums are commits of the versions
+    where the table lives (``_versions``, a :class:`~embstore.store.base.Versions`), which
+    see of the handle only a :class:`~embstore.store.base.Handle`.
     """
 
     _appends_check_keys = True  # (append's keys are refused under the writer lock)
@@ -96,31 +68,25 @@ class ZarrTable(Table):
                  lock_timeout: float | None = None, version: int | None = None, **remote: Any):
         if mode not in ("r", "r+"):
             raise InvalidOptionError(f"mode must be 'r' or 'r+', got {mode!r}")
-        self._want_version = check_version(version, mode, is_url(path))
+        self._want_version = check_version(version, mode)
         self._v: Version  # (set by _load_meta)
-        self._remote = remote if is_url(path) else None  # (storage_options, cache_dir, ...)
-        if remote and self._remote is None:
-            raise InvalidTypeError(f"{', '.join(remote)}: options of tables on object storage "
-                            f"(URLs), not of the local path {path!r}")
-        self.path: Any = os.fspath(path).rstrip("/") if self._remote is not None else Path(
-            os.fspath(path)).absolute()  # (a str for a URL, a Path on disk)
-        self._seen_commit: str | None = None  # the last commit this handle knows of
-        self._deltas = DeltaCache()  # (object storage: the deltas this handle has read)
         self.mode = mode
         self.lock_timeout = lock_timeout  # seconds a write waits for another writer
         self._lock = threading.RLock()  # writers, vocab opening, refresh
         renew_after_fork(self, "_lock")
         self._closed = False
-        self._in_write = False  # this handle holds the writer lock (inside _writing)
         #: when a write folds the deltas into the chunks (in its own commit): "auto" past
         #: COMPACT_FRACTION or COMPACT_BYTES; "deferred" (a trainer's write-backs) never
         #: (delta files are merged past MAX_DELTA_FILES)
         self.compaction = "auto"
-        root = None if self._remote is not None else Path(self.path)
-        if mode == "r+" and root is not None and root.is_dir():
-            with writer_lock(root, lock_timeout):  # finish or clear interrupted writes
-                recover(root, deep=True)
-            sweep_beside(root)  # and temporary tables of killed saves/imports
+        # the versions where the table lives (its place: a folder, object storage); a
+        # handle opened r+ finishes or clears interrupted writes there first
+        self._versions = versions_at(path, mode, self._want_version, lock_timeout, remote)
+        self.path: Any = self._versions.path  # (a Path on disk, a str for a URL)
+        self._handle = Handle(current=lambda: self._v, adopt=self._adopt,
+                              reload=self._reload, vocab=self._vocab,
+                              cache=lambda: self._cache, compaction=lambda: self.compaction,
+                              check_open=self._check_open, lock=self._lock)
         self._load_meta()
         self._cache = make_cache(self._cache_budget(cache_bytes), self.dim, self.dtype,
                                  self.vocab_size)
@@ -132,37 +98,15 @@ class ZarrTable(Table):
         """``"auto"``: no cache for rows mapped from local files (a warm gather beats a hit:
         4.2 ms vs 11.7 ms, (32, 512) ids, 1M x 256), else ``DEFAULT_CACHE``."""
         if cache_bytes == "auto":
-            cheap = self._source.cheap_reads and self._remote is None
-            return 0 if cheap else parse_bytes(DEFAULT_CACHE)
+            return 0 if self._source.cheap_reads else parse_bytes(DEFAULT_CACHE)
         return parse_bytes(cache_bytes)
 
     def _load_meta(self) -> None:
-        if self._remote is not None:  # (one manifest, then immutable objects: §11a)
-            self._v = open_version(self.path, self._want_version, self._remote, self._deltas,
-                                   getattr(self, "_v", None))
-            self._seen_commit = self._v.commit
-            self.version = self._v.number
-            return
-        if self.path.is_dir():
-            settle(self.path, self.lock_timeout)  # no commit half applied
-        old = getattr(self, "_v", None)
-        v = Version.open(self.path, self._want_version, self.mode,
-                         0 if old is None else old.number)
+        v = self._versions.open(getattr(self, "_v", None))
         self._v = v  # one step: threads sharing the handle see the old state or the new
-        self._seen_commit = v.commit
         self.version = v.number  # (Table.version: what the handle reads)
-        if v.has_keys:
-            self._check_key_count()
-            if self.mode == "r+" and not has_key_index(self._root):
-                self._vocab()  # keys written by another tool: store their index now
-
-    def _check_key_count(self) -> None:
-        """Keys must cover every row (more keys: an append in flight, they are capped)."""
-        shape = read_array_meta(self._root, "keys").get("shape")
-        if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int
-                and shape[0] >= self.vocab_size):
-            raise CorruptStoreError(f"{self.path}/keys: expected {self.vocab_size} keys (one "
-                                    f"per row), got shape {shape!r}", path=str(self.path))
+        if self._versions.needs_key_index(v):
+            self._vocab()  # keys written by another tool: store their index now
 
     # -- geometry ---------------------------------------------------------------------------
     @property
@@ -186,7 +130,7 @@ class ZarrTable(Table):
     @property
     def is_remote(self) -> bool:
         """Whether the table is on object storage (opened from a URL)."""
-        return self._remote is not None
+        return self._versions.remote
 
     @property
     def layout(self) -> dict:
@@ -196,22 +140,14 @@ class ZarrTable(Table):
     def info(self) -> dict:
         """What ``embstore info --json`` prints."""
         self._check_open()
-        if self._remote is not None:
-            objects = self._v.objects.client.list()
-            stored = sum(size for _, size in objects)
-            rows = sum(size for name, size in objects if name.startswith("vectors/c/"))
-        else:  # as du counts: every file once (versions share files: hard links), holes free
-            stored = disk_usage(self.path)
-            rows = disk_usage(self.path / "vectors", skip=(".embstore",))  # vectors' chunks
+        stored, rows = self._versions.stored_bytes(self._v)
         return {"format": self._attrs.get("format"), "path": str(self.path),
                 "vocab_size": self.vocab_size, "dim": self.dim, "dtype": self.dtype.name,
                 "storage_dtype": self.storage_dtype,
                 **{k: v for k, v in self.layout.items() if k != "fast_path"},
                 "has_keys": self._has_keys, "nbytes": self.nbytes, "stored_bytes": stored,
                 "version": self._version,
-                "pending_rows": (self._source.pending_rows if isinstance(
-                    self._source, ObjectVersionSource) else 0 if self._overlays is None
-                    else self._overlays.pending_rows),
+                "pending_rows": self._versions.pending_rows(self._v),
                 "saved_bytes": max(0, self.nbytes - rows),  # vectors' chunks by compression
                 **({"ngrams": self.subwords.info()} if self.subwords is not None else {}),
                 "attributes": {k: v for k, v in self._attrs.items() if k not in (
@@ -286,9 +222,7 @@ class ZarrTable(Table):
             return None
         with self._lock:
             if v.subwords is None:
-                v.subwords = (Subwords(v.root, info, self.dim, self.mode)
-                              if self._remote is None else
-                              open_remote_ngrams(v.objects, info, self.dim))
+                v.subwords = self._versions.open_ngrams(v, info, self.dim, self.mode)
                 if v.pin is not None:
                     setattr(v.subwords, "_pin", v.pin)
             return v.subwords
@@ -306,18 +240,8 @@ class ZarrTable(Table):
         if v.vocab is None:
             with self._lock:
                 if v.vocab is None:
-                    # rows: keys past the committed row count belong to an append in flight;
-                    # writable: keys another tool wrote get their index stored, a write to
-                    # the table: under the writer lock (unless this call holds it)
                     rows = v.source.shape[0]
-                    if self._remote is not None:  # (with its key deltas)
-                        vocab = object_vocab(v, self._deltas)
-                    else:
-                        with (writer_lock(self.path, self.lock_timeout)
-                              if self.writable and not self._in_write else nullcontext()):
-                            vocab = open_vocab(  # (with the version's key deltas)
-                                v.root, rows, key_entries(v.overlays), writable=self.writable,
-                                settle=lambda: settle(self.path, self.lock_timeout))
+                    vocab = self._versions.open_vocab(v, self.writable)  # (its key deltas)
                     if vocab is None or len(vocab) != rows:
                         raise CorruptStoreError(
                             f"{self.path}: expected {rows} keys (has_keys), got "
@@ -328,31 +252,14 @@ class ZarrTable(Table):
                     v.vocab = vocab
         return v.vocab
 
-    # -- writes -----------------------------------------------------------------------------
-    @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """The writer lock, interrupted writes finished or cleared, and this handle's view
-        brought up to date if another handle or process committed since (never write over
-        newer rows)."""
-        with self._lock, writer_lock(self.path, self.lock_timeout):
-            self._check_open()
-            recover(self.path)
-            if last_commit(self.path) != self._seen_commit:
-                self._reload()
-            self._in_write = True
-            try:
-                yield
-            finally:
-                self._in_write = False
-
+    # -- writes: commits of the table's versions where it lives (self._versions) -------------
     def write(self, ids, vectors) -> None:
         """Overwrite rows ``ids`` (any shape) with ``vectors``; rows other writers appended
         since this handle loaded the table count as rows (it catches up first)."""
         try:
             super().write(ids, vectors)
         except InvalidIdError:
-            if not self.writable or self._remote is not None or \
-                    last_commit(self.path) == self._seen_commit:
+            if not self.writable or not self._versions.moved_on():
                 raise
             with self._lock:
                 self._reload()
@@ -361,211 +268,17 @@ class ZarrTable(Table):
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         self._check_open()
         uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
-        vals = vectors[::-1][last]
-        if self._remote is not None:
-            self._commit_objects("write", uniq, vals)
-            return
-        with self._writing():
-            how = self._fold_plan(uniq.size, 0, 0)
-            txn = self._transaction({"kind": "write", "rows": int(uniq.size),
-                                     **({"folded": how} if how else {})},
-                                    clear_deltas=how is not None)
-            try:
-                with self._folding(how, txn):
-                    self._source.write(uniq, vals, txn)  # (a delta of each row array)
-            except BaseException:
-                txn.abort()
-                raise
-            self._commit(txn)
-            self._cache.invalidate(uniq)
-            self._after_version()
+        self._versions.write(self._handle, uniq, vectors[::-1][last])
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int:
         """Returns the id of the first new row (rows other writers appended come first)."""
-        if self._remote is not None:
-            return self._commit_objects("append", None, vectors, keys)
-        with self._writing():
-            n0, n = self.vocab_size, vectors.shape[0]
-            if n == 0:
-                return n0
-            vocab = self._vocab() if keys is not None else None
-            if vocab is not None and not isinstance(vocab, (DiskVocab, SegmentedVocab)):
-                raise ReadOnlyError(f"{self.path}: appending keys needs embstore's key index "
-                                    "(this table's keys were written by another tool)")
-            if vocab is not None:  # under the lock: another writer may have added them
-                assert keys is not None
-                enc, h = encoded_new_keys(vocab, keys, n0)
-                refuse_existing(vocab.probe_hashed(enc, h), keys)
-            how = self._fold_plan(0, 0 if keys is None else n, n)
-            how = "delta" if how is not None else None  # (key deltas fold into the index;
-            # row deltas are rewritten as one file each: the append writes the last chunk)
-            txn = self._transaction({"kind": "append", "rows": int(n), "keys": keys is not None,
-                                     **({"folded": how} if how else {})},
-                                    clear_deltas=how is not None)
-            try:
-                self._source.append(vectors, txn)
-                if vocab is not None and how is not None and isinstance(
-                        vocab, (DiskVocab, SegmentedVocab)):
-                    assert keys is not None  # the key index grown whole, the deltas' keys too
-                    self._stage_keys_folded(vocab, keys, n0, txn)
-                elif vocab is not None:
-                    assert keys is not None
-                    stage_keys(vocab, keys, n0, txn, enc, h)  # (a key delta)
-                with self._folding(how, txn):
-                    pass  # (the pending rows of every array: one delta file each)
-                    if not self._versioned and isinstance(vocab, DiskVocab):  # (a version:
-                        txn.after(lambda: vocab.committed(n0 + n))  # reopened)
-                self._source.publish_rows(n0 + n, txn)  # vectors/zarr.json last
-            except BaseException:
-                txn.abort()
-                raise
-            self._commit(txn)
-            self._cache.resize_for(n0 + n)
-            self._after_version()
-            return n0
-
-    def _commit_objects(self, kind: str, ids, values: np.ndarray, keys=None) -> int:
-        """A commit to the table on object storage (docs/FORMAT.md §11a): the handle moves
-        to the version it made (on top of the commits it rebased onto)."""
-        with self._lock:
-            self._check_open()
-            if values.shape[0] == 0:
-                return self.vocab_size
-            vocab = self._vocab() if keys is not None else None
-            v, first = commit_rows(self._v, kind, ids, values, keys, self._deltas, vocab)
-            self._v, self._seen_commit, self.version = v, v.commit, v.number
-            self._cache.resize_for(self.vocab_size)
-            self._cache.bind(self._source)  # (rows other writers committed: dropped too)
-            return first
-
-    def _transaction(self, change: dict, *, clear_deltas: bool = False) -> Transaction:
-        """A commit of this handle's table, described by ``change`` in its version's
-        manifest; ``clear_deltas``: the new version has none (a compaction, a merge)."""
-        txn = Transaction(self.path, versioned=self._versioned or clear_deltas)
-        txn.change, txn.clear_deltas = change, clear_deltas
-        return txn
-
-    def _commit(self, txn: Transaction) -> None:
-        try:
-            txn.commit()
-        except BaseException:
-            self._seen_commit = None  # this view may be half updated: reload on next write
-            raise
-        finally:
-            txn.abort()  # removes what an uncommitted transaction staged; never raises
-        self._seen_commit = txn.id
-
-    def _after_version(self) -> None:
-        """After a commit that made a version: the handle moves to it, versions past the
-        retention setting removed (the writer lock is held).  The commit happened: a
-        failure here (a full disk) is logged, not raised."""
-        if not self._versioned:
-            return
-        self._reload()
-        try:
-            vacuum(self.path)
-        except OSError as exc:
-            _log.warning("%s: committed; the clean-up after it failed (%s): the next write "
-                         "or `embstore vacuum` does it", self.path, exc)
-
-    def _fold_plan(self, rows: int, keys: int, appended: int) -> str | None:
-        """How a commit writing ``rows`` rows as deltas (and ``keys`` keys as a key delta,
-        ``appended`` rows) treats the pending deltas, so that every commit is one version:
-        ``"chunks"``, the commit is also the compaction (deltas past COMPACT_FRACTION of
-        the rows or COMPACT_BYTES, key deltas past MAX_KEY_DELTAS files or KEYS_FRACTION
-        of the rows); ``"delta"``, one delta file per array in place of more than
-        MAX_DELTA_FILES; None, a delta file of its own (the lock is held)."""
-        ov = self._overlays
-        if not self._versioned or ov is None:
-            return None
-        n = max(1, self.vocab_size + appended)
-        pending = ov.pending_rows + rows
-        too_big = self.compaction != "deferred" and self._past_threshold(rows, n, True)
-        entries = key_entries(ov)
-        if keys and (len(entries) + 1 > MAX_KEY_DELTAS
-                     or self._pending_keys() + keys > KEYS_FRACTION * n):
-            too_big = True
-        if too_big and (pending or entries or keys):
-            return "chunks"
-        return "delta" if len(ov.entries) + 1 > MAX_DELTA_FILES else None
-
-    def _past_threshold(self, rows: int, n: int, fraction: bool) -> bool:
-        """Whether ``rows`` more rows in deltas pass COMPACT_BYTES (or, ``fraction``,
-        COMPACT_FRACTION of ``n`` rows)."""
-        ov = self._overlays
-        if ov is None:
-            return False
-        row_bytes = 8 + self.dim * self.dtype.itemsize
-        return (ov.pending_bytes + rows * row_bytes > COMPACT_BYTES
-                or (fraction and ov.pending_rows + rows > COMPACT_FRACTION * n))
+        return self._versions.append(self._handle, vectors, keys)
 
     def compact_if_due(self) -> int | None:
         """Compact (:meth:`compact`) if the deltas are past COMPACT_FRACTION of the rows or
         COMPACT_BYTES, whatever ``compaction`` says (a trainer's checkpoint: its
         write-backs defer compaction); returns the new version, or None."""
-        with self._writing():
-            if not self._past_threshold(0, max(1, self.vocab_size), True):
-                return None
-            v = self._compact_locked()
-            vacuum(self.path)
-            return v
-
-    def _pending_keys(self) -> int:
-        vocab = self._vocab() if key_entries(self._overlays) else None
-        return len(vocab) - len(vocab.base) if isinstance(vocab, SegmentedVocab) else 0
-
-    @contextmanager
-    def _folding(self, how: str | None, txn: Transaction) -> Iterator[None]:
-        """Around a commit's writes: with ``how`` (:meth:`_fold_plan`), each row array's
-        write merges its pending rows in; then the arrays it did not write fold theirs
-        (into the chunks, or one delta file each), and key deltas are folded into the key
-        index (unless an append did)."""
-        ov = self._overlays
-        if how is None or ov is None:
-            yield
-            return
-        for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
-            o.combine = how
-        try:
-            yield
-            for o in ov.made:
-                o.fold(txn, how)
-            if "keys_folded" not in txn.change:
-                txn.change["keys"] = fold_keys(self._vocab() if key_entries(ov) else None,
-                                               txn)
-        finally:
-            for o in ov.made:
-                o.combine = None
-
-    def _stage_keys_folded(self, vocab: DiskVocab | SegmentedVocab, keys: list[str],
-                           n0: int, txn: Transaction) -> None:
-        """An append's keys written into the key index with those of the key deltas (one
-        commit that is also the keys' compaction: no key delta)."""
-        base = vocab.base if isinstance(vocab, SegmentedVocab) else vocab
-        pending = vocab.keys_between(len(base), n0) if len(base) < n0 else []
-        tree = txn.tree(KEYS)
-        for name, live in base.stage_append(pending + list(keys), tree):  # a loop per file
-            txn.adopt(tree / name, live)
-        txn.change["keys_folded"] = len(pending) + len(keys)
-
-    def _compact_locked(self) -> int:
-        """Fold every delta into the chunks: one commit (the writer lock is held)."""
-        ov = self._overlays
-        keyed = bool(key_entries(ov))
-        if ov is None or not (keyed or any(o.ids.size for o in ov.made)):
-            return self._version
-        txn = self._transaction({"kind": "compact", "rows": ov.pending_rows},
-                                clear_deltas=True)
-        try:
-            for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
-                o.fold(txn)
-            txn.change["keys"] = fold_keys(self._vocab() if keyed else None, txn)
-        except BaseException:
-            txn.abort()
-            raise
-        self._commit(txn)
-        self._reload()
-        return self._version
+        return self._versions.compact_if_due(self._handle)
 
     def compact(self) -> int:
         """Fold the rows written since the last compaction into the table's chunks: one
@@ -575,21 +288,7 @@ class ZarrTable(Table):
         Returns the version this handle reads afterwards."""
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: compact needs the table opened with mode='r+'")
-        if self._remote is not None:
-            with self._lock:
-                for _ in range(3):  # (lost to a compaction or an append of keys: again)
-                    self._reload()  # the newest version
-                    vocab = self._vocab() if self._has_keys else None
-                    if compact_objects(self._v, self._deltas, self.path,
-                                       self._remote.get("storage_options"),
-                                       None if vocab is None else vocab.keys_between):
-                        break
-                self._reload()
-                return self._version
-        with self._writing():
-            v = self._compact_locked()
-            vacuum(self.path)
-            return v
+        return self._versions.compact(self._handle)
 
     def vacuum(self, keep: int | None = None, cutoff: float | None = None) -> list[int]:
         """Remove the versions past the retention setting (``keep`` newest; versions open
@@ -598,31 +297,28 @@ class ZarrTable(Table):
         so a commit in flight or a reader of a version just past ``keep`` keeps its own."""
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: vacuum needs the table opened with mode='r+'")
-        if self._remote is not None:
-            with self._lock:
-                src = self._source
-                assert isinstance(src, ObjectVersionSource)
-                setting = self._attrs.get("retain_versions")  # (the table's, as locally)
-                return vacuum_objects(src.client, keep if keep is not None or type(
-                    setting) is not int else setting, cutoff)
-        if cutoff is not None:
-            raise InvalidOptionError(f"cutoff={cutoff!r}: an option of tables on object "
-                                     "storage (local versions are held by readers' leases)")
-        with self._writing():
-            return vacuum(self.path, keep)
+        return self._versions.vacuum(self._handle, keep, cutoff)
 
+    # -- versions: the one the handle reads, swapped in one assignment ----------------------
     def _reload(self) -> None:
+        self._adopt(self._versions.open(self._v))
+
+    def _adopt(self, v: Version) -> None:
+        """Read version ``v`` from now on (the old one's files stay readable: threads still
+        reading it finish, and it goes with them; a table without versions closes it)."""
         old = self._v
         self._drop_subwords()
-        self._load_meta()
-        if not self._versioned:  # (a version's files stay readable: threads still reading
-            old.source.close()   # the old one finish, and it goes with them)
+        self._v, self.version = v, v.number
+        if not old.versioned and old is not v:
+            old.source.close()
             if old.objects is not None:
                 old.objects.close()
             if old.vocab is not None:
                 old.vocab.close()
         self._cache.resize_for(self.vocab_size)
         self._cache.bind(self._source)  # (the old version's rows dropped, in one step)
+        if self._versions.needs_key_index(v):
+            self._vocab()  # keys written by another tool: store their index now
 
     def refresh(self) -> None:
         """Move to the newest version (row count, rows, keys): until then a handle reads
@@ -632,8 +328,8 @@ class ZarrTable(Table):
             return  # pinned to the version asked for
         with self._lock:
             self._check_open()
-            if self._remote is not None or not self._v.is_current(self.path):  # (nothing
-                self._reload()  # new: the row cache stays warm)
+            if not self._versions.is_current(self._v):  # (nothing new: the row cache
+                self._reload()  # stays warm)
 
     # -- housekeeping -----------------------------------------------------------------------
     def cache_info(self) -> CacheInfo:  # statistics stay readable after close()

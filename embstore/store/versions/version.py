@@ -31,7 +31,7 @@ from .pinning import check_pins
 __all__ = ["Version", "check_version", "plain", "stored_bytes"]
 
 
-def check_version(version, mode: str, remote: bool) -> int | None:
+def check_version(version, mode: str) -> int | None:
     """The ``version`` argument of ``open``, checked."""
     if version is None:
         return None
