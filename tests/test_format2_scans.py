@@ -68,7 +68,7 @@ def test_a_wrong_norm_is_found_by_verify_in_pieces(path, monkeypatch):
     row = CR + 218  # chunk 1, its row 218: bytes 261,600..262,799, across the first piece's end
     with embstore.open(path, mode="r+") as t:
         good = float(t.norms_source.read(row, row + 1)[0, 0])
-        with t._writing():
+        with t._versions.writing(t._handle):
             txn = Transaction(t.path)
             t.norms_source.write(np.array([row]), np.array([[good * 1.001]], np.float32), txn)
             txn.commit()

@@ -78,7 +78,7 @@ def test_import_writes_norms(tmp_path):
 def _damage_norm(path, row: int, value: float) -> None:
     """Store a wrong norm with a valid checksum (through the norms' own writer)."""
     with embstore.open(path, mode="r+") as t:
-        with t._writing():
+        with t._versions.writing(t._handle):
             txn = Transaction(t.path)
             t.norms_source.write(np.array([row]), np.array([[value]], np.float32), txn)
             txn.commit()
