@@ -67,7 +67,8 @@ def open_version(url: str, want: int | None, remote: dict, deltas: DeltaCache,
             attrs, base, objects = old.attrs, prev.base, old.objects
         else:
             prefix = "" if doc is None else doc["base"]["prefix"]
-            shared = {} if prefix or prev is not None else {"client": client, "meta": here}
+            shared: dict[str, Any] = {} if prefix or prev is not None else {
+                "client": client, "meta": here}
             attrs, base, objects = open_remote_source(f"{url}/{prefix}" if prefix else url,
                                                       "r", **remote, **shared)
         if doc is None:

@@ -161,9 +161,9 @@ class RangedRows:
             cuts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]]).tolist() + [e.size]
             for i, j in zip(cuts[:-1], cuts[1:]):  # a loop per cache entry used
                 jobs.append((obj, k, int(elo[e[i]]), int(ehi[e[i]]), rows[i:j]))
-        for obj, k, lo, hi, rows in jobs:  # a loop per cache entry used: local files, read
-            if self._cached(obj, k, lo, hi, pos[rows], at[rows], view):  # on this thread
-                left[rows] = False  # (a pool's threads cost more to start than this takes)
+        for obj, k, start, stop, sel in jobs:  # a loop per cache entry used: local files,
+            if self._cached(obj, k, start, stop, pos[sel], at[sel], view):  # on this thread
+                left[sel] = False  # (a pool's threads cost more to start than this takes)
         return left
 
     def _cached(self, obj: str, k: int, lo: int, hi: int, pos: np.ndarray, at: np.ndarray,
