@@ -64,8 +64,8 @@ CONFIGS = {
         # the same cached fraction of the table (2 GiB x 20 / 90 = 455 MiB)
         "ooc-zipf": {"rows": 20_000_000, "dim": 64, "ids": 16384, "cache_bytes": 477_218_588,
                      "warmup": 6, "batches": 8, "steady": 30},
-        "remote": {"rows": 1_000_000, "dim": 256, "ids": IDS, "reps": 7, "slow_reps": 3,
-                   "sparse_ids": 256},
+        "remote": {"rows": [100_000, 1_000_000], "dim": 256, "ids": IDS, "reps": 7,
+                   "slow_reps": 3, "sparse_ids": 256},
         "waits": {"rows": 1_000_000, "dim": 256, "reps": 5, "startup_reps": 7, "warm_reps": 7},
         "format2": {"rows": 1_000_000, "dim": 256, "reps": 5, "slow_reps": 1,
                     "big_rows": 100_000_000},

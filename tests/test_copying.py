@@ -43,18 +43,25 @@ def _apparent(path) -> int:
     return sum(a for a, _ in _files(path).values())
 
 
-@pytest.mark.parametrize("row_bytes", [4, 8, 200, 256, 1200, 3 * 1024])
+@pytest.mark.parametrize("row_bytes", [4, 8, 200, 256, 1001, 1200, 3 * 1024])
 def test_chunk_rows_of_a_known_size_pad_little(row_bytes):
+    """A table of a known size: whole pages a chunk, at most ~64 MiB, as few chunks as
+    chunks of that size allow (equal ones: big requests on object storage), padding at most
+    1/16 of the rows or 1 MiB."""
     low = min_chunk_rows(row_bytes)
-    for rows in [1, 37, 1000, 150_000, 262_145, 400_000, 2_000_001]:
+    top = choose_chunk_rows(row_bytes)  # the size of a table of unknown rows
+    for rows in [1, 37, 1000, 150_000, 262_145, 400_000, 2_000_001, 3 * top + 1]:
         cr = choose_chunk_rows(row_bytes, rows)
-        assert cr & (cr - 1) == 0 and (cr * row_bytes) % PAGE == 0, (rows, cr)
-        assert cr == low or cr * row_bytes <= CHUNK_TARGET, (rows, cr)
+        assert cr % low == 0 and (cr * row_bytes) % PAGE == 0, (rows, cr)
+        assert cr <= top, (rows, cr)
         pad = -rows % cr
         assert cr == low or pad <= max(rows / 16, (1 << 20) / row_bytes), (rows, cr, pad)
-        if 2 * cr * row_bytes <= CHUNK_TARGET and 2 * cr <= 1 << (rows - 1).bit_length():
-            assert -rows % (2 * cr) > max(rows // 16, (1 << 20) // row_bytes), (rows, cr)
-    assert choose_chunk_rows(row_bytes) == max(low, 1 << int(np.log2(CHUNK_TARGET / row_bytes)))
+        n = -(-rows // top)  # the fewest chunks of at most ``top`` rows
+        even = -(-rows // n // low) * low if rows % n == 0 else -(-(rows // n + 1) // low) * low
+        if cr == low or -rows % even <= max(rows // 16, (1 << 20) // row_bytes):
+            assert -(-rows // cr) == n, (rows, cr)  # no more chunks than needed
+            assert pad < low * n, (rows, cr, pad)  # under a page's worth of rows a chunk
+    assert top == max(low, 1 << int(np.log2(CHUNK_TARGET / row_bytes)))
 
 
 @pytest.fixture(scope="module")

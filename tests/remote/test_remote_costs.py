@@ -16,7 +16,8 @@ import pytest
 import embstore
 from embstore import CorruptStoreError
 from embstore.errors import InvalidOptionError
-from embstore.store.place.costs import CostModel, merge_ranges, split_regions
+from embstore.store.place.costs import DEFAULT, CostModel, merge_ranges, split_regions
+from embstore.store.rows.layout import choose_chunk_rows
 
 PAGE = 4096
 
@@ -155,6 +156,49 @@ def test_a_flipped_byte_is_caught_and_gap_pages_never_fail_a_read(s3, wide):
         np.testing.assert_array_equal(t[[4096, 4096 + 400]], E[[4096, 4096 + 400]])
         with pytest.raises(CorruptStoreError, match=r"vectors/c/1/0: crc32c mismatch in page 10"):
             t[[4096, 4096 + 165]]
+
+
+# -- the default layout: chunks as large as requests want ---------------------------------------
+def _ideal_requests(nbytes: int, cap: int = DEFAULT.max_request_bytes) -> int:
+    """The fewest requests the cost model allows for ``nbytes`` read through (a dense batch),
+    were the rows one object: whole requests of at most ``cap`` bytes."""
+    return -(-nbytes // cap)
+
+
+@pytest.mark.parametrize("rows,dim", [(100_000, 256), (1_000_000, 256), (300_000, 64),
+                                      (400_000, 50)], ids=["100k-256", "1M-256", "300k-64",
+                                                           "400k-50"])
+def test_a_dense_batch_on_the_default_layout_costs_about_the_requests_of_one_object(rows, dim):
+    """A table saved with its row count known: the chunks its writer chooses cost a dense batch
+    at most 1.1x the requests the cost model asks for rows in one object (chunks smaller than
+    a request cost a request each: 4 MiB chunks of a 100,000 x 256 table made 25 requests of
+    a batch, not 13)."""
+    row_bytes = dim * 4
+    cr = choose_chunk_rows(row_bytes, rows)
+    ids = np.arange(0, rows, 24)  # a row in every 24: every gap read through
+    got = _model_requests(ids, row_bytes, cr, DEFAULT.gap_bytes, DEFAULT.max_request_bytes)
+    assert sum(b - a for _, a, b in got) <= rows * row_bytes  # (no padding read)
+    assert len(got) <= 1.1 * _ideal_requests(rows * row_bytes), (cr, len(got))
+
+
+@pytest.mark.slow  # a 100 MB table uploaded
+def test_a_dense_batch_on_s3_costs_the_requests_of_its_layout(s3, rng):
+    """100,000 x 256 float32 saved at an s3:// URL with the default layout, 4,096 uniform
+    ids: the server sees exactly the requests the cost model asks for that layout (computed
+    with plain loops), and those are within 1.1x of the rows in one object."""
+    rows, dim = 100_000, 256
+    E = rng.standard_normal((rows, dim), dtype=np.float32)
+    url = f"s3://{s3.bucket}/dense.emb"
+    embstore.save(url, E).close()
+    ids = rng.integers(0, rows, size=4096)
+    with embstore.open(url, cache_bytes=0) as t:
+        cr = t.layout["chunk_rows"]
+        t[np.arange(0, rows, cr)]  # every chunk's page checksums loaded
+        s3.reset()
+        np.testing.assert_array_equal(t[ids], E[ids])
+        want = _model_requests(ids, dim * 4, cr, DEFAULT.gap_bytes, DEFAULT.max_request_bytes)
+        assert s3.total() == len(want)
+    assert len(want) <= 1.1 * _ideal_requests(E.nbytes), (cr, len(want))
 
 
 def _entries(root) -> list[str]:

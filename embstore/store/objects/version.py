@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptStoreError, ReadOnlyError
+from ...errors import CorruptStoreError, FormatError, ReadOnlyError
 from ..place.objstore import ObjectClient
-from ..remote.open import open_remote_source
+from ..remote.open import META, open_remote_source, parse_remote_meta
 from ..versions.retain import RETAIN_VERSIONS
 from ..versions.version import Version
 from .commit import Change, commit, put_data
@@ -46,21 +46,31 @@ def open_version(url: str, want: int | None, remote: dict, deltas: DeltaCache,
                  old: Version | None = None) -> Version:
     """Version ``want`` (default the newest) of the table at ``url``: its manifest, then
     only the immutable objects it names.  ``old``: the handle's current version (its base
-    and clients are reused when the base is the same)."""
+    and clients are reused when the base is the same).  A first open lists the manifests
+    (or reads version ``want``'s) and reads the URL's two ``zarr.json`` at once: the base
+    of most versions is the table at the URL, read through the same client."""
     prev = old.source if old is not None and isinstance(old.source, ObjectVersionSource) \
         else None
     client = prev.client if prev is not None else ObjectClient(url,
                                                                remote.get("storage_options"))
     try:
-        n = newest_version(client) if want is None else want
-        doc = None if n == 0 else need_manifest(client, n)
+        here = None
+        if prev is None:
+            first, here = _first_reads(client, want)
+            n, doc = (first, None) if want is None else (want, first)
+        else:
+            n, doc = (newest_version(client) if want is None else want), None
+        if doc is None and n != 0:
+            doc = need_manifest(client, n)
         if prev is not None and doc is not None and doc["base"] == prev.doc["base"]:
             assert old is not None
             attrs, base, objects = old.attrs, prev.base, old.objects
         else:
             prefix = "" if doc is None else doc["base"]["prefix"]
+            shared: dict[str, Any] = {} if prefix or prev is not None else {
+                "client": client, "meta": here}
             attrs, base, objects = open_remote_source(f"{url}/{prefix}" if prefix else url,
-                                                      "r", **remote)
+                                                      "r", **remote, **shared)
         if doc is None:
             doc = initial(attrs, base.shape[0], base.shape[1], base.dtype.name)
         else:
@@ -72,6 +82,21 @@ def open_version(url: str, want: int | None, remote: dict, deltas: DeltaCache,
             client.close()
         raise
     return _version(doc, ObjectVersionSource(base, doc, ids, values, client), attrs, objects)
+
+
+def _first_reads(client: ObjectClient, want: int | None):
+    """``(newest version number, or version want's manifest; the URL's metadata)``, the
+    three requests in flight together (the metadata None if the URL holds no table: a base
+    elsewhere may still be named by the manifest; if not, opening it says what is wrong)."""
+    first = (lambda: newest_version(client)) if want is None else (
+        lambda: need_manifest(client, want) if want > 0 else None)
+    got = client.map(lambda job: job(), [first] + [
+        lambda rel=rel: client.get(rel) for rel in META])
+    try:
+        here = parse_remote_meta(client, got[1], got[2])
+    except (FormatError, CorruptStoreError):
+        here = None
+    return got[0], here
 
 
 def _version(doc: dict, source: ObjectVersionSource, attrs: dict, objects: Any) -> Version:

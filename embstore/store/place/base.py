@@ -77,6 +77,12 @@ class Place(abc.ABC):
         loads)."""
         return check(load())
 
+    def peek(self, obj: str, name: str, check: Callable[[Any], Any]) -> Any:
+        """``check(bytes)`` of entry ``name`` of object ``obj`` in the place's on-disk cache,
+        None if it has none (or the entry fails its check: then it is dropped).  Local:
+        answered without a request, so callers try it before issuing requests."""
+        return None
+
     @abc.abstractmethod
     def size(self, rel: str) -> int | None:
         """The size of object ``rel`` in bytes, None if absent."""

@@ -65,17 +65,25 @@ class ObjectStore(Place):
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         return self.client.map(fn, items)
 
+    def peek(self, obj: str, name: str, check: Callable[[Any], Any]) -> Any:
+        if self.cache is None:
+            return None
+        hit = self.cache.get(obj, name)
+        if hit is None:
+            return None
+        try:
+            return check(hit)
+        except CorruptStoreError:
+            self.cache.drop(obj, name)  # damaged in the cache: fetched again
+            return None
+
     def cached(self, obj: str, name: str, load: Callable[[], bytes],
                check: Callable[[Any], Any]) -> Any:
         """``check(bytes)`` of cache entry ``name`` of object ``obj``, else of ``load()``
         (then kept in the cache): an entry that fails its check is dropped and loaded again."""
-        if self.cache is not None:
-            hit = self.cache.get(obj, name)
-            if hit is not None:
-                try:
-                    return check(hit)
-                except CorruptStoreError:
-                    self.cache.drop(obj, name)  # damaged in the cache: fetched again
+        got = self.peek(obj, name, check)
+        if got is not None:
+            return got
         data = load()
         got = check(data)
         if self.cache is not None:

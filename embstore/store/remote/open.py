@@ -21,7 +21,8 @@ from ..subword.ngrams import NGRAMS, Subwords
 from .keys import RemoteKeys
 from ..place.objstore import ObjectClient
 
-__all__ = ["open_remote_source", "read_remote_meta", "open_remote_ngrams", "RemoteTable"]
+__all__ = ["open_remote_source", "read_remote_meta", "parse_remote_meta", "META",
+           "open_remote_ngrams", "RemoteTable"]
 
 
 class RemoteTable:
@@ -40,14 +41,23 @@ class RemoteTable:
         self.place.close()
 
 
+META = ("zarr.json", "vectors/zarr.json")  # what a table's opening reads first
+
+
 def read_remote_meta(client: ObjectClient) -> tuple[dict, dict, str]:
-    """``(embstore attributes, vectors zarr.json, version)`` of the table: two GETs.
+    """``(embstore attributes, vectors zarr.json, version)`` of the table: two GETs, in
+    flight together."""
+    graw, vraw = client.map(client.get, META)
+    return parse_remote_meta(client, graw, vraw)
+
+
+def parse_remote_meta(client: ObjectClient, graw: bytes | None,
+                      vraw: bytes | None) -> tuple[dict, dict, str]:
+    """:func:`read_remote_meta` of the two documents fetched (None: missing).
 
     ``version`` hashes both documents (it keys the on-disk chunk cache)."""
-    graw = client.get("zarr.json")
     attrs = check_group_meta(parse_json(graw, client.where("zarr.json"),
                                         "the group's zarr.json", client.url), client.url)
-    vraw = client.get("vectors/zarr.json")
     meta = parse_json(vraw, client.where("vectors/zarr.json"), "vectors/zarr.json",
                       client.url)
     check_vectors_meta(meta, client.where("vectors/zarr.json"), attrs)
@@ -59,6 +69,8 @@ def read_remote_meta(client: ObjectClient) -> tuple[dict, dict, str]:
 def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | None = None,
                        cache_dir=None, cache_dir_bytes="4GiB", request_latency=None,
                        request_bandwidth=None, max_request_bytes=None,
+                       client: ObjectClient | None = None,
+                       meta: tuple[dict, dict, str] | None = None,
                        ) -> tuple[dict, RowSource, RemoteTable]:
     """``(embstore attributes, row source, table)`` of the table at ``url`` (the row source
     decodes bfloat16 and int8 rows): two requests, and one to find the layout (two more for
@@ -66,21 +78,25 @@ def open_remote_source(url: str, mode: str = "r", *, storage_options: dict | Non
 
     ``request_latency`` (seconds), ``request_bandwidth`` (bytes per second on one
     connection) and ``max_request_bytes`` set the cost model reads coalesce by
-    (:mod:`embstore.store.place.costs`; default 25 ms, 100 MB/s, 8 MiB: S3)."""
+    (:mod:`embstore.store.place.costs`; default 25 ms, 100 MB/s, 8 MiB: S3).  ``client``:
+    a client of ``url`` to use (the caller's, shared: a failure here leaves it open);
+    ``meta``: what :func:`read_remote_meta` returned for it."""
     if mode != "r":
         raise ReadOnlyError(f"{url}: tables on object storage open read-only (mode 'r'), got "
                             f"mode {mode!r}; write a local table and copy it there")
     costs = CostModel.from_options(request_latency, request_bandwidth, max_request_bytes)
-    client = ObjectClient(url, storage_options)
+    own = client is None
+    client = ObjectClient(url, storage_options) if client is None else client
     try:
-        attrs, meta, version = read_remote_meta(client)
+        attrs, vmeta, version = read_remote_meta(client) if meta is None else meta
         cache = None if cache_dir is None else ChunkCache(cache_dir, client.url, version,
                                                           parse_bytes(cache_dir_bytes))
         place = ObjectStore(client, cache=cache, costs=costs)
-        source = open_source(place, meta, mode, checked=attrs.get("format") == 2)
+        source = open_source(place, vmeta, mode, checked=attrs.get("format") == 2)
         return attrs, source, RemoteTable(place)
     except BaseException:
-        client.close()
+        if own:
+            client.close()
         raise
 
 

@@ -3,7 +3,7 @@
 A row array is a plain Zarr v3 array (no sharding) whose only codec is ``bytes`` (little
 endian): chunk ``k`` is the file ``<array>/c/<k>/0`` holding rows ``k * chunk_rows`` ..
 ``(k + 1) * chunk_rows - 1`` back to back, the last one padded with zeros to its full size.
-``chunk_rows`` is a power of two that makes a chunk a whole number of 4 KiB pages, so the
+``chunk_rows`` makes a chunk a whole number of 4 KiB pages (:func:`choose_chunk_rows`), so the
 chunk files mapped side by side are one ``(rows, dim)`` array.
 """
 
@@ -49,15 +49,23 @@ PAD_BYTES = 1 << 20  # ... or 1 MiB, whichever is more
 
 def choose_chunk_rows(row_bytes: int, rows: int | None = None) -> int:
     """Rows per chunk: about 64 MiB (a power of two, at least a page's worth).  For a table
-    of ``rows`` rows known in advance, the largest such power of two whose last chunk's
-    zero padding stays within ``rows / PAD_SHARE`` rows or ``PAD_BYTES`` (a file copied
-    without its holes, ``cp --sparse=never`` or a plain upload, stays near its rows' size)."""
+    of ``rows`` rows known in advance, the table cut into as few chunks as chunks of at
+    most that size allow, of equal size (rounded up to whole pages): big chunks (what a
+    request to object storage and another Zarr reader read best) whose last one pads less
+    than a page's worth of rows per chunk; should that pad more than ``rows / PAD_SHARE``
+    rows or ``PAD_BYTES`` (rows of an odd size), the largest power of two below whose
+    padding stays within them (a file copied without its holes, ``cp --sparse=never`` or a
+    plain upload, stays near its rows' size)."""
     low = min_chunk_rows(row_bytes)
     cr = max(low, _pow2_below(CHUNK_TARGET / row_bytes))
     if rows is None:
         return cr
-    cr = min(cr, max(low, 1 << max(0, int(rows - 1).bit_length())))
     slack = max(rows // PAD_SHARE, PAD_BYTES // max(1, row_bytes))
+    n = max(1, -(-rows // cr))  # as many chunks as chunks of at most ``cr`` rows need
+    even = max(low, -(-(-(-rows // n)) // low) * low)
+    if -rows % even <= slack:
+        return even
+    cr = min(cr, max(low, 1 << max(0, int(rows - 1).bit_length())))
     while cr > low and -rows % cr > slack:  # one halving per step: at most ~26 steps
         cr //= 2
     return cr

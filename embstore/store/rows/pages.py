@@ -25,7 +25,7 @@ from .layout import PAGE, RowLayout
 from .runs import check_groups
 
 __all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks", "PageMismatch",
-           "crcs_at", "read_crc_file", "bad_pages", "load_crcs", "page_spans",
+           "crcs_at", "read_crc_file", "bad_pages", "load_crcs", "cached_crcs", "page_spans",
            "pages_in_chunk"]
 
 _PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling thread
@@ -103,8 +103,20 @@ def load_crcs(place: Place, rel: str, pages: int, what: str) -> np.ndarray:
             raise CorruptStoreError(f"{where}: missing (the page checksums of {what})",
                                     path=where)
         return data
-    return place.cached(rel, "crcs", load, lambda data: decode_crc_file(bytes(data), pages,
-                                                                        where))
+    return place.cached(rel, CRCS_ENTRY, load, _decoder(place, rel, pages))
+
+
+def cached_crcs(place: Place, rel: str, pages: int) -> np.ndarray | None:
+    """:func:`load_crcs` from the place's on-disk cache only (no request), else None."""
+    return place.peek(rel, CRCS_ENTRY, _decoder(place, rel, pages))
+
+
+CRCS_ENTRY = "crcs"  # the name of a chunk's page checksums in a place's on-disk cache
+
+
+def _decoder(place: Place, rel: str, pages: int):
+    where = place.where(rel)
+    return lambda data: decode_crc_file(bytes(data), pages, where)
 
 
 def _row_pages(at: np.ndarray, row_bytes: int) -> np.ndarray:

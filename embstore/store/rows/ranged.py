@@ -31,7 +31,7 @@ from ...errors import CorruptStoreError
 from ..place.base import Place
 from ..place.costs import merge_ranges, split_regions
 from .layout import PAGE, RowLayout
-from .pages import bad_pages, load_crcs, page_spans, pages_in_chunk
+from .pages import bad_pages, cached_crcs, load_crcs, page_spans, pages_in_chunk
 
 __all__ = ["RangedRows"]
 
@@ -54,6 +54,12 @@ class RangedRows:
     def _need_crcs(self, chunks: np.ndarray) -> None:
         todo = [k for k in chunks.tolist() if k not in self._crcs]  # a loop per chunk
         pages = self.layout.pages_per_chunk
+        if self.cache is not None and todo:  # local files first, on this thread
+            hits = [cached_crcs(self.place, self._object(self.crc_name, k), pages)
+                    for k in todo]  # a loop per chunk
+            with self._crc_lock:
+                self._crcs.update((k, c) for k, c in zip(todo, hits) if c is not None)
+            todo = [k for k, c in zip(todo, hits) if c is None]
         got = self.place.map(lambda k: load_crcs(self.place, self._object(self.crc_name, k),
                                                  pages, f"chunk {k} of {self.name}"), todo)
         for k, crcs in zip(todo, got):
@@ -155,12 +161,9 @@ class RangedRows:
             cuts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]]).tolist() + [e.size]
             for i, j in zip(cuts[:-1], cuts[1:]):  # a loop per cache entry used
                 jobs.append((obj, k, int(elo[e[i]]), int(ehi[e[i]]), rows[i:j]))
-        served = self.place.map(
-            lambda job: self._cached(job[0], job[1], job[2], job[3], pos[job[4]],
-                                     at[job[4]], view), jobs)
-        for job, ok in zip(jobs, served):  # a loop per cache entry used
-            if ok:
-                left[job[4]] = False
+        for obj, k, start, stop, sel in jobs:  # a loop per cache entry used: local files,
+            if self._cached(obj, k, start, stop, pos[sel], at[sel], view):  # on this thread
+                left[sel] = False  # (a pool's threads cost more to start than this takes)
         return left
 
     def _cached(self, obj: str, k: int, lo: int, hi: int, pos: np.ndarray, at: np.ndarray,
