@@ -20,11 +20,56 @@ arrays in one of two layouts, its bytes in one of two places.
 
 from __future__ import annotations
 
-from .versions.commit import repair
-from .build import create, save, upgrade
-from .table import ZarrTable, open  # noqa: A004
-from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter
+import importlib
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .build import create, save, upgrade
+    from .table import ZarrTable, open  # noqa: A004
+    from .verify import Damage, VerifyReport, verify
+    from .versions.commit import repair
+    from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
            "Damage", "repair", "upgrade"]
+
+# the module that defines each public name, imported on first use (as embstore/__init__):
+# importing one module of the store (``store.place.objstore``, ``store.table``) loads what
+# that module needs, not every layout, version and verify module
+_LAZY = {"repair": ".versions.commit", "create": ".build", "save": ".build",
+         "upgrade": ".build", "ZarrTable": ".table", "open": ".table", "Damage": ".verify",
+         "VerifyReport": ".verify", "verify": ".verify", "TableWriter": ".writer"}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for; a module of
+    the store likewise."""
+    module = _LAZY.get(name)
+    if module is None:  # a module of the store (``embstore.store.rows``): imported on use
+        if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Store(types.ModuleType):
+    """The package's module object: ``verify`` names both the function and its subpackage,
+    and the import system binds a subpackage on its parent once loaded (``store.verify =
+    <module>``); the function keeps the name, as when this package imported it eagerly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == f".{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Store
