@@ -25,16 +25,16 @@ from .errors import DestinationExistsError, FormatError
 from .formats import (DEFAULT_BLOCK_ROWS, SPECS, WRITE_FORMATS, detect_source, export_format_for,
                       get, open_source, spec)
 from .formats.source import Source, compression_for, inner_name, open_compressed_output
+from .formats.tokens import TokenKeys, load_tokens
 from .formats.vocabfile import VocabReader, vocab_path_for, write_vocab
+from .store.remote.fetch import is_source_url, open_url, url_name
 from .store.codecs import Compression
 from .store.table import open as open_table
 from .dtypes import DTYPES, QUANTISED, check_storage
 from .progress import Progress, Tally
+from .store.writer import TableWriter
+from .store.subword.build import import_fasttext_bin
 from .table import Table
-
-# What only an import needs (the table writer, URL fetching with urllib's HTTP stack, token
-# files, fastText models) is imported by the function that imports: an export or a
-# library user of export_table does not load it.
 
 
 SPOOL_BYTES = 8 << 20
@@ -88,8 +88,6 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     gensim's ``encoding=``); its n-gram matrix is stored beside the vectors
     (:mod:`.store.subword.build`).
     """
-    from .store.remote.fetch import is_source_url, open_url, url_name
-
     dest = os.fspath(dest)
     options: dict[str, Any] = dict(
         format=format, tensor=tensor, vocab=vocab, dtype=dtype, limit=limit,
@@ -241,8 +239,6 @@ def _vocab_beside(src, fmt: str, vocab, notes: list[str]):
 
 def _spool_url(stream, url: str, path: str) -> str:
     """Copy ``stream`` (the bytes at ``url``) to a new file ``path`` named like the URL."""
-    from .store.remote.fetch import url_name
-
     path = f"{path}-{url_name(url)}"
     try:
         _spool(stream, path)
@@ -269,9 +265,6 @@ def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_
                  notes: list[str]) -> tuple[int, tuple[int, tuple[str, ...]], str]:
     """Feed ``reader``'s blocks (and keys from ``vocab``) to a TableWriter at ``dest``; returns
     the rows kept, (duplicates dropped, the first few of them) and the storage dtype."""
-    from .formats.tokens import TokenKeys, load_tokens
-    from .store.writer import TableWriter
-
     if storage is None:  # the source's own dtype, bfloat16 kept native
         storage = reader.native_dtype or np.dtype(reader.dtype).name
     keys_file: VocabReader | TokenKeys | None = None
@@ -316,8 +309,6 @@ def _import_rows(reader, dest: str, fmt: str, *, vocab, storage, limit, unicode_
 def _import_fasttext_bin(src: str, dest: str, *, vocab, storage, encoding: str,
                         **options) -> ImportResult:
     """The fastText ``.bin`` branch of :func:`import_file` (vectors and n-gram matrix)."""
-    from .store.subword.build import import_fasttext_bin
-
     if vocab is not None:
         raise FormatError("vocab= gives keys to formats without them; fasttext-bin models "
                           "hold their own words")

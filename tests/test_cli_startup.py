@@ -32,7 +32,7 @@ def test_help_loads_no_numpy_and_no_subpackage():
         m == h or m.startswith(h + ".") for h in HEAVY)) == []
     ours = sorted(m for m in loaded if m.startswith("embstore"))
     assert ours == ["embstore", "embstore._version", "embstore.cli", "embstore.cli.terms",
-                    "embstore.errors"]
+                    "embstore.errors", "embstore.optional"]
 
 
 def test_info_loads_no_batch_job_format_or_search_pipeline():

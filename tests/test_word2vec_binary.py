@@ -315,12 +315,12 @@ def _fails_cleanly(src, tmp_path, match: str, **kw) -> None:
 
 
 def test_import_whose_table_cannot_be_set_up_stops_the_parser(tmp_path, monkeypatch):
-    import embstore.store.writer as writer  # (the import imports its writer when it runs)
+    import embstore.convert as convert
 
     def broken(*a, **k):
         raise OSError(13, "Permission denied")
 
-    monkeypatch.setattr(writer, "TableWriter", broken)
+    monkeypatch.setattr(convert, "TableWriter", broken)
     p = tmp_path / "v.bin"
     p.write_bytes(_file([f"k{i}" for i in range(3000)], np.ones((3000, 4), np.float32),
                         newline=True))

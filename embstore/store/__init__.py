@@ -20,11 +20,11 @@ arrays in one of two layouts, its bytes in one of two places.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from ..optional import lazy_attributes
 
 if TYPE_CHECKING:
     from .build import create, save, upgrade
@@ -44,21 +44,7 @@ _LAZY = {"repair": ".versions.commit", "create": ".build", "save": ".build",
          "VerifyReport": ".verify", "verify": ".verify", "TableWriter": ".writer"}
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module the first time it is asked for; a module of
-    the store likewise."""
-    module = _LAZY.get(name)
-    if module is None:  # a module of the store (``embstore.store.rows``): imported on use
-        if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        return importlib.import_module(f".{name}", __name__)
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
 
 
 class _Store(types.ModuleType):

@@ -266,7 +266,7 @@ def _key_bytes(keys, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """``(utf8, lengths)`` of keys ``start..stop-1`` (the table's bytes where it holds
     them, no ``str`` a key), checked on the bytes at once (a key empty or holding
     whitespace), then key by key for the message."""
-    between = getattr(keys, "utf8_between", None)
+    between = getattr(keys, "utf8_between", None)  # (``Table.keys``; a list of str has none)
     held = between(start, stop) if between is not None else None
     if held is None:  # keys held as str: one encode, each followed by a space, then split
         u8 = np.frombuffer((" ".join(keys[start:stop]) + " ").encode("utf-8"), np.uint8)
