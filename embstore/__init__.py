@@ -13,9 +13,7 @@ NumPy.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .errors import (ClosedTableError, ConflictError, CorruptStoreError, DestinationExistsError, EmbstoreError,
@@ -23,6 +21,7 @@ from .errors import (ClosedTableError, ConflictError, CorruptStoreError, Destina
                      LockTimeoutError, MissingDependencyError, NotATableError, ReadOnlyError,
                      ResourceLimitError, ResultTooLargeError, ShapeMismatchError,
                      TableChangedError, InvalidTypeError)
+from .optional import lazy_attributes
 
 if TYPE_CHECKING:
     from .batch import lookup_file
@@ -65,18 +64,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module the first time it is asked for; a
-    subpackage or module (``embstore.search``) likewise."""
-    module = _LAZY.get(name)
-    if module is None:
-        if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
-            raise AttributeError(f"module 'embstore' has no attribute {name!r}")
-        return importlib.import_module(f".{name}", __name__)
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

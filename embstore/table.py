@@ -47,6 +47,12 @@ class Vocab(abc.ABC):
     def keys_between(self, start: int, stop: int) -> list[str]:
         return self.key_at(np.arange(start, stop, dtype=np.int64))
 
+    def utf8_between(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(utf8, lengths)``: the UTF-8 bytes of keys ``start..stop-1`` back to back (uint8)
+        and each key's length in bytes (int64), for writers of keys as bytes, where the
+        vocabulary holds the bytes (no ``str`` made a key); None where it holds ``str``."""
+        return None
+
 
 class KeySequence(Sequence):
     """The read-only, lazy ``Table.keys`` view: ``len``, index, slice, iteration in blocks."""
@@ -73,6 +79,12 @@ class KeySequence(Sequence):
         if ids.ndim == 0:
             return self._vocab.key_at(ids.reshape(1))[0]
         return self._vocab.key_at(ids.reshape(-1))
+
+    def utf8_between(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Keys ``start..stop-1`` (clamped as a slice is) as UTF-8 bytes back to back and
+        their lengths in bytes, or None: :meth:`Vocab.utf8_between`."""
+        start, stop, _ = slice(start, stop).indices(len(self._vocab))
+        return self._vocab.utf8_between(start, max(start, stop))
 
     def __iter__(self) -> Iterator[str]:
         n = len(self._vocab)

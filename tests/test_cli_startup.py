@@ -32,7 +32,7 @@ def test_help_loads_no_numpy_and_no_subpackage():
         m == h or m.startswith(h + ".") for h in HEAVY)) == []
     ours = sorted(m for m in loaded if m.startswith("embstore"))
     assert ours == ["embstore", "embstore._version", "embstore.cli", "embstore.cli.terms",
-                    "embstore.errors"]
+                    "embstore.errors", "embstore.optional"]
 
 
 def test_info_loads_no_batch_job_format_or_search_pipeline():
@@ -40,6 +40,47 @@ def test_info_loads_no_batch_job_format_or_search_pipeline():
     for heavy in ("embstore.batch", "embstore.convert", "embstore.layer",
                   "embstore.search.exact", "zarr", "torch"):
         assert heavy not in loaded, heavy
+
+
+def test_info_command_loads_what_opening_a_table_needs(tmp_path):
+    """``embstore info TABLE`` run to the end: the table's description, through
+    ``store.table`` alone: not the writers (``store.build``), the search pipelines (FAISS's
+    ``ann``/``ivf``, the exact scans), whole-table scans, batch jobs, conversions or zarr."""
+    import numpy as np
+    path = tmp_path / "t.emb"
+    embstore.save(path, np.arange(40, dtype=np.float32).reshape(10, 4), keys=list("abcdefghij"))
+    code = ("from embstore.cli import main\nimport sys\nsys.argv = ['embstore', 'info', "
+            f"{str(path)!r}, '--json']\ntry:\n    main()\nexcept SystemExit as e:\n"
+            "    assert e.code in (0, None), e.code")
+    loaded = _modules_after(code)
+    assert "embstore.store.table" in loaded and "embstore.search.indexmeta" in loaded
+    banned = ("embstore.store.build", "embstore.store.scan", "embstore.search.ann",
+              "embstore.search.ivf", "embstore.search.exact", "embstore.search.stream",
+              "embstore.search.topk", "embstore.batch", "embstore.convert", "embstore.layer",
+              "embstore.memory.", "embstore.formats.npy", "embstore.formats.safetensors",
+              "embstore.formats.torch", "embstore.cli.files", "embstore.cli.tables",
+              "zarr", "dask", "torch", "faiss")
+    assert sorted(m for m in loaded if any(m == b or m.startswith(b.rstrip(".") + ".")
+                                           for b in banned)) == []
+
+
+def test_one_store_module_loads_no_other_part_of_the_store():
+    """``store/__init__`` is lazy: the object-storage client or the metadata reader alone
+    loads neither the table, nor the writers, nor verify; the public names still resolve."""
+    for module in ("embstore.store.place.objstore", "embstore.store.meta"):
+        loaded = _modules_after(f"import {module}")
+        assert not {"embstore.store.table", "embstore.store.build",
+                    "embstore.store.verify"} & loaded, module
+    import embstore.store as store
+    from embstore.store.build import create, save, upgrade
+    from embstore.store.table import ZarrTable, open as open_table
+    from embstore.store.verify import verify
+    assert (store.create, store.save, store.upgrade, store.ZarrTable, store.open,
+            store.verify) == (create, save, upgrade, ZarrTable, open_table, verify)
+    assert set(store.__all__) <= set(dir(store))
+    assert store.rows.layout is importlib.import_module("embstore.store.rows.layout")
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        store.nosuch  # noqa: B018
 
 
 def test_import_and_export_load_no_batch_pipeline():

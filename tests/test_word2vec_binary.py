@@ -208,9 +208,57 @@ def test_export_of_a_stored_table_and_limit(tmp_path):
     assert (tmp_path / "o.bin").read_bytes() == _row_by_row(keys[:321], vecs[:321])
 
 
-def test_pack_rows_needs_one_space_per_key():
-    with pytest.raises(ValueError, match="expected 2 keys each followed by a space, got 3"):
-        records.pack_rows(b"a b c ", np.zeros((2, 4), np.uint8))
+def test_pack_rows_needs_one_key_per_row():
+    with pytest.raises(ValueError, match="expected 2 keys, got 3"):
+        records.pack_rows(np.frombuffer(b"abc", np.uint8), np.ones(3, np.int64),
+                          np.zeros((2, 4), np.uint8))
+    with pytest.raises(ValueError, match="keys of 4 bytes in all, got 3 bytes"):
+        records.pack_rows(np.frombuffer(b"abc", np.uint8), np.array([1, 3]),
+                          np.zeros((2, 4), np.uint8))
+
+
+@pytest.mark.parametrize("newline", [True, False], ids=["c", "gensim"])
+def test_pack_rows_is_row_by_row(newline):
+    """Records packed a block at once (keys of any UTF-8 length, rows of any bytes) equal
+    the records joined one by one."""
+    rng = np.random.default_rng(3)
+    keys = _keys(rng, 257)
+    data = rng.integers(0, 256, size=(257, 12), dtype=np.uint8)
+    enc = [k.encode() for k in keys]
+    got = records.pack_rows(np.frombuffer(b"".join(enc), np.uint8),
+                            np.array([len(e) for e in enc]), data, newline,
+                            buf=np.full(1 << 16, 7, np.uint8))
+    want = b"".join(e + b" " + d.tobytes() + (b"\n" if newline else b"")
+                    for e, d in zip(enc, data))
+    assert got.tobytes() == want
+
+
+@pytest.mark.parametrize("held", ["str", "stored"])
+def test_export_takes_the_stored_key_bytes(tmp_path, monkeypatch, held):
+    """A stored table's keys are written from their stored bytes (no ``str`` a key), a
+    table holding ``str`` keys encodes them: the same file either way, key deltas of
+    appended rows included."""
+    from embstore.keys.hashing import decode_keys
+    from embstore.formats.word2vec import binary
+
+    rng = np.random.default_rng(4)
+    keys, vecs = _keys(rng, 300), _vectors(rng, 300, 6, tricky=True)
+    if held == "stored":
+        t = embstore.save(tmp_path / "t.emb", vecs[:200], keys=keys[:200])
+        t.close()
+        t = embstore.open(tmp_path / "t.emb", mode="r+")
+        t.append(vecs[200:], keys=keys[200:])  # a key delta: the segmented vocabulary
+        made = []
+        monkeypatch.setattr(binary, "_check_keys", lambda *a: made.append(a))
+        import embstore.keys.index as index
+        monkeypatch.setattr(index, "decode_keys", lambda *a: made.append(a) or decode_keys(*a))
+    else:
+        t = embstore.MemoryTable(vecs, keys=keys)
+    assert get("word2vec-binary").write(tmp_path / "o.bin", t, block_rows=64) == 300
+    assert (tmp_path / "o.bin").read_bytes() == _row_by_row(keys, vecs)
+    if held == "stored":
+        assert made == []  # no key decoded to str, none checked one by one
+    t.close()
 
 
 def _threads() -> set[str]:
@@ -337,6 +385,15 @@ def test_keys_checked_on_their_bytes_name_the_row(tmp_path, keys, row):
     from embstore.errors import FormatError
     from embstore.formats.word2vec import binary
 
-    with pytest.raises(FormatError, match=f"row {row + 10}: key"):
-        binary._joined(keys, 10)
-    assert binary._joined(["ä", "b", "ü"], 10) == "ä b ü ".encode()
+    class Held(list):  # keys whose bytes the table holds (as a stored table's)
+        def utf8_between(self, start, stop):
+            enc = [k.encode() for k in self[start:stop]]
+            return np.frombuffer(b"".join(enc), np.uint8), np.array([len(e) for e in enc])
+
+    for source in (keys, Held(keys)):
+        pad = type(source)(["p"] * 10 + list(source))
+        with pytest.raises(FormatError, match=f"row {row + 10}: key"):
+            binary._key_bytes(pad, 10, 13)
+        fine = type(source)(["p"] * 10 + ["ä", "b", "ü"])
+        utf8, lengths = binary._key_bytes(fine, 10, 13)
+        assert utf8.tobytes() == "äbü".encode() and lengths.tolist() == [2, 1, 2]

@@ -9,11 +9,18 @@
   "r")[ids]``; the page checks' own time (``PageChecks.check``) is reported beside.
 - One warm process drawing new (32, 512) ids each call (the first call untimed):
   ``cache_bytes=0`` and ``cache_bytes="256MiB"`` against the memmap, uniform and Zipf 1.1.
+- word2vec binary, ``w2v_rows`` x 100 (300,000 in full) via the command line, start-up
+  included (the child times ``main()``: the command's lazy imports, NumPy's too): ``embstore
+  export TABLE DEST`` against gensim ``save_word2vec_format`` of the same vectors and keys
+  (loaded before its clock starts), ``embstore import`` against ``load_word2vec_format``;
+  each export checked byte for byte against the file of its layout.
 """
 
 from __future__ import annotations
 
+import filecmp
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -122,6 +129,54 @@ def _warm(res, npy, table, rows: int, reps: int, warmer) -> None:
                 found.get(EMB), target=("faster", 1.0) if dist != "uniform" else ("within", 1.0))
 
 
+def _word2vec(ctx, res, rows: int, reps: int) -> None:
+    dim = 100
+    _, npy = data.w2v_text(ctx.data_dir, rows, dim)
+    c_bin = data.w2v_binary(ctx.data_dir, rows, dim, newline=True)
+    g_bin = data.w2v_binary(ctx.data_dir, rows, dim, newline=False)
+    table = data.store(ctx.data_dir, npy, with_keys=True)
+    dest = ctx.scratch / "waits-w2v.out"
+
+    def clean():
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        elif dest.exists():
+            dest.unlink()
+
+    size = f"{rows:,} x {dim}"
+    export = f"word2vec binary export, {size}, via the CLI (start-up included)"
+    expected = {"embstore export": c_bin, "gensim save_word2vec_format": g_bin}
+
+    def same_bytes(name, out):
+        if not filecmp.cmp(dest, expected[name], shallow=False):
+            raise AssertionError(f"{name} wrote other bytes than {expected[name].name}")
+
+    runs = {"embstore export": ("embstore", lambda: run_child(
+                "cli", "export", table, dest, "--format", "word2vec-binary", "--overwrite",
+                "--quiet")),
+            "gensim save_word2vec_format": ("peer", lambda: run_child(
+                "gensim-save", c_bin, "binary", dest))}
+    try:
+        child_method_runs(res, export, runs, reps=reps, warmer=Warmer([table, c_bin]),
+                          before=clean, check=same_bytes)
+        imp = f"word2vec binary import, {size}, via the CLI (start-up included)"
+        runs = {"embstore import": ("embstore", lambda: run_child(
+                    "cli", "import", c_bin, dest, "--format", "word2vec-binary", "--quiet",
+                    "--overwrite")),
+                "gensim load_word2vec_format": ("peer", lambda: run_child("gensim-w2v-bin",
+                                                                          c_bin))}
+        child_method_runs(res, imp, runs, reps=reps, warmer=Warmer([c_bin]), before=clean)
+    finally:
+        clean()
+    f = res.find
+    compare(res, f"word2vec binary export {size}: embstore vs gensim",
+            f(export, "embstore export"), f(export, "gensim save_word2vec_format"),
+            target=("faster", 2))
+    compare(res, f"word2vec binary import {size}: embstore vs gensim",
+            f(imp, "embstore import"), f(imp, "gensim load_word2vec_format"),
+            target=("faster", 2))
+
+
 def run(ctx, res) -> None:
     cfg = ctx.cfg["waits"]
     rows, dim, reps = cfg["rows"], cfg["dim"], cfg["reps"]
@@ -133,3 +188,4 @@ def run(ctx, res) -> None:
     _fresh(ctx, res, npy, table, rows, reps, warmer)
     warmer.warm()
     _warm(res, npy, table, rows, cfg.get("warm_reps", reps), warmer)
+    _word2vec(ctx, res, cfg.get("w2v_rows", 300_000), reps)

@@ -1,5 +1,6 @@
 """``embstore info``: a table described, in a module of its own so that the command loads
-only the store (not search, batch jobs or import formats)."""
+only what opening a table needs (``store.table``, not ``build``, search, batch jobs or
+import formats) and the index's metadata (``search.indexmeta``, not FAISS's pipeline)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import click
 
 from ..errors import IndexNotFoundError
-from ..search.ann import index_info
-from ..store import open as open_table
+from ..search.indexmeta import index_info
+from ..store.table import open as open_table
 from ..store.place.objstore import is_url
 from ..store.verify import checksum_status
 from .common import TABLE, options, print_json, version_option

@@ -220,13 +220,22 @@ class DiskVocab(Vocab):
     def keys_between(self, start: int, stop: int) -> list[str]:
         if stop <= start:
             return []
+        flat, lengths = self.utf8_between(start, stop)
+        try:
+            return decode_keys(flat, lengths)
+        except UnicodeDecodeError as exc:
+            raise self._corrupt(exc) from None
+
+    def utf8_between(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        if stop <= start:
+            return np.zeros(0, np.uint8), np.zeros(0, np.int64)
         offsets = self._offsets.read(start, stop + 1)
         lengths = np.diff(offsets)
         try:
             if (lengths < 0).any() or offsets[-1] > self._nbytes:
                 raise IndexError("key_offsets out of order")
-            return decode_keys(self._utf8.read(int(offsets[0]), int(offsets[-1])), lengths)
-        except (IndexError, UnicodeDecodeError) as exc:
+            return self._utf8.read(int(offsets[0]), int(offsets[-1])), lengths
+        except IndexError as exc:
             raise self._corrupt(exc) from None
 
     def stage_append(self, keys: list[str], stage: Path) -> list[tuple[str, str]]:

@@ -63,8 +63,11 @@ class KeySegment:
         return decode_keys(self.utf8[segment_index(starts, lengths)[0]], lengths)
 
     def keys_between(self, start: int, stop: int) -> list[str]:
+        return decode_keys(*self.utf8_between(start, stop))
+
+    def utf8_between(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         offs = self.offsets[start - self.first: stop - self.first + 1]
-        return decode_keys(self.utf8[int(offs[0]): int(offs[-1])], np.diff(offs))
+        return self.utf8[int(offs[0]): int(offs[-1])], np.diff(offs)
 
     def check_hashes(self, key: tuple[int, int] | None) -> None:
         """Each stored hash is the hash of its row's key (``verify``)."""
@@ -124,6 +127,18 @@ class SegmentedVocab(Vocab):
             if a < b:
                 out += seg.keys_between(a, b)
         return out
+
+    def utf8_between(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        n0 = len(self.base)
+        parts = [self.base.utf8_between(start, min(stop, n0))] if start < n0 else []
+        for seg in self.segments:  # a loop per segment
+            a, b = max(start, seg.first), min(stop, seg.stop)
+            if a < b:
+                parts.append(seg.utf8_between(a, b))
+        if not parts:
+            return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+        return (np.concatenate([p[0] for p in parts]),
+                np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False))
 
     def close(self, *, final: bool = False) -> None:
         self.base.close(final=final)

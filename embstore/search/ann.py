@@ -56,15 +56,15 @@ from ..fs.beside import sweep_beside
 from .._types import PathLike
 from .._version import __version__
 from ..store import annfiles as check
+from .indexmeta import META_FILE, METRICS, index_info, index_path
 from .ivf import DATA_FILE, FEATURE, INDEX_FILE, IvfIndex, build_ivf
 from ..errors import (CorruptStoreError, DestinationExistsError, IndexNotFoundError,
                       ShapeMismatchError)
-from ..fs.files import open_regular, read_small, real_dir
+from ..fs.files import open_regular
 from ..ids import one_of, positive_int
 from ..optional import require
-from ..store.versions.commit import AREA, LAST, area_of, last_commit
-from ..store.meta import read_table_meta, table_id
-from ..store.versions.snapshot import newest
+from ..store.versions.commit import AREA, LAST, last_commit
+from ..store.meta import table_id
 from ..store.table import ZarrTable
 from ..store.table import open as open_table
 from ..table import Table
@@ -72,21 +72,12 @@ from ..table import Table
 __all__ = ["build_index", "open_index", "index_info", "AnnIndex", "StaleIndexWarning",
            "METRICS", "index_path"]
 
-METRICS = ("cos", "ip", "l2")
-META_FILE = "meta.json"
 USEARCH_FILE = "index.usearch"  # an index built by embstore <= 0.4 (usearch HNSW)
 _HNSW_ONLY = ("connectivity", "expansion_add")
 
 
 class StaleIndexWarning(UserWarning):
     """The table changed after its approximate index was built: the search ran exactly."""
-
-
-def index_path(table: PathLike | ZarrTable) -> Path:
-    """The directory of the approximate index of the table at ``table``."""
-    root = table.path if isinstance(table, ZarrTable) else Path(os.fspath(table)).absolute()
-    area_of(root)  # (refused when a symbolic link)
-    return real_dir(root, ("vectors", AREA[0], "ann"))
 
 
 def _local(table) -> tuple[ZarrTable, bool]:
@@ -183,42 +174,6 @@ def _save(meta: dict, tmp: Path, dest: Path, overwrite: bool) -> None:
         raise DestinationExistsError(f"{dest}: another process built an index meanwhile")
     atomic.replace(tmp, dest)
     _fsync(dest.parent, directory=True)
-
-
-def index_info(table: PathLike | ZarrTable) -> dict | None:
-    """The metadata of the table's approximate index (None if it has none), with ``stale``:
-    whether the table changed since the index was built."""
-    path = index_path(table) / META_FILE
-    try:
-        fd = open_regular(path, nofollow=True)
-        try:
-            meta = json.loads(read_small(fd, path, 1 << 20))
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        return None
-    except CorruptStoreError:
-        raise
-    except (OSError, ValueError, RecursionError) as exc:
-        raise IndexNotFoundError(f"{path}: unreadable index metadata ({exc})",
-                                 path=str(path)) from None
-    if not (isinstance(meta, dict) and meta.get("embstore_ann") == 1 and
-            meta.get("metric") in METRICS and isinstance(meta.get("dim"), int) and
-            meta.get("library", "usearch") in ("faiss", "usearch") and
-            type(meta.get("expansion_search")) is int and meta["expansion_search"] >= 1):
-        raise IndexNotFoundError(f"{path}: expected embstore index metadata, got "
-                                 f"{str(meta)[:200]}", path=str(path))
-    root = path.parent.parent.parent.parent
-    rows = meta.get("table_rows")
-    if isinstance(table, ZarrTable):
-        now, attrs = table.vocab_size, table._attrs
-    else:
-        attrs, vmeta = read_table_meta(root)
-        now = vmeta["shape"][0]
-    meta["foreign"] = check.foreign(meta, table_id(attrs))
-    meta["stale"] = (bool(meta["foreign"]) or meta.get("table_commit") != last_commit(root)
-                     or rows != now or meta.get("table_version") != (newest(root) or None))
-    return meta
 
 
 class AnnIndex:

@@ -20,11 +20,42 @@ arrays in one of two layouts, its bytes in one of two places.
 
 from __future__ import annotations
 
-from .versions.commit import repair
-from .build import create, save, upgrade
-from .table import ZarrTable, open  # noqa: A004
-from .verify import Damage, VerifyReport, verify
-from .writer import TableWriter
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+from ..optional import lazy_attributes
+
+if TYPE_CHECKING:
+    from .build import create, save, upgrade
+    from .table import ZarrTable, open  # noqa: A004
+    from .verify import Damage, VerifyReport, verify
+    from .versions.commit import repair
+    from .writer import TableWriter
 
 __all__ = ["ZarrTable", "TableWriter", "create", "save", "open", "verify", "VerifyReport",
            "Damage", "repair", "upgrade"]
+
+# the module that defines each public name, imported on first use (as embstore/__init__):
+# importing one module of the store (``store.place.objstore``, ``store.table``) loads what
+# that module needs, not every layout, version and verify module
+_LAZY = {"repair": ".versions.commit", "create": ".build", "save": ".build",
+         "upgrade": ".build", "ZarrTable": ".table", "open": ".table", "Damage": ".verify",
+         "VerifyReport": ".verify", "verify": ".verify", "TableWriter": ".writer"}
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
+
+
+class _Store(types.ModuleType):
+    """The package's module object: ``verify`` names both the function and its subpackage,
+    and the import system binds a subpackage on its parent once loaded (``store.verify =
+    <module>``); the function keeps the name, as when this package imported it eagerly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == f".{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Store

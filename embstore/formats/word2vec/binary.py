@@ -258,19 +258,28 @@ def read(path, *, block_rows: int = DEFAULT_BLOCK_ROWS, limit: int | None = None
 _KEY_BREAK = re.compile(r"[ \t\n\r\x0b\x0c]")  # where gensim and the C tool end a key
 
 
-def _joined(keys: list[str], first_row: int) -> bytes:
-    """The keys as UTF-8, each followed by one space: checked on the bytes at once (a key
-    empty or holding whitespace shows as a whitespace byte other than the n separators,
-    or two of them side by side), then key by key for the message."""
-    joined = (" ".join(keys) + " ").encode("utf-8")
-    u8 = np.frombuffer(joined, np.uint8)
-    space = u8 == 0x20
-    if (int(np.count_nonzero(space)) == len(keys) and not space[0]
-            and not (space[1:] & space[:-1]).any()
-            and not ((u8 >= 0x09) & (u8 <= 0x0D)).any()):
-        return joined
-    _check_keys(keys, first_row)
-    return joined
+_BREAK_BYTES = np.zeros(256, bool)
+_BREAK_BYTES[[0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20]] = True  # the bytes of _KEY_BREAK
+
+
+def _key_bytes(keys, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(utf8, lengths)`` of keys ``start..stop-1`` (the table's bytes where it holds
+    them, no ``str`` a key), checked on the bytes at once (a key empty or holding
+    whitespace), then key by key for the message."""
+    between = getattr(keys, "utf8_between", None)  # (``Table.keys``; a list of str has none)
+    held = between(start, stop) if between is not None else None
+    if held is None:  # keys held as str: one encode, each followed by a space, then split
+        u8 = np.frombuffer((" ".join(keys[start:stop]) + " ").encode("utf-8"), np.uint8)
+        space = u8 == 0x20
+        ends = np.flatnonzero(space)
+        held = u8[~space], np.diff(ends, prepend=-1) - 1  # (checked below, on the keys)
+        if ends.size != stop - start:
+            _check_keys(list(keys[start:stop]), start)
+    utf8, lengths = held
+    if (lengths > 0).all() and not _BREAK_BYTES[utf8].any():
+        return utf8, lengths
+    _check_keys(list(keys[start:stop]), start)
+    return utf8, lengths
 
 
 def _check_keys(keys: list[str], first_row: int) -> None:
@@ -300,10 +309,10 @@ def write(path, table, *, limit: int | None = None, block_rows: int = DEFAULT_BL
         for start in range(0, n, block_rows):
             stop = min(n, start + block_rows)
             data = np.ascontiguousarray(table[start:stop], dtype="<f4").view(np.uint8)
-            joined = _joined(list(keys[start:stop]), start)
-            if buf.size < len(joined) + (stop - start) * (vb + 1):
-                buf = np.empty(2 * len(joined) + block_rows * (vb + 1), np.uint8)
-            f.write(pack_rows(joined, data.reshape(-1, vb), buf=buf).data)
+            utf8, lengths = _key_bytes(keys, start, stop)
+            if buf.size < len(utf8) + (stop - start) * (vb + 2):
+                buf = np.empty(2 * len(utf8) + block_rows * (vb + 2), np.uint8)
+            f.write(pack_rows(utf8, lengths, data.reshape(-1, vb), buf=buf).data)
             if progress is not None:
                 progress(stop - start)
     return n

@@ -119,25 +119,32 @@ def take_vectors(u8: np.ndarray, spaces: np.ndarray, vb: int, out: np.ndarray) -
     out[...] = _windows(u8, vb)[spaces + 1]  # (np.take would copy every window first)
 
 
-def pack_rows(keys: bytes, data: np.ndarray, newline: bool = True,
+def pack_rows(utf8: np.ndarray, lengths: np.ndarray, data: np.ndarray, newline: bool = True,
               buf: np.ndarray | None = None) -> np.ndarray:
-    """The records of ``keys`` (UTF-8, each followed by one space and holding none) and the
-    rows of ``data`` (uint8, (n, vb)): ``key b" " row`` (``b"\\n"``), as one uint8 array
-    (the front of ``buf`` when it is large enough: a writer of many blocks reuses one, so
-    its pages are faulted in once, not once a block)."""
+    """The records of the keys ``utf8`` (their UTF-8 bytes back to back, uint8; key ``i`` is
+    ``lengths[i]`` bytes, holding no whitespace) and the rows of ``data`` (uint8, (n, vb)):
+    ``key b" " row`` (``b"\\n"``), as one uint8 array (the front of ``buf`` when it is large
+    enough: a writer of many blocks reuses one, so its pages are faulted in once, not once
+    a block).  Each row is one ``vb``-byte item of a void view (a copy of its bytes, not
+    ``vb`` one-byte elements)."""
     n, vb = data.shape
-    kb = np.frombuffer(keys, np.uint8)
-    ends = np.flatnonzero(kb == SPACE)  # the space after each key
-    if len(ends) != n:
-        raise ValueError(f"expected {n} keys each followed by a space, got {len(ends)} spaces")
+    if len(lengths) != n:
+        raise ValueError(f"expected {n} keys, got {len(lengths)}")
+    if int(np.sum(lengths)) != len(utf8):
+        raise ValueError(f"expected keys of {int(np.sum(lengths))} bytes in all, got "
+                         f"{len(utf8)} bytes")
     tail = vb + bool(newline)
-    size = len(kb) + n * tail
+    size = len(utf8) + n * (1 + tail)
     out = buf[:size] if buf is not None and buf.size >= size else np.empty(size, np.uint8)
-    shift = np.arange(n, dtype=np.int64) * tail
-    # byte j of key i lands at j + i * tail; the rows follow their key's space
-    out[np.arange(len(kb), dtype=np.int64) + np.repeat(shift, np.diff(ends, prepend=-1))] = kb
-    at = ends + shift + 1
-    _windows(out, vb)[at] = data
+    shift = np.arange(n, dtype=np.int64) * (1 + tail)
+    ends = np.cumsum(lengths)  # where each key ends in ``utf8``: its space here at + shift
+    # byte j of key i lands at j + i * (1 + tail); the rows follow their key's space
+    out[np.arange(len(utf8), dtype=np.int64) + np.repeat(shift, lengths)] = utf8
+    at = ends + shift
+    out[at] = SPACE
+    row = np.dtype((np.void, vb))
+    windows = np.ndarray(buffer=out, dtype=row, shape=(size - vb + 1,), strides=(1,))
+    windows[at + 1] = data.view(row).reshape(-1)
     if newline:
-        out[at + vb] = NEWLINE
+        out[at + 1 + vb] = NEWLINE
     return out
