@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from ...errors import CorruptStoreError
 from ...fs.files import open_regular
 
 from ...dtypes import DTYPES
+from ..rowinit import array_init
 
 __all__ = ["RowLayout", "PAGE", "CHUNK_TARGET", "choose_chunk_rows", "min_chunk_rows",
            "PAGE_CRC", "open_chunk", "crc_array"]
@@ -70,6 +71,8 @@ class RowLayout:
     dtype: np.dtype      # the stored (code) dtype, little-endian
     chunk_rows: int
     separator: str = "/"
+    #: the initialisation of the chunks never written (docs/FORMAT.md §3e), None: all stored
+    init: dict | None = field(default=None, compare=False)
 
     @property
     def row_bytes(self) -> int:
@@ -119,7 +122,7 @@ class RowLayout:
         except (KeyError, TypeError, IndexError, ValueError, AttributeError):
             return None
         return cls(rows=rows, dim=dim, dtype=record.code, chunk_rows=int(chunk[0]),
-                   separator=sep)
+                   separator=sep, init=array_init(meta, "a row array's zarr.json"))
 
 
 def open_chunk(path: str, k: int, layout: RowLayout) -> tuple[int, int]:
