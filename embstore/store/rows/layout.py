@@ -98,8 +98,10 @@ class RowLayout:
         return (min(self.rows, (k + 1) * self.chunk_rows) - k * self.chunk_rows) * self.row_bytes
 
     @classmethod
-    def from_metadata(cls, meta: dict) -> RowLayout | None:
-        """The layout of a ``zarr.json`` written as a format-2 row array, else None."""
+    def from_metadata(cls, meta: dict, where: str = "a row array's zarr.json"
+                      ) -> RowLayout | None:
+        """The layout of a ``zarr.json`` written as a format-2 row array, else None (a
+        malformed initialisation of chunks never written, §3e: ``CorruptStoreError``)."""
         try:
             shape = meta["shape"]
             record = DTYPES.get(meta["data_type"])
@@ -122,7 +124,7 @@ class RowLayout:
         except (KeyError, TypeError, IndexError, ValueError, AttributeError):
             return None
         return cls(rows=rows, dim=dim, dtype=record.code, chunk_rows=int(chunk[0]),
-                   separator=sep, init=array_init(meta, "a row array's zarr.json"))
+                   separator=sep, init=array_init(meta, where))
 
 
 def open_chunk(path: str, k: int, layout: RowLayout) -> tuple[int, int]:

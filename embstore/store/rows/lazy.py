@@ -30,10 +30,16 @@ def lazy_values(spec: dict, ids: np.ndarray, cols: int, data_type: str) -> np.nd
     :func:`~embstore.store.rowinit.init_rows` at creation would have stored."""
     if "norms_of" in spec:
         record = DTYPES[spec["dtype"]]
-        codes, scales = record.encode(init_at(spec["norms_of"], ids, spec["dim"]))
+        codes, scales = _encoded(record, init_at(spec["norms_of"], ids, spec["dim"]))
         return decoded_norms(record, codes, scales).astype(DTYPES[data_type].code,
                                                             copy=False)
-    return DTYPES[data_type].encode(init_at(spec, ids, cols))[0]
+    return _encoded(DTYPES[data_type], init_at(spec, ids, cols))[0]
+
+
+def _encoded(record, values: np.ndarray):
+    """``(codes, side)`` of float32 ``values`` as :class:`~embstore.store.writer.TableWriter`
+    stores them (cast to the record's logical dtype first: float16 rounds there)."""
+    return record.encode(np.ascontiguousarray(values, dtype=record.logical))
 
 
 class LazyChunks:
