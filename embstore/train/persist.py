@@ -43,6 +43,9 @@ from ..fs.checksum import crc32c
 from ..store.table import ZarrTable
 from ..store.build import create as create_table
 from ..store.table import open as open_table
+from ..store.table import COMPACT_BYTES, COMPACT_FRACTION
+from ..store.versions.keydelta import key_entries
+from ..store.versions.retain import vacuum
 
 __all__ = ["TrainStore", "train_dir", "read_checkpoints", "TrainerBusyError"]
 
@@ -227,7 +230,7 @@ class TrainStore:
         finally:
             self._defer()
         for h in handles:  # (a loop per table: rows, state)
-            h.compact_if_due()
+            compact_dense(h)
         self._record(step)
         return int(self._current["rows"])
 
@@ -281,3 +284,35 @@ class TrainStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def compact_dense(h: ZarrTable) -> int | None:
+    """A checkpoint's compaction of the local table ``h`` when its deltas are past the
+    threshold (``compact_if_due``'s): only the chunks dense in pending rows are rewritten
+    (:meth:`~embstore.store.versions.delta.OverlaySource.fold_dense`: at least 1/8 of a
+    chunk's bytes pending, then the densest others until at most half the threshold is
+    left), the thinly scattered rows staying in one delta file of the same commit
+    (``change``: ``{"kind": "compact", "folded": "dense"}``).  A trainer's evictions scatter
+    over every chunk: folding them all rewrote the whole table at each checkpoint past 5%.
+    Tables on object storage, and those with key deltas, compact as ``compact_if_due``
+    does.  Returns the new version, or None (nothing due)."""
+    if getattr(h, "_remote", None) is not None or key_entries(h._overlays):
+        return h.compact_if_due()
+    with h._writing():
+        n = max(1, h.vocab_size)
+        ov = h._overlays
+        if ov is None or not h._past_threshold(0, n, True):
+            return None
+        row_bytes = 8 + h.dim * h.dtype.itemsize
+        keep = min(int(COMPACT_FRACTION * n) // 2, (COMPACT_BYTES // 2) // row_bytes)
+        txn = h._transaction({"kind": "compact", "folded": "dense",
+                              "rows": ov.pending_rows}, clear_deltas=True)
+        try:
+            txn.change["rows_folded"] = max(o.fold_dense(txn, keep) for o in ov.made)
+        except BaseException:
+            txn.abort()
+            raise
+        h._commit(txn)
+        h._reload()
+        vacuum(h.path)
+        return h.version
