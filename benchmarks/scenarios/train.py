@@ -200,14 +200,30 @@ def _child_embstore(table: str, ids_path: str, fill: int, every: int, steps: int
            "cache": dict(emb.trainer.cache.stats), "cache_bytes": cache,
            "read_bytes": io1["read_bytes"] - io0["read_bytes"],
            "write_bytes": io1["write_bytes"] - io0["write_bytes"], "final": _status()}
+    # the final checkpoint: bytes written against the chunks its rows touch (issue 40)
+    cache = emb.trainer.cache
+    ov = getattr(t, "_overlays", None)
+    pending = np.concatenate([cache.id_of[cache.dirty]] + ([ov.made[0].ids] if ov else []))
+    chunk_rows = t.row_source.layout["chunk_rows"]
+    res["touched_chunks"] = int(np.unique(pending // chunk_rows).size)
+    res["chunks"] = -(-rows // chunk_rows)
+    res["dirty_rows"] = int(cache.dirty.sum())
+    inodes = _chunk_inodes(Path(table))
     print(json.dumps(res), flush=True)  # (the steps' figures, whatever the checkpoint does)
-    c0 = time.perf_counter()
+    io2, c0 = _io(), time.perf_counter()
     res["version"] = emb.checkpoint()
     res["checkpoint_s"] = ckpt + [time.perf_counter() - c0]
+    res["checkpoint_write_bytes"] = _io()["write_bytes"] - io2["write_bytes"]
+    after = _chunk_inodes(Path(table))
+    res["rewritten_chunks"] = sum(after[k] != inodes.get(k) for k in after)
     res["final"] = _status()
     emb.close()
     t.close()
     return res
+
+
+def _chunk_inodes(table: Path) -> dict:
+    return {p.parent.name: p.stat().st_ino for p in (table / "vectors" / "c").glob("*/0")}
 
 
 def _io() -> dict:
@@ -306,7 +322,10 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
            "checkpoint_s": ours["checkpoint_s"], "cache": ours["cache"],
            "read_bytes": ours["read_bytes"], "write_bytes": ours["write_bytes"],
            "torch_peak_rss": [got[k]["rss"]["VmHWM"] for k in ("torch_a", "torch_b")],
-           "step_s_percentiles": np.percentile(ours["step_s"], [50, 90, 99, 100]).tolist()}
+           "step_s_percentiles": np.percentile(ours["step_s"], [50, 90, 99, 100]).tolist(),
+           "end": ours.get("end"), "stderr": ours.get("stderr"),
+           **{k: ours.get(k) for k in ("touched_chunks", "chunks", "dirty_rows",
+                                       "checkpoint_write_bytes", "rewritten_chunks")}}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     mib = 1 << 20
@@ -333,7 +352,12 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
         f"in the timed steps; step time p50/p90/p99/max "
         f"{'/'.join(f'{x * 1e3:.0f}' for x in res['step_s_percentiles'])} ms; cache "
         f"{ours['cache']}; verified: {verified}; the final checkpoint: "
-        f"{ours.get('end') or 'done, version ' + str(ours.get('version'))}."]
+        f"{ours.get('end') or 'done, version ' + str(ours.get('version'))}"
+        + ("" if ours.get("checkpoint_write_bytes") is None else
+           f": {ours['dirty_rows']:,} dirty rows written back, "
+           f"{ours['checkpoint_write_bytes'] / mib:,.0f} MiB written, "
+           f"{ours['rewritten_chunks']} of the {ours['touched_chunks']} touched chunks "
+           f"rewritten (of {ours['chunks']})") + "."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return res
 
