@@ -127,8 +127,7 @@ class TableWriter:
         self._done = False
         self._strict_keys = one_of(duplicate_keys, "duplicate_keys", ("drop", "error")) == "error"
         self._zeros = False  # add_zeros() was called: the table is complete
-        # the rows' initialisation (a complete check_init spec) where add_init() can make
-        # the table lazily (format-2 row arrays of a float dtype), else None
+        # init (complete) where add_init() can leave rows unwritten (format-2 float rows)
         self._init: dict | None = dict(init) if init is not None and self.rows_layout and \
             self.format == 2 and self.record.side is None else None
         try:
@@ -329,11 +328,8 @@ class TableWriter:
 
     def add_init(self, n: int, keys: Sequence[str] | None = None) -> None:
         """Make this (empty) writer a table of ``n`` rows initialised by its ``init`` (a
-        complete :func:`~embstore.store.rowinit.check_init` spec) without writing them: every
-        chunk a hole marked never written, the spec in ``vectors`` and ``norms``
-        (docs/FORMAT.md §3e), so that readers generate the rows.  Only where
-        :attr:`lazy_ok` (format-2 row arrays of a float dtype); nothing can be added after
-        it."""
+        complete ``check_init`` spec) without writing them (docs/FORMAT.md §3e), where
+        :attr:`lazy_ok`; nothing can be added after it."""
         spec = self._init
         if spec is None:
             raise ValueError("add_init() needs init= and format-2 row arrays of a float dtype")
@@ -343,11 +339,8 @@ class TableWriter:
         replace_json(os.path.join(self._tmp, NORMS_ARRAY, "zarr.json"), lambda d: d.setdefault(
             "attributes", {}).update({ATTR: norms_init(spec, self.dim, self.storage)}))
 
-    @property
-    def lazy_ok(self) -> bool:
-        """Whether :meth:`add_init` can make this table (``init`` given; format-2 row
-        arrays, no side array: not int8)."""
-        return self._init is not None
+    lazy_ok = property(lambda self: self._init is not None,
+                       doc="Whether add_init() can (init given; format-2 float row arrays)")
 
     def commit(self) -> None:
         """Finish and rename the new table into place (open it with :func:`embstore.open`)."""

@@ -20,6 +20,7 @@ from ...dtypes import DTYPES
 from ...ids import unique_ints
 from ..norms.calc import decoded_norms
 from ..rowinit import init_at
+from .layout import RowLayout
 from .pages import is_marker
 
 __all__ = ["LazyChunks", "lazy_values"]
@@ -43,16 +44,16 @@ def _encoded(record, values: np.ndarray):
 
 
 class LazyChunks:
-    """Which chunks of one row array (``n_chunks`` of ``chunk_rows`` rows) are never
+    """Which chunks of one row array (of ``layout``, which names an init) are never
     written, learnt a chunk at a time from its page-checksum file (``crc_path(k)``), and
     their rows (:func:`lazy_values`)."""
 
-    def __init__(self, spec: dict, n_chunks: int, chunk_rows: int, cols: int,
-                 data_type: str, crc_path: Callable[[int], str]):
-        self.spec, self.chunk_rows, self.cols, self.data_type = spec, chunk_rows, cols, \
-            data_type
+    def __init__(self, layout: RowLayout, crc_path: Callable[[int], str]):
+        assert layout.init is not None
+        self.spec, self.chunk_rows, self.cols = layout.init, layout.chunk_rows, layout.dim
+        self.data_type = "bfloat16" if layout.dtype == np.dtype("<u2") else layout.dtype.name
         self.crc_path = crc_path
-        self.state = np.zeros(max(1, n_chunks), dtype=np.int8)  # 0 unknown, 1 lazy, 2 stored
+        self.state = np.zeros(max(1, layout.n_chunks), np.int8)  # 0 unknown, 1 lazy, 2 stored
         self._lock = threading.Lock()
 
     def _learn(self, ks: np.ndarray) -> None:

@@ -69,11 +69,10 @@ class PagedSource(LayoutSource):
         self._checks: PageChecks | None = None
         self._lazy: LazyChunks | None = None
         self.cold_hint = False
-        if layout.init is not None and not place.maps_files:
-            raise FormatError(f"{place.url}: {name} has chunks never written, whose rows a "
-                              "reader generates (create(init=...)); reads of such a table from "
-                              "object storage are not supported yet: save a copy of it "
-                              "(embstore.save writes every row) and upload that", path=place.url)
+        if layout.init is not None and not place.maps_files:  # (docs/FORMAT.md §3e)
+            raise FormatError(f"{place.url}: {name} has chunks never written (create(init=)): "
+                              "not read from object storage yet; upload a copy saved whole "
+                              "(embstore.save writes every row)", path=place.url)
 
     # -- geometry (shape and dtype: LayoutSource's, from the row layout) -------------------
     @property
@@ -114,26 +113,16 @@ class PagedSource(LayoutSource):
         return self.cold_hint
 
     def _lazy_chunks(self) -> LazyChunks | None:
-        """The chunks never written (their rows generated: :mod:`.lazy`), when the array
-        names an initialisation; None otherwise."""
-        L = self._rl
-        if L.init is None:
+        """The chunks never written (:mod:`.lazy`) if the array names an initialisation."""
+        if self._rl.init is None:
             return None
-        z = self._lazy
-        if z is None:
-            with self._lock:
-                if self._lazy is None:
-                    data_type = "bfloat16" if L.dtype == np.dtype("<u2") else L.dtype.name
-                    self._lazy = LazyChunks(L.init, L.n_chunks, L.chunk_rows, L.dim, data_type,
-                                            self.crc_path)
-                z = self._lazy
-        return z
+        with self._lock:
+            if self._lazy is None:
+                self._lazy = LazyChunks(self._rl, self.crc_path)
+            return self._lazy
 
     def _generated(self, ids: np.ndarray, out: np.ndarray) -> None:
-        """The generated rows ``ids`` (of chunks never written) into ``out``."""
-        z = self._lazy_chunks()
-        assert z is not None
-        z.rows(ids, out)
+        self._lazy_chunks().rows(ids, out)  # type: ignore[union-attr]  # (never written)
 
     def is_lazy(self, k: int) -> bool:
         """Whether chunk ``k`` was never written (its rows are generated)."""
@@ -228,7 +217,7 @@ class PagedSource(LayoutSource):
         elif ids.size:
             z = self._lazy_chunks()
             lazy = None if z is None else z.mask(ids)
-            if lazy is not None:  # rows of chunks never written: generated, the rest read
+            if z is not None and lazy is not None:  # chunks never written: rows generated
                 dst = out.view(self._rl.dtype)
                 dst[lazy] = z.rows(ids[lazy])
                 ids, out = ids[~lazy], np.empty((int((~lazy).sum()), self._rl.dim),

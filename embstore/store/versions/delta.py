@@ -286,11 +286,12 @@ class OverlaySource(RowSource):
         self._put(self.combine, ids, values.reshape(ids.size, self._cols), txn)
 
     def _put(self, how: str, new_ids: np.ndarray, new_values: np.ndarray,
-             txn: Transaction) -> None:
+             txn: Transaction, only: np.ndarray | None = None) -> None:
         """The pending rows and ``new_*`` (newest wins) as one delta file, or into the
         chunks, a block of rows at a time (blocks of whole shards or chunks: never all of
-        the pending rows in memory at once)."""
-        ids = np.union1d(self.ids, new_ids) if new_ids.size else self.ids
+        the pending rows in memory at once); ``only``: those pending rows alone."""
+        ids = only if only is not None else np.union1d(self.ids, new_ids) if new_ids.size \
+            else self.ids
         cuts = self._cuts(ids)
         blocks = (self._merged(ids[a:b], new_ids, new_values)
                   for a, b in zip(cuts[:-1], cuts[1:]))
@@ -336,18 +337,8 @@ class OverlaySource(RowSource):
         into = self.fold_units(keep_rows)
         empty_ids, empty = np.empty(0, np.int64), np.empty((0, self._cols), self._dtype)
         for how, sel in (("chunks", into), ("delta", ~into)):  # (two: layout, then delta)
-            ids = self.ids[sel]
-            if not ids.size:
-                continue
-            cuts = self._cuts(ids)
-            blocks = (self._merged(ids[a:b], empty_ids, empty)
-                      for a, b in zip(cuts[:-1], cuts[1:]))
-            if how == "delta":
-                write_delta(txn.delta(self.name), self.name, ids, None, blocks=blocks,
-                            cols=self._cols, dtype=self._dtype)
-                continue
-            for (a, b), vals in zip(zip(cuts[:-1], cuts[1:]), blocks):  # a loop per block
-                self.inner.write(ids[a:b], vals, txn)
+            if sel.any():
+                self._put(how, empty_ids, empty, txn, only=self.ids[sel])
         return int(into.sum())
 
     def _cuts(self, ids: np.ndarray, block: int = 1 << 16) -> list[int]:
