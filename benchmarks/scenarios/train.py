@@ -362,6 +362,67 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
     return res
 
 
+# -- lazy init: ``python -m benchmarks.scenarios.train --lazy-create`` -----------------------
+#
+# create(init=) of a 10^8 x 64 float32 table (25.6 GB of rows) against create() of zeros
+# (holes with their page checksums), in one run, alternated; bytes on disk of each; then a
+# gather of 8,192 uniform ids from the never-written table (rows generated) against the
+# same ids from a stored table of 2^20 rows (page cache warm).
+
+def lazy_create(work: Path, out: Path, rows: int = 10 ** 8, dim: int = 64, reps: int = 3
+                ) -> dict:
+    import embstore
+    from embstore.fs.copytree import disk_usage
+    embstore.create(work / "warm", shape=(1000, dim), init="normal", overwrite=True).close()
+    got: dict = {"lazy_s": [], "zeros_s": []}
+    for i in range(reps):  # a loop per repetition, the two alternated
+        for kind in ("lazy", "zeros"):
+            path = work / f"{kind}-{i}.embstore"
+            t0 = time.perf_counter()
+            embstore.create(path, shape=(rows, dim), overwrite=True,
+                            init={"kind": "normal", "seed": i} if kind == "lazy" else None
+                            ).close()
+            got[f"{kind}_s"].append(time.perf_counter() - t0)
+            got[f"{kind}_disk_bytes"] = disk_usage(path)
+            if i + 1 < reps:
+                shutil.rmtree(path)
+    ids = np.random.default_rng(0).integers(0, rows, 8192)
+    small = np.random.default_rng(1).standard_normal((1 << 20, dim)).astype(np.float32)
+    stored = embstore.save(work / "stored.embstore", small, overwrite=True)
+    lazy = embstore.open(work / f"lazy-{reps - 1}.embstore", cache_bytes=0)
+    for name, t, ii in (("gather_lazy_s", lazy, ids), ("gather_stored_s", stored,
+                                                       ids % (1 << 20))):
+        t[ii]
+        times = []
+        for _ in range(5):  # a loop per repetition
+            t0 = time.perf_counter()
+            t[ii]
+            times.append(time.perf_counter() - t0)
+        got[name] = float(np.median(times))
+    lazy.close()
+    stored.close()
+    res = {"rows": rows, "dim": dim, "load": os.getloadavg(), **got,
+           "lazy_s_median": float(np.median(got["lazy_s"])),
+           "zeros_s_median": float(np.median(got["zeros_s"]))}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    mib = 1 << 20
+    lines = [f"# Lazy init ({_dt.date.today().isoformat()})", "",
+             f"`python -m benchmarks.scenarios.train --lazy-create`: create a {rows:,} x {dim} "
+             f"float32 table ({rows * dim * 4 / 2**30:,.1f} GiB of rows), {reps} times each, "
+             f"alternated; load average {res['load'][0]:.1f} on 2 cores.", "",
+             "| create | median s | on disk |", "|---|---|---|",
+             f"| init='normal' (nothing written) | {res['lazy_s_median']:.2f} | "
+             f"{got['lazy_disk_bytes'] / mib:,.1f} MiB |",
+             f"| zeros (holes, page checksums written) | {res['zeros_s_median']:.2f} | "
+             f"{got['zeros_disk_bytes'] / mib:,.1f} MiB |", "",
+             f"8,192 uniform ids: never-written rows generated in "
+             f"{got['gather_lazy_s'] * 1e3:.0f} ms, stored rows (warm, 2^20 rows) "
+             f"{got['gather_stored_s'] * 1e3:.1f} ms."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return res
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="training benchmarks outside the runner")
     p.add_argument("--larger-than-ram", action="store_true",
@@ -373,7 +434,16 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=BIG["steps"])
     p.add_argument("--fill-steps", type=int, default=BIG["fill_steps"])
     p.add_argument("--child", nargs="+")
+    p.add_argument("--lazy-create", action="store_true",
+                   help="create(init=) of 10^8 x 64 against zeros (seconds, bytes on disk)")
     a = p.parse_args(argv)
+    if a.lazy_create:
+        a.work.mkdir(parents=True, exist_ok=True)
+        out = a.out or (Path(__file__).resolve().parents[1] / "results" /
+                        f"{_dt.date.today().isoformat()}-train-lazy-init")
+        lazy_create(a.work / "lazy", out)
+        print(out.with_suffix(".md").read_text())
+        return
     if a.child:
         kind, *rest = a.child
         res = (_child_torch(rest[0], int(rest[1]), int(rest[2])) if kind == "torch" else
