@@ -28,10 +28,10 @@ from ..base import LayoutSource, Transaction
 from ..meta import set_rows
 from ..place.base import Place
 from .append import append_rows
+from .stage import stage_chunk
 from .layout import PAGE, RowLayout, crc_array, open_chunk
 from ..meta import read_json
-from .pages import (PageChecks, PageMismatch, bad_pages, crcs_at, encode_crc_file, page_crcs,
-                    read_crc_file)
+from .pages import PageChecks, PageMismatch, bad_pages, crcs_at, read_crc_file
 from .mapped import MappedChunks
 from .lazy import LazyChunks
 from .ranged import RangedRows
@@ -352,29 +352,8 @@ class PagedSource(LayoutSource):
     # -- writes ---------------------------------------------------------------------------------
     def _stage_chunk(self, txn: Transaction, k: int, local: np.ndarray, values: np.ndarray,
                      rows_after: int) -> None:
-        """Stage chunk ``k`` with rows ``local`` (chunk-relative) set to ``values``, and its
-        page checksums, as new files of ``txn``; the live files are not touched."""
-        L = replace(self._rl, rows=rows_after)
-        data = bytearray(L.chunk_bytes)  # (the one copy of the chunk: 64 MiB, not three)
-        buf = np.frombuffer(data, dtype=L.dtype).reshape(L.chunk_rows, L.dim)
-        if k < self._rl.n_chunks:  # an existing chunk: its stored rows are kept
-            lo = k * L.chunk_rows
-            hi = min(self._rl.rows, lo + L.chunk_rows)
-            if self.is_lazy(k):  # (never written: its generated rows, stored from now on)
-                self._generated(np.arange(lo, hi, dtype=np.int64), buf[: hi - lo])
-            else:
-                buf[: hi - lo] = self._ready_range(lo, hi)[lo:hi]
-        buf[local] = values
-        end = L.chunk_end(k)
-        crcs = page_crcs(data, end, L.pages_per_chunk)
-        live = "/".join([self.name, *L.chunk_key(k).split(L.separator)])
-        for dest, body in ((txn.file(live), data), (txn.file(
-                "/".join([self.crc_name, *L.chunk_key(k).split(L.separator)])),
-                encode_crc_file(crcs))):
-            with open(dest, "wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
+        """Stage chunk ``k`` with rows ``local`` set to ``values`` (:mod:`.stage`)."""
+        stage_chunk(self, txn, k, local, values, rows_after)
 
     def _local(self) -> None:
         if self._ranged is not None:
