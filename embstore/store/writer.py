@@ -322,8 +322,8 @@ class TableWriter:
         if self._layout is None:
             self._decide(n)
         self.rows = self._seen = n
-        for stream in self._streams:
-            stream.skip_to(n, never_written=self._init is not None)
+        for stream in self._streams:  # (never written: format-2 row arrays only)
+            stream.skip_to(n, **({"never_written": True} if self._init is not None else {}))
         self._zeros = True
 
     def add_init(self, n: int, keys: Sequence[str] | None = None) -> None:
