@@ -154,3 +154,49 @@ def test_a_fold_past_one_block_rewrites_every_row_right(tmp_path, layout):
     np.testing.assert_array_equal(zarr.open_group(str(path), mode="r")["vectors"][:], expect)
     assert _log(path)[-1]["change"]["folded"] == "chunks"
     assert embstore.verify(path).ok
+
+
+def _chunk_inodes(path):
+    return {int(p.parent.name): p.stat().st_ino
+            for p in (path / "vectors" / "c").glob("*/0")}
+
+
+def test_a_checkpoint_rewrites_only_the_dense_chunks(tmp_path):
+    """A checkpoint's compaction (train/persist.py compact_dense) rewrites the chunks dense
+    in pending rows and leaves rows scattered thinly over the others in one delta file:
+    bytes written follow the chunks worth rewriting, not every chunk a row touched."""
+    from embstore.train.persist import compact_dense
+    V2, C = 16_384, 256  # 64 chunks of 32 KiB
+    ref = np.random.default_rng(3).standard_normal((V2, 32)).astype(np.float32)
+    path = tmp_path / "t"
+    embstore.save(path, ref, format_version=2, chunk_rows=C).close()
+    t = embstore.open(path, mode="r+")
+    t.compaction = "deferred"  # (as a trainer's write-backs: deltas only)
+    dense = np.arange(0, 4 * C)  # chunks 0-3 whole
+    thin = np.arange(4 * C + 7, V2, C)  # one row in each of the other 60 chunks
+    new = np.random.default_rng(4).standard_normal((dense.size + thin.size, 32)).astype(
+        np.float32)
+    ids = np.r_[dense, thin]
+    t.write(ids, new)
+    ref[ids] = new
+    before = _chunk_inodes(path)
+    t.compaction = "auto"
+    assert compact_dense(t) is not None
+    after = _chunk_inodes(path)
+    assert sorted(k for k in after if after[k] != before[k]) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(t.to_numpy(), ref)
+    snap = path / "vectors" / ".embstore" / "versions" / str(t.version)
+    manifest = json.loads((snap / "manifest.json").read_text())
+    assert manifest["change"]["folded"] == "dense"
+    assert "vectors" in [d["array"] for d in manifest["deltas"]]  # (norms: one chunk, dense)
+    delta = [snap / "deltas" / d["name"] for d in manifest["deltas"] if d["array"] == "vectors"]
+    assert delta[0].stat().st_size < thin.size * (8 + 128) + 4096  # the thin rows only
+    assert compact_dense(t) is None  # (what is left is below the threshold)
+    t.compact()  # an explicit compaction still folds everything
+    assert not json.loads((path / "vectors" / ".embstore" / "versions" / str(t.version) /
+                           "manifest.json").read_text())["deltas"]
+    np.testing.assert_array_equal(t.to_numpy(), ref)
+    t.close()
+    assert embstore.verify(path).ok
+    with embstore.open(path) as r:
+        np.testing.assert_array_equal(r.to_numpy(), ref)

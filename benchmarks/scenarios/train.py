@@ -200,14 +200,30 @@ def _child_embstore(table: str, ids_path: str, fill: int, every: int, steps: int
            "cache": dict(emb.trainer.cache.stats), "cache_bytes": cache,
            "read_bytes": io1["read_bytes"] - io0["read_bytes"],
            "write_bytes": io1["write_bytes"] - io0["write_bytes"], "final": _status()}
+    # the final checkpoint: bytes written against the chunks its rows touch (issue 40)
+    cache = emb.trainer.cache
+    ov = getattr(t, "_overlays", None)
+    pending = np.concatenate([cache.id_of[cache.dirty]] + ([ov.made[0].ids] if ov else []))
+    chunk_rows = t.row_source.layout["chunk_rows"]
+    res["touched_chunks"] = int(np.unique(pending // chunk_rows).size)
+    res["chunks"] = -(-rows // chunk_rows)
+    res["dirty_rows"] = int(cache.dirty.sum())
+    inodes = _chunk_inodes(Path(table))
     print(json.dumps(res), flush=True)  # (the steps' figures, whatever the checkpoint does)
-    c0 = time.perf_counter()
+    io2, c0 = _io(), time.perf_counter()
     res["version"] = emb.checkpoint()
     res["checkpoint_s"] = ckpt + [time.perf_counter() - c0]
+    res["checkpoint_write_bytes"] = _io()["write_bytes"] - io2["write_bytes"]
+    after = _chunk_inodes(Path(table))
+    res["rewritten_chunks"] = sum(after[k] != inodes.get(k) for k in after)
     res["final"] = _status()
     emb.close()
     t.close()
     return res
+
+
+def _chunk_inodes(table: Path) -> dict:
+    return {p.parent.name: p.stat().st_ino for p in (table / "vectors" / "c").glob("*/0")}
 
 
 def _io() -> dict:
@@ -306,7 +322,10 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
            "checkpoint_s": ours["checkpoint_s"], "cache": ours["cache"],
            "read_bytes": ours["read_bytes"], "write_bytes": ours["write_bytes"],
            "torch_peak_rss": [got[k]["rss"]["VmHWM"] for k in ("torch_a", "torch_b")],
-           "step_s_percentiles": np.percentile(ours["step_s"], [50, 90, 99, 100]).tolist()}
+           "step_s_percentiles": np.percentile(ours["step_s"], [50, 90, 99, 100]).tolist(),
+           "end": ours.get("end"), "stderr": ours.get("stderr"),
+           **{k: ours.get(k) for k in ("touched_chunks", "chunks", "dirty_rows",
+                                       "checkpoint_write_bytes", "rewritten_chunks")}}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     mib = 1 << 20
@@ -333,7 +352,73 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
         f"in the timed steps; step time p50/p90/p99/max "
         f"{'/'.join(f'{x * 1e3:.0f}' for x in res['step_s_percentiles'])} ms; cache "
         f"{ours['cache']}; verified: {verified}; the final checkpoint: "
-        f"{ours.get('end') or 'done, version ' + str(ours.get('version'))}."]
+        f"{ours.get('end') or 'done, version ' + str(ours.get('version'))}"
+        + ("" if ours.get("checkpoint_write_bytes") is None else
+           f": {ours['dirty_rows']:,} dirty rows written back, "
+           f"{ours['checkpoint_write_bytes'] / mib:,.0f} MiB written, "
+           f"{ours['rewritten_chunks']} of the {ours['touched_chunks']} touched chunks "
+           f"rewritten (of {ours['chunks']})") + "."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return res
+
+
+# -- lazy init: ``python -m benchmarks.scenarios.train --lazy-create`` -----------------------
+#
+# create(init=) of a 10^8 x 64 float32 table (25.6 GB of rows) against create() of zeros
+# (holes with their page checksums), in one run, alternated; bytes on disk of each; then a
+# gather of 8,192 uniform ids from the never-written table (rows generated) against the
+# same ids from a stored table of 2^20 rows (page cache warm).
+
+def lazy_create(work: Path, out: Path, rows: int = 10 ** 8, dim: int = 64, reps: int = 3
+                ) -> dict:
+    import embstore
+    from embstore.fs.copytree import disk_usage
+    embstore.create(work / "warm", shape=(1000, dim), init="normal", overwrite=True).close()
+    got: dict = {"lazy_s": [], "zeros_s": []}
+    for i in range(reps):  # a loop per repetition, the two alternated
+        for kind in ("lazy", "zeros"):
+            path = work / f"{kind}-{i}.embstore"
+            t0 = time.perf_counter()
+            embstore.create(path, shape=(rows, dim), overwrite=True,
+                            init={"kind": "normal", "seed": i} if kind == "lazy" else None
+                            ).close()
+            got[f"{kind}_s"].append(time.perf_counter() - t0)
+            got[f"{kind}_disk_bytes"] = disk_usage(path)
+            if i + 1 < reps:
+                shutil.rmtree(path)
+    ids = np.random.default_rng(0).integers(0, rows, 8192)
+    small = np.random.default_rng(1).standard_normal((1 << 20, dim)).astype(np.float32)
+    stored = embstore.save(work / "stored.embstore", small, overwrite=True)
+    lazy = embstore.open(work / f"lazy-{reps - 1}.embstore", cache_bytes=0)
+    for name, t, ii in (("gather_lazy_s", lazy, ids), ("gather_stored_s", stored,
+                                                       ids % (1 << 20))):
+        t[ii]
+        times = []
+        for _ in range(5):  # a loop per repetition
+            t0 = time.perf_counter()
+            t[ii]
+            times.append(time.perf_counter() - t0)
+        got[name] = float(np.median(times))
+    lazy.close()
+    stored.close()
+    res = {"rows": rows, "dim": dim, "load": os.getloadavg(), **got,
+           "lazy_s_median": float(np.median(got["lazy_s"])),
+           "zeros_s_median": float(np.median(got["zeros_s"]))}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    mib = 1 << 20
+    lines = [f"# Lazy init ({_dt.date.today().isoformat()})", "",
+             f"`python -m benchmarks.scenarios.train --lazy-create`: create a {rows:,} x {dim} "
+             f"float32 table ({rows * dim * 4 / 2**30:,.1f} GiB of rows), {reps} times each, "
+             f"alternated; load average {res['load'][0]:.1f} on 2 cores.", "",
+             "| create | median s | on disk |", "|---|---|---|",
+             f"| init='normal' (nothing written) | {res['lazy_s_median']:.2f} | "
+             f"{got['lazy_disk_bytes'] / mib:,.1f} MiB |",
+             f"| zeros (holes, page checksums written) | {res['zeros_s_median']:.2f} | "
+             f"{got['zeros_disk_bytes'] / mib:,.1f} MiB |", "",
+             f"8,192 uniform ids: never-written rows generated in "
+             f"{got['gather_lazy_s'] * 1e3:.0f} ms, stored rows (warm, 2^20 rows) "
+             f"{got['gather_stored_s'] * 1e3:.1f} ms."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return res
 
@@ -349,7 +434,16 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=BIG["steps"])
     p.add_argument("--fill-steps", type=int, default=BIG["fill_steps"])
     p.add_argument("--child", nargs="+")
+    p.add_argument("--lazy-create", action="store_true",
+                   help="create(init=) of 10^8 x 64 against zeros (seconds, bytes on disk)")
     a = p.parse_args(argv)
+    if a.lazy_create:
+        a.work.mkdir(parents=True, exist_ok=True)
+        out = a.out or (Path(__file__).resolve().parents[1] / "results" /
+                        f"{_dt.date.today().isoformat()}-train-lazy-init")
+        lazy_create(a.work / "lazy", out)
+        print(out.with_suffix(".md").read_text())
+        return
     if a.child:
         kind, *rest = a.child
         res = (_child_torch(rest[0], int(rest[1]), int(rest[2])) if kind == "torch" else

@@ -45,7 +45,10 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
     """A new table of zeros, ``shape=(vocab_size, dim)``, opened writable (``r+``).
     ``format_version=2``: an uncompressed table of the format-2 row layout (docs/FORMAT.md).
     ``init``: deterministic initial rows instead of zeros, ``"uniform"``, ``"normal"`` or
-    a dict with a seed and a scale (:mod:`embstore.store.rowinit`; written at creation)."""
+    a dict with a seed and a scale (:mod:`embstore.store.rowinit`).  Lazily: no row is
+    written, a row never written reads as generated from ``(seed, row)``, the same every
+    time, and a written row overrides it (docs/FORMAT.md §3e); compressed (sharded) and
+    int8 tables are written whole at creation instead, with the same values."""
     if is_url(path):
         raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
                             "copy), not created empty and written in place")
@@ -64,10 +67,12 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
     with TableWriter(path, dim=dim, dtype=dtype, has_keys=names is not None,
                      chunk_rows=chunk_rows, shard_rows=shard_rows, compression=compression,
                      overwrite=overwrite, expected_rows=rows, duplicate_keys="error",
-                     format_version=format_version) as w:
+                     format_version=format_version, init=spec) as w:
         if spec is None:
             w.add_zeros(rows, names)
-        else:
+        elif w.lazy_ok:  # nothing written: readers generate the rows (FORMAT.md §3e)
+            w.add_init(rows, names)
+        else:  # (int8, sharded layouts: written at creation)
             step = max(1, _SAVE_BLOCK_BYTES // max(1, 8 * dim))
             for a in range(0, rows, step):  # a loop per block
                 b = min(rows, a + step)

@@ -274,11 +274,13 @@ class ZarrTable(Table):
         """Returns the id of the first new row (rows other writers appended come first)."""
         return self._versions.append(self._handle, vectors, keys)
 
-    def compact_if_due(self) -> int | None:
+    def compact_if_due(self, dense: bool = False) -> int | None:
         """Compact (:meth:`compact`) if the deltas are past COMPACT_FRACTION of the rows or
         COMPACT_BYTES, whatever ``compaction`` says (a trainer's checkpoint: its
-        write-backs defer compaction); returns the new version, or None."""
-        return self._versions.compact_if_due(self._handle)
+        write-backs defer compaction); returns the new version, or None.  ``dense``: only
+        the chunks dense in pending rows are rewritten, the scattered rows staying in one
+        delta file of the same commit (a trainer's checkpoint)."""
+        return self._versions.compact_if_due(self._handle, dense)
 
     def compact(self) -> int:
         """Fold the rows written since the last compaction into the table's chunks: one

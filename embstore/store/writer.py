@@ -29,7 +29,8 @@ from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side, dec
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
 from .versions.commit import first_version
-from .meta import FORMATS, MAX_DIM, set_data_type, set_rows
+from .meta import FORMATS, MAX_DIM, replace_json, set_data_type, set_rows
+from .rowinit import ATTR, norms_init
 from .shard import arena
 from .rows.layout import PAGE, choose_chunk_rows, min_chunk_rows
 from .rows.stream import PagedStream, create_row_arrays
@@ -88,7 +89,7 @@ class TableWriter:
                  overwrite: bool = False, expected_rows: int | None = None,
                  attrs: dict | None = None,
                  duplicate_keys: Literal["drop", "error"] = "drop",
-                 format_version: int | None = None):
+                 format_version: int | None = None, init: dict | None = None):
         import zarr
         if dim == 0 and not isinstance(dim, bool):  # as torch's nn.Embedding(n, 0)
             raise ShapeMismatchError("a stored table needs dim >= 1 (Zarr chunks of 0-value "
@@ -126,6 +127,9 @@ class TableWriter:
         self._done = False
         self._strict_keys = one_of(duplicate_keys, "duplicate_keys", ("drop", "error")) == "error"
         self._zeros = False  # add_zeros() was called: the table is complete
+        # init (complete) where add_init() can leave rows unwritten (format-2 float rows)
+        self._init: dict | None = dict(init) if init is not None and self.rows_layout and \
+            self.format == 2 and self.record.side is None else None
         try:
             self._group = zarr.open_group(self._tmp, mode="w")
             self._keys = None
@@ -163,7 +167,9 @@ class TableWriter:
         comp = by_name[self.compression]
         if self.rows_layout:  # every row array: rows at a fixed stride (FORMAT.md §3a)
             vectors_chunk_rows = self._decide_rows(rows)
-            self._streams += create_paged_side(self._group, self._tmp, record, rows, self._sync,
+            side_rows = None if self._init is not None else rows  # (lazy: chunks aligned)
+            self._streams += create_paged_side(self._group, self._tmp, record, side_rows,
+                                               self._sync,
                                                vectors_chunk_rows)
             return
         arr = self._group.create_array(
@@ -316,9 +322,25 @@ class TableWriter:
         if self._layout is None:
             self._decide(n)
         self.rows = self._seen = n
-        for stream in self._streams:
-            stream.skip_to(n)
+        for stream in self._streams:  # (never written: format-2 row arrays only)
+            stream.skip_to(n, **({"never_written": True} if self._init is not None else {}))
         self._zeros = True
+
+    def add_init(self, n: int, keys: Sequence[str] | None = None) -> None:
+        """Make this (empty) writer a table of ``n`` rows initialised by its ``init`` (a
+        complete ``check_init`` spec) without writing them (docs/FORMAT.md §3e), where
+        :attr:`lazy_ok`; nothing can be added after it."""
+        spec = self._init
+        if spec is None:
+            raise ValueError("add_init() needs init= and format-2 row arrays of a float dtype")
+        self.add_zeros(n, keys)  # (the layout, the keys: as zeros, the chunks marked)
+        vectors = os.path.join(self._tmp, "vectors", "zarr.json")
+        replace_json(vectors, lambda d: d.setdefault("attributes", {}).update({ATTR: spec}))
+        replace_json(os.path.join(self._tmp, NORMS_ARRAY, "zarr.json"), lambda d: d.setdefault(
+            "attributes", {}).update({ATTR: norms_init(spec, self.dim, self.storage)}))
+
+    lazy_ok = property(lambda self: self._init is not None,
+                       doc="Whether add_init() can (init given; format-2 float row arrays)")
 
     def commit(self) -> None:
         """Finish and rename the new table into place (open it with :func:`embstore.open`)."""

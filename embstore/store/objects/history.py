@@ -95,7 +95,7 @@ class ObjectVersions:
             h.reload()
             return h.current().number
 
-    def compact_if_due(self, h: Handle) -> int | None:
+    def compact_if_due(self, h: Handle, dense: bool = False) -> int | None:
         return None  # (nothing compacts on its own on object storage yet: `compact` does)
 
     def vacuum(self, h: Handle, keep: int | None, cutoff: float | None) -> list[int]:

@@ -36,7 +36,9 @@ def append_rows(src: Source, values: np.ndarray, txn: Transaction) -> None:
         a, b = max(n0, k * L.chunk_rows), min(n1, (k + 1) * L.chunk_rows)
         part = np.ascontiguousarray(values[a - n0: b - n0], dtype=L.dtype)
         lo = (a - k * L.chunk_rows) * L.row_bytes
-        if k < L.n_chunks and _shared_with_live(src, k):
+        if k < L.n_chunks and src.is_lazy(k):  # never written: staged whole (rows generated)
+            src._stage_chunk(txn, k, np.arange(a, b) - k * L.chunk_rows, part, n1)
+        elif k < L.n_chunks and _shared_with_live(src, k):
             _in_place(src, txn, k, lo, part, after)
         elif k < L.n_chunks:  # (a copied table: the version's file is not the live one)
             src._stage_chunk(txn, k, np.arange(a, b) - k * L.chunk_rows, part, n1)

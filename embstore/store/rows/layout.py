@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from ...errors import CorruptStoreError
 from ...fs.files import open_regular
 
 from ...dtypes import DTYPES
+from ..rowinit import array_init
 
 __all__ = ["RowLayout", "PAGE", "CHUNK_TARGET", "choose_chunk_rows", "min_chunk_rows",
            "PAGE_CRC", "open_chunk", "crc_array"]
@@ -78,6 +79,8 @@ class RowLayout:
     dtype: np.dtype      # the stored (code) dtype, little-endian
     chunk_rows: int
     separator: str = "/"
+    #: the initialisation of the chunks never written (docs/FORMAT.md §3e), None: all stored
+    init: dict | None = field(default=None, compare=False)
 
     @property
     def row_bytes(self) -> int:
@@ -103,8 +106,10 @@ class RowLayout:
         return (min(self.rows, (k + 1) * self.chunk_rows) - k * self.chunk_rows) * self.row_bytes
 
     @classmethod
-    def from_metadata(cls, meta: dict) -> RowLayout | None:
-        """The layout of a ``zarr.json`` written as a format-2 row array, else None."""
+    def from_metadata(cls, meta: dict, where: str = "a row array's zarr.json"
+                      ) -> RowLayout | None:
+        """The layout of a ``zarr.json`` written as a format-2 row array, else None (a
+        malformed initialisation of chunks never written, §3e: ``CorruptStoreError``)."""
         try:
             shape = meta["shape"]
             record = DTYPES.get(meta["data_type"])
@@ -127,7 +132,7 @@ class RowLayout:
         except (KeyError, TypeError, IndexError, ValueError, AttributeError):
             return None
         return cls(rows=rows, dim=dim, dtype=record.code, chunk_rows=int(chunk[0]),
-                   separator=sep)
+                   separator=sep, init=array_init(meta, where))
 
 
 def open_chunk(path: str, k: int, layout: RowLayout) -> tuple[int, int]:

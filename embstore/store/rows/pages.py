@@ -26,9 +26,35 @@ from .runs import check_groups
 
 __all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks", "PageMismatch",
            "crcs_at", "read_crc_file", "bad_pages", "load_crcs", "cached_crcs", "page_spans",
-           "pages_in_chunk"]
+           "pages_in_chunk", "MARKER", "is_marker"]
 
 _PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling thread
+
+
+_HEAD = b"EMBLAZY1\x01\x00\x00"  # magic, version 1, two reserved bytes
+#: a never-written chunk's page-checksum file: 15 bytes, never the size of one of
+#: checksums (4 P + 4), so neither is taken for the other
+MARKER = _HEAD + crc32c(_HEAD).to_bytes(4, "little")
+
+
+def is_marker(path: str) -> bool:
+    """Whether the page-checksum file at ``path`` is :data:`MARKER` (its chunk never
+    written); a missing file or one of checksums is not (the page checks judge those)."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return False
+    try:
+        if os.fstat(fd).st_size != len(MARKER):
+            return False
+        data = read_small(fd, path, limit=len(MARKER) + 1)
+    finally:
+        os.close(fd)
+    if data != MARKER:
+        raise CorruptStoreError(f"{path}: {len(MARKER)} bytes that are not the mark of a "
+                                "chunk never written (nor page checksums): damaged",
+                                path=path)
+    return True
 
 
 def crcs_at(raw: np.ndarray, offsets: np.ndarray, end: int) -> np.ndarray:

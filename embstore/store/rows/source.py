@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import CorruptStoreError, ReadOnlyError, unpinned
+from ...errors import CorruptStoreError, FormatError, ReadOnlyError, unpinned
 from ..shard import prefetch
 from ..codecs import pool
 from ..shard import arena
@@ -28,11 +28,12 @@ from ..base import LayoutSource, Transaction
 from ..meta import set_rows
 from ..place.base import Place
 from .append import append_rows
+from .stage import stage_chunk
 from .layout import PAGE, RowLayout, crc_array, open_chunk
 from ..meta import read_json
-from .pages import (PageChecks, PageMismatch, bad_pages, crcs_at, encode_crc_file, page_crcs,
-                    read_crc_file)
+from .pages import PageChecks, PageMismatch, bad_pages, crcs_at, read_crc_file
 from .mapped import MappedChunks
+from .lazy import LazyChunks
 from .ranged import RangedRows
 
 __all__ = ["PagedSource"]
@@ -66,7 +67,12 @@ class PagedSource(LayoutSource):
         self._lock = threading.Lock()
         self._range: MappedChunks | None = None
         self._checks: PageChecks | None = None
+        self._lazy: LazyChunks | None = None
         self.cold_hint = False
+        if layout.init is not None and not place.maps_files:  # (docs/FORMAT.md §3e)
+            raise FormatError(f"{place.url}: {name} has chunks never written (create(init=)): "
+                              "not read from object storage yet; upload a copy saved whole "
+                              "(embstore.save writes every row)", path=place.url)
 
     # -- geometry (shape and dtype: LayoutSource's, from the row layout) -------------------
     @property
@@ -105,6 +111,23 @@ class PagedSource(LayoutSource):
 
     def reads_cold(self) -> bool:
         return self.cold_hint
+
+    def _lazy_chunks(self) -> LazyChunks | None:
+        """The chunks never written (:mod:`.lazy`) if the array names an initialisation."""
+        if self._rl.init is None:
+            return None
+        with self._lock:
+            if self._lazy is None:
+                self._lazy = LazyChunks(self._rl, self.crc_path)
+            return self._lazy
+
+    def _generated(self, ids: np.ndarray, out: np.ndarray) -> None:
+        self._lazy_chunks().rows(ids, out)  # type: ignore[union-attr]  # (never written)
+
+    def is_lazy(self, k: int) -> bool:
+        """Whether chunk ``k`` was never written (its rows are generated)."""
+        z = self._lazy_chunks()
+        return z is not None and k < self._rl.n_chunks and z.chunk(k)
 
     # -- reads ----------------------------------------------------------------------------------
     def _ready(self, ids: np.ndarray) -> np.ndarray:
@@ -192,6 +215,18 @@ class PagedSource(LayoutSource):
         if self._ranged is not None:
             self._ranged.gather(ids, out)
         elif ids.size:
+            z = self._lazy_chunks()
+            lazy = None if z is None else z.mask(ids)
+            if z is not None and lazy is not None:  # chunks never written: rows generated
+                dst = out.view(self._rl.dtype)
+                dst[lazy] = z.rows(ids[lazy])
+                ids, out = ids[~lazy], np.empty((int((~lazy).sum()), self._rl.dim),
+                                                dtype=self._rl.dtype)
+                if ids.size:
+                    view = self._ready(ids)
+                    np.take(view, ids, axis=0, out=out, mode="clip")
+                    dst[~lazy] = out
+                return
             view = self._ready(ids)
             np.take(view, ids, axis=0, out=out.view(view.dtype), mode="clip")  # ids checked
 
@@ -220,6 +255,10 @@ class PagedSource(LayoutSource):
             a, b = max(start, k * cr), min(stop, (k + 1) * cr)
             lo, hi = (a - k * cr) * rb, (b - k * cr) * rb
             part = dst[(a - start) * rb: (b - start) * rb]
+            if self.is_lazy(k):  # never written: its rows generated
+                self._generated(np.arange(a, b, dtype=np.int64),
+                                part.view(L.dtype).reshape(b - a, L.dim))
+                return
             self._read_chunk(k, lo, part)
             self._check_read(k, lo, hi, part)
         ks = list(range(start // cr, (stop - 1) // cr + 1))
@@ -285,38 +324,36 @@ class PagedSource(LayoutSource):
     def checked(self, start: int, stop: int) -> bool:
         """Whether every page of rows ``start..stop-1`` is checked (by this handle)."""
         _, checks = self._state()
-        rb = self._rl.row_bytes
-        return stop <= start or bool(checks.checked[start * rb // PAGE:
-                                                    (stop * rb - 1) // PAGE + 1].all())
+        L = self._rl
+        rb = L.row_bytes
+        if stop <= start:
+            return True
+        pages = checks.checked[start * rb // PAGE: (stop * rb - 1) // PAGE + 1]
+        if L.init is not None and not pages.all():  # (pages of chunks never written: none)
+            p = np.arange(start * rb // PAGE, (stop * rb - 1) // PAGE + 1)
+            ks = p // L.pages_per_chunk
+            lazy = [self.is_lazy(k) for k in range(int(ks[0]), int(ks[-1]) + 1)]  # per chunk
+            return bool((pages | np.asarray(lazy)[ks - ks[0]]).all())
+        return bool(pages.all())
 
     def rows_view(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start..stop-1`` as a read-only view of the mapped files (checked); valid
-        while the table is open."""
+        while the table is open.  Rows of chunks never written are generated: then a new
+        (read-only) array."""
+        L = self._rl
+        if L.init is not None and stop > start and any(
+                self.is_lazy(k) for k in range(start // L.chunk_rows,  # a loop per chunk
+                                               (stop - 1) // L.chunk_rows + 1)):
+            got = self.read(start, stop).view(self.dtype)
+            got.flags.writeable = False
+            return got
         return self._ready_range(start, stop)[start:stop].view(self.dtype)
 
     # -- writes ---------------------------------------------------------------------------------
     def _stage_chunk(self, txn: Transaction, k: int, local: np.ndarray, values: np.ndarray,
                      rows_after: int) -> None:
-        """Stage chunk ``k`` with rows ``local`` (chunk-relative) set to ``values``, and its
-        page checksums, as new files of ``txn``; the live files are not touched."""
-        L = replace(self._rl, rows=rows_after)
-        data = bytearray(L.chunk_bytes)  # (the one copy of the chunk: 64 MiB, not three)
-        buf = np.frombuffer(data, dtype=L.dtype).reshape(L.chunk_rows, L.dim)
-        if k < self._rl.n_chunks:  # an existing chunk: its stored rows are kept
-            lo = k * L.chunk_rows
-            hi = min(self._rl.rows, lo + L.chunk_rows)
-            buf[: hi - lo] = self._ready_range(lo, hi)[lo:hi]
-        buf[local] = values
-        end = L.chunk_end(k)
-        crcs = page_crcs(data, end, L.pages_per_chunk)
-        live = "/".join([self.name, *L.chunk_key(k).split(L.separator)])
-        for dest, body in ((txn.file(live), data), (txn.file(
-                "/".join([self.crc_name, *L.chunk_key(k).split(L.separator)])),
-                encode_crc_file(crcs))):
-            with open(dest, "wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
+        """Stage chunk ``k`` with rows ``local`` set to ``values`` (:mod:`.stage`)."""
+        stage_chunk(self, txn, k, local, values, rows_after)
 
     def _local(self) -> None:
         if self._ranged is not None:
@@ -356,7 +393,7 @@ class PagedSource(LayoutSource):
         if self._ranged is not None:
             self._ranged.refresh()
         with self._lock:  # the range goes once no view of it and no gather on it is left
-            self._range, self._checks = None, None
+            self._range, self._checks, self._lazy = None, None, None
 
     def close(self) -> None:
         self.refresh()

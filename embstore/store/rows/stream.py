@@ -13,7 +13,7 @@ from ...fs.checksum import crc32c
 from ..codecs import pool
 from ..shard.write import BackgroundSync
 from .layout import PAGE, RowLayout, crc_array
-from .pages import encode_crc_file
+from .pages import MARKER, encode_crc_file
 
 __all__ = ["PagedStream", "write_file", "create_row_arrays", "create_paged_array"]
 
@@ -127,12 +127,25 @@ class PagedStream:
                    self.sync)
         self.chunks_done += 1
 
-    def skip_to(self, rows: int) -> None:
-        """Rows up to ``rows`` are zeros: whole chunk files of zeros (sparse), checksummed."""
+    def skip_to(self, rows: int, *, never_written: bool = False) -> None:
+        """Rows up to ``rows`` are zeros: whole chunk files of zeros (sparse), checksummed;
+        ``never_written``: holes marked never written instead (docs/FORMAT.md §3e: readers
+        generate their rows), each file fsynced with the table's tree when it commits."""
         L = self.layout
         zero_page = crc32c(bytes(PAGE))
         while self.chunks_done * L.chunk_rows < rows:  # a loop per chunk file
             k = self.chunks_done
+            if never_written:
+                path = self._path(self.root, k)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.truncate(L.chunk_bytes)
+                crc = self._path(self.crc_root, k)
+                os.makedirs(os.path.dirname(crc), exist_ok=True)
+                with open(crc, "wb") as f:
+                    f.write(MARKER)
+                self.chunks_done += 1
+                continue
             end = (min(rows, (k + 1) * L.chunk_rows) - k * L.chunk_rows) * L.row_bytes
             crcs = np.zeros(L.pages_per_chunk, dtype="<u4")
             full = end // PAGE

@@ -17,7 +17,7 @@ from ...errors import CorruptStoreError
 from ..place.base import Place
 from .layout import PAGE, RowLayout, crc_array
 from .runs import GROUP
-from .pages import bad_pages, decode_crc_file
+from .pages import MARKER, bad_pages, decode_crc_file
 
 __all__ = ["verify_rows"]
 
@@ -33,12 +33,17 @@ def _piece_bytes(L: RowLayout) -> int:
     return span * -(-max(PIECE, 2 * L.row_bytes) // span)
 
 
-def _stored_crcs(place: Place, rel: str, L: RowLayout, k: int) -> np.ndarray | Problem:
+def _stored_crcs(place: Place, rel: str, L: RowLayout, k: int
+                 ) -> np.ndarray | Problem | None:
+    """The page checksums of chunk ``k``; None: the chunk is marked never written (its
+    array names an initialisation, docs/FORMAT.md §3e); a problem if damaged."""
     where = place.where(rel)
     try:
         raw = place.get(rel, limit=8 * L.pages_per_chunk + 4096)
         if raw is None:
             return (where, k, f"{where}: missing (the page checksums of chunk {k})")
+        if L.init is not None and bytes(raw) == MARKER:
+            return None
         return decode_crc_file(raw, L.pages_per_chunk, where)
     except CorruptStoreError as exc:
         return (where, k, str(exc))
@@ -60,6 +65,8 @@ def _chunk(place: Place, name: str, L: RowLayout, k: int, buf: np.ndarray,
         return [(path, k, f"{path}: missing (chunk {k} of the rows)")]
     if size != L.chunk_bytes:
         return [(path, k, f"{path}: {size} bytes, expected {L.chunk_bytes}")]
+    if stored is None:  # never written: no stored row to check (they are generated)
+        return []
     end = L.chunk_end(k)
     place.will_read(rel, 0, end)
     bad = _pieces(place, rel, L, k, end, stored, buf, on_rows)

@@ -177,7 +177,11 @@ def _verify_paged(place: Place, root: Path, meta: dict, report: VerifyReport,
     compared with the rows) and the problems it found."""
     one_pass = None  # the norms checked with the rows' pages
     norm_problems: list = []
-    rows = RowLayout.from_metadata(meta)
+    try:
+        rows = RowLayout.from_metadata(meta)
+    except CorruptStoreError as exc:  # (a malformed initialisation: FORMAT.md §3e)
+        report.add(place.where("vectors/zarr.json"), None, str(exc))
+        return one_pass, norm_problems
     if rows is None or _place_meta(place, PAGE_CRC) is None:  # the sharded layout
         return one_pass, norm_problems
     fast.update(("vectors", PAGE_CRC))
@@ -191,7 +195,11 @@ def _verify_paged(place: Place, root: Path, meta: dict, report: VerifyReport,
     report.vocab_size, report.shards, report.chunks = rows.rows, rows.n_chunks, rows.n_chunks
     for name in (*SIDE_ARRAYS, NORMS_ARRAY):  # int8's scales, the norms: as the rows
         m, crc = _place_meta(place, name), crc_array(name)
-        side = None if m is None else RowLayout.from_metadata(m)
+        try:
+            side = None if m is None else RowLayout.from_metadata(m)
+        except CorruptStoreError as exc:
+            report.add(place.where(f"{name}/zarr.json"), None, str(exc))
+            continue
         if side is None or _place_meta(place, crc) is None or side.rows != rows.rows:
             continue  # (the sharded layout, or rows that do not fit: below)
         fast.update((name, crc))

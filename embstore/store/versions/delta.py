@@ -37,6 +37,9 @@ from ...fs.files import create_new, open_regular
 from ..base import Transaction, RowSource
 from .snapshot import DELTAS
 
+#: a unit (chunk, shard) is folded when its pending rows take 1/DENSE of its bytes in deltas
+DENSE = 8
+
 __all__ = ["write_delta", "read_delta", "check_delta", "OverlaySource", "Overlays", "MAGIC",
            "write_framed", "read_framed"]
 
@@ -283,11 +286,12 @@ class OverlaySource(RowSource):
         self._put(self.combine, ids, values.reshape(ids.size, self._cols), txn)
 
     def _put(self, how: str, new_ids: np.ndarray, new_values: np.ndarray,
-             txn: Transaction) -> None:
+             txn: Transaction, only: np.ndarray | None = None) -> None:
         """The pending rows and ``new_*`` (newest wins) as one delta file, or into the
         chunks, a block of rows at a time (blocks of whole shards or chunks: never all of
-        the pending rows in memory at once)."""
-        ids = np.union1d(self.ids, new_ids) if new_ids.size else self.ids
+        the pending rows in memory at once); ``only``: those pending rows alone."""
+        ids = only if only is not None else np.union1d(self.ids, new_ids) if new_ids.size \
+            else self.ids
         cuts = self._cuts(ids)
         blocks = (self._merged(ids[a:b], new_ids, new_values)
                   for a, b in zip(cuts[:-1], cuts[1:]))
@@ -297,6 +301,45 @@ class OverlaySource(RowSource):
             return
         for (a, b), vals in zip(zip(cuts[:-1], cuts[1:]), blocks):  # a loop per block
             self.inner.write(ids[a:b], vals, txn)
+
+    def fold_units(self, keep_rows: int) -> np.ndarray:
+        """Which pending rows a dense fold writes into the layout (a mask over ``ids``):
+        whole units (chunks or shards) in order of their pending rows, most first: every
+        unit whose pending rows take at least 1/DENSE of its bytes in a delta (rewriting it
+        costs less than keeping them), then more until at most ``keep_rows`` rows are
+        left pending.  Rows scattered thinly over many units stay in one delta file."""
+        lay = self.inner.layout
+        unit = int(lay.get("shard_rows") or lay.get("chunk_rows") or 0)
+        ids = self.ids
+        if not unit or not ids.size:
+            return np.ones(ids.size, bool)
+        u = ids // unit
+        counts = np.bincount(u)
+        units = np.flatnonzero(counts)
+        c = counts[units]
+        order = np.argsort(-c, kind="stable")
+        row_bytes = 8 + self._cols * self._dtype.itemsize  # (a row in a delta: id + values)
+        dense = int((c[order] * row_bytes * DENSE >= unit * self._cols * self._dtype.itemsize)
+                    .sum())
+        left = ids.size - np.cumsum(c[order])  # rows pending after folding the first j + 1
+        enough = int(np.searchsorted(-left, -keep_rows)) + 1 if ids.size > keep_rows else 0
+        chosen = units[order[: max(dense, enough)]]
+        mark = np.zeros(int(u[-1]) + 1, bool)
+        mark[chosen] = True
+        return mark[u]
+
+    def fold_dense(self, txn: Transaction, keep_rows: int) -> int:
+        """The pending rows of a commit that drops the version's deltas: those of the units
+        :meth:`fold_units` picks written into the layout, the others as one delta file of
+        the commit.  Returns the rows written into the layout."""
+        if not self.ids.size:
+            return 0
+        into = self.fold_units(keep_rows)
+        empty_ids, empty = np.empty(0, np.int64), np.empty((0, self._cols), self._dtype)
+        for how, sel in (("chunks", into), ("delta", ~into)):  # (two: layout, then delta)
+            if sel.any():
+                self._put(how, empty_ids, empty, txn, only=self.ids[sel])
+        return int(into.sum())
 
     def _cuts(self, ids: np.ndarray, block: int = 1 << 16) -> list[int]:
         """Block bounds over ``ids``: about ``block`` rows each, cut only where a shard

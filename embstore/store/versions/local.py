@@ -204,15 +204,39 @@ class LocalVersions:
             vacuum(self.path)
             return n
 
-    def compact_if_due(self, h: Handle) -> int | None:
+    def compact_if_due(self, h: Handle, dense: bool = False) -> int | None:
         """Compact if the deltas are past COMPACT_FRACTION of the rows or COMPACT_BYTES,
-        whatever ``compaction`` says (a trainer's checkpoint); the new version, or None."""
+        whatever ``compaction`` says (a trainer's checkpoint); the new version, or None.
+        ``dense`` (without key deltas): :meth:`_compact_dense`."""
         with self.writing(h) as v:
             if not _past_threshold(v, 0, max(1, v.source.shape[0]), True):
                 return None
-            n = self._compact_locked(h, v)
+            dense = dense and not key_entries(v.overlays)
+            n = self._compact_dense(h, v) if dense else self._compact_locked(h, v)
             vacuum(self.path)
             return n
+
+    def _compact_dense(self, h: Handle, v: Version) -> int:
+        """Only the chunks dense in pending rows rewritten
+        (:meth:`~embstore.store.versions.delta.OverlaySource.fold_dense`: at least 1/8 of a
+        chunk's bytes pending, then the densest others until at most half the threshold is
+        left), the thinly scattered rows staying in one delta file of the same commit
+        (``change``: ``{"kind": "compact", "folded": "dense"}``; the lock is held)."""
+        ov = v.overlays
+        assert ov is not None
+        n = max(1, v.source.shape[0])
+        row_bytes = 8 + v.source.shape[1] * v.source.dtype.itemsize
+        keep = min(int(COMPACT_FRACTION * n) // 2, (COMPACT_BYTES // 2) // row_bytes)
+        txn = self._transaction(v, {"kind": "compact", "folded": "dense",
+                                    "rows": ov.pending_rows}, clear_deltas=True)
+        try:
+            txn.change["rows_folded"] = max(o.fold_dense(txn, keep) for o in ov.made)
+        except BaseException:
+            txn.abort()
+            raise
+        self._commit(txn)
+        h.reload()
+        return h.current().number
 
     def vacuum(self, h: Handle, keep: int | None, cutoff: float | None) -> list[int]:
         if cutoff is not None:
