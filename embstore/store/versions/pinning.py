@@ -36,11 +36,13 @@ from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
 from ...fs.files import open_regular, read_small
 
-__all__ = ["OBJECTS", "SEED", "manifest_sha256", "file_sum", "size_and_tail",
+__all__ = ["OBJECTS", "FILES", "SEED", "check_names", "manifest_sha256", "file_sum", "size_and_tail",
            "object_sums",
            "last_doc", "check_pins", "verify_objects"]
 
 OBJECTS = "objects"
+#: the manifest's list of the version's table files (its deltas and manifest aside)
+FILES = "files"
 _BLOCK = 16 << 20
 #: what an object's crc32c starts from (docs/FORMAT.md section 6f)
 SEED = b"embstore-object\n"
@@ -120,9 +122,35 @@ def _damage(snap: Path, what: str) -> CorruptStoreError:
                              "made)", path=str(snap))
 
 
-def check_pins(root: Path, n: int, snap: Path, manifest: dict, read_manifest) -> None:
+def check_names(snap: Path, manifest: dict, files: list[str]) -> list[tuple[str, str]]:
+    """``(file, message)`` of every file the manifest's ``files`` names that ``files`` (the
+    version's table files as listed, deltas aside) lacks, and every file it does not name:
+    a removed shard would otherwise read as zeros, a renamed or copied-in one as rows.  A
+    version made before this list has none: nothing to compare."""
+    named = manifest.get(FILES)
+    if named is None:
+        return []
+    if not (isinstance(named, list) and all(isinstance(x, str) for x in named)):
+        return [(str(snap / "manifest.json"), f"{snap}/manifest.json: files must be a list "
+                 "of relative names")]
+    have = {f for f in files if not f.startswith("deltas/")}
+    want = set(named)
+    out = [(str(snap / rel), f"{snap / rel}: missing (version's manifest names it)")
+           for rel in sorted(want - have)]
+    out += [(str(snap / rel), f"{snap / rel}: a file the version's manifest does not name "
+             "(not a file of this version)") for rel in sorted(have - want)]
+    return out
+
+
+def check_pins(root: Path, n: int, snap: Path, manifest: dict, read_manifest,
+               files: list[str] | None = None) -> None:
     """The open-time checks of version ``n`` (the module doc): its manifest against the
-    hash ``last`` or its child holds, its deltas against ``objects``."""
+    hash ``last`` or its child holds, its files (``files``: the version's, as listed)
+    against the manifest's ``files``, its deltas against ``objects``."""
+    wrong = check_names(snap, manifest, files) if files is not None else []
+    if wrong:
+        raise CorruptStoreError(f"{wrong[0][1]} (the version's files are not the ones its "
+                                f"commit made; {len(wrong)} such files)", path=wrong[0][0])
     from_last = last_doc(root)
     pin, by = None, ""
     if from_last is not None and isinstance(from_last.get("snapshot"), list) and \

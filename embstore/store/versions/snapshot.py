@@ -27,7 +27,8 @@ from ...errors import CorruptStoreError, InvalidOptionError
 from ...fs.beside import fsync_all, fsync_path, remove_quietly
 from ...fs.checksum import crc32c
 from ...fs.files import create_new, open_regular, read_small, real_dir
-from .pinning import OBJECTS, check_pins, last_doc, manifest_sha256, object_sums, verify_objects
+from .pinning import (FILES, OBJECTS, check_names, check_pins, last_doc, manifest_sha256,
+                      object_sums, verify_objects)
 
 __all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
            "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError",
@@ -201,7 +202,8 @@ def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_del
     objects = object_sums(tmp, named, old.get(OBJECTS) or {}, fresh)
     doc = {"embstore_version": n, "parent": parent, "time": round(time.time(), 3),
            "txn": tmp_name.split(".tmp-", 1)[1], "rows": rows, "change": change, "deltas": entries,
-           OBJECTS: objects, "parent_sha256": manifest_sha256(old) if parent is not None else None}
+           OBJECTS: objects, FILES: sorted(rels + list(staged)),
+           "parent_sha256": manifest_sha256(old) if parent is not None else None}
     doc["crc32c"] = manifest_crc(doc)
     fd = create_new(tmp / MANIFEST)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -223,7 +225,9 @@ def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[s
         check_pins(root, n, snap, manifest, read_manifest)
     except CorruptStoreError as exc:
         out.append((str(exc.path), str(exc)))
-    out += verify_objects(snap, manifest, version_files(snap))
+    files = version_files(snap)
+    out += check_names(snap, manifest, files)
+    out += verify_objects(snap, manifest, files)
     try:  # the version's vectors are its own (an older vectors/zarr.json copied in: damage)
         shape = json.loads((snap / "vectors" / "zarr.json").read_text("utf-8"))["shape"]
         rows = shape[0]
