@@ -18,8 +18,8 @@ from ...fs.files import real_dir
 from ..versions.commit import AREA, last_commit
 from ..versions.delta import check_delta
 from ..versions.keydelta import KEYS, check_key_delta, open_vocab
-from ..versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest, version_pins,
-                                snapshot_root)
+from ..versions.snapshot import (DELTAS, MANIFEST, list_versions, live_pins, newest,
+                                 read_manifest, snapshot_root, version_pins)
 from ..meta import read_json
 from ..norms.calc import NORMS_ARRAY
 from ..stored_norms import check_norms
@@ -108,6 +108,10 @@ def _check_versions(root: Path, report: VerifyReport) -> None:
             except CorruptStoreError as exc:
                 report.add(str(snap / DELTAS / e["name"]), None, str(exc))
         for file, message in version_pins(root, v, snap, manifest):
+            report.add(file, None, message)
+    n = newest(root)
+    if n is not None:  # the live names are the newest version's files
+        for file, message in live_pins(root, n, snapshot_root(root, n)):
             report.add(file, None, message)
 
 

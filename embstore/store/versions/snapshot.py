@@ -17,6 +17,7 @@ number is complete.
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from .pinning import (FILES, OBJECTS, check_names, check_pins, last_doc, manifes
 
 __all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
            "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError",
-           "version_files", "version_pins"]
+           "version_files", "version_pins", "live_pins"]
 
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
@@ -244,4 +245,31 @@ def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[s
         out.append((str(snap.parent), f"{snap.parent}: the last commit made version "
                                       f"{last['snapshot'][-1]}, which is missing (a version "
                                       "directory was removed)"))
+    return out
+
+
+def live_pins(root: Path, n: int, snap: Path) -> list[tuple[str, str]]:
+    """``(file, message)`` of every live file of the table at ``root`` that is not version
+    ``n``'s (the newest) under the same name: missing, extra, or other bytes (the live
+    names are what other Zarr readers read; a copy of the table that broke the hard links
+    is compared byte for byte)."""
+    try:
+        live = set(_files(root, live=True))
+    except CorruptStoreError as exc:
+        return [(str(exc.path), str(exc))]
+    mine = {f for f in version_files(snap) if not f.startswith(f"{DELTAS}/")}
+    out = [(str(root / rel), f"{root / rel}: missing (a file of the newest version, "
+            f"{n}, which the live table shows)") for rel in sorted(mine - live)]
+    out += [(str(root / rel), f"{root / rel}: not a file of the newest version ({n})")
+            for rel in sorted(live - mine)]
+    for rel in sorted(live & mine):  # a loop per file of the table
+        a, b = root / rel, snap / rel
+        try:
+            same = os.path.samefile(a, b) or filecmp.cmp(a, b, shallow=False)
+        except OSError as exc:
+            out.append((str(a), f"{a}: unreadable ({exc})"))
+            continue
+        if not same:
+            out.append((str(a), f"{a}: other bytes than version {n}'s file of that name "
+                                "(the live table is not its newest version)"))
     return out
