@@ -8,7 +8,11 @@ layout's files are not in it: they carry their own checksums (page checksums, sh
 and chunk crc32c, the key index's block sums), an append writes rows into a row chunk's
 padding in place, and another Zarr tool may write a layout in place (measured: a whole-file
 pin of every file failed 15 existing cases of both); the deltas are embstore's alone and
-never change once written.  A delta kept from the parent (the same link) keeps the
+never change once written, and so are the metadata files (``zarr.json``: a commit stages a
+new one and renames it over the old), which are pinned too (small: verify checks them; a
+reader checks what they say against the version: its rows, the key index's chunk sums).
+``files`` lists every table file of the version by name: a removed, renamed or added file
+is damage (an absent shard would otherwise read as zeros).  A delta kept from the parent (the same link) keeps the
 parent's entry: a commit checksums only what it wrote.
 The manifest also records ``parent_sha256``, the SHA-256 of the parent's manifest, and the
 commit's journal (``last``) the SHA-256 of the new manifest (``manifest_sha256``): a chain
@@ -94,7 +98,7 @@ def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str]) -> dict
     entries of ``old`` (the parent's) kept for the files not in ``fresh`` (written now)."""
     out = {}
     for rel in sorted(rels):  # a loop per delta of the version (a checksum per new one)
-        if not rel.startswith("deltas/"):
+        if not (rel.startswith("deltas/") or rel.endswith("zarr.json")):
             continue  # (pinned by their own checksums: see the module doc)
         kept = old.get(rel) if rel not in fresh else None
         out[rel] = list(kept) if isinstance(kept, list) else file_sum(snap / rel)

@@ -33,7 +33,7 @@ from .pinning import (FILES, OBJECTS, check_names, check_pins, last_doc, manifes
 
 __all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
            "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError",
-           "version_files", "version_pins", "live_pins"]
+           "version_files", "version_pins", "live_pins", "differs"]
 
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
@@ -273,3 +273,18 @@ def live_pins(root: Path, n: int, snap: Path) -> list[tuple[str, str]]:
             out.append((str(a), f"{a}: other bytes than version {n}'s file of that name "
                                 "(the live table is not its newest version)"))
     return out
+
+
+def differs(snap: Path, other: Path) -> bool:
+    """Whether a table file of the snapshot ``snap`` is not ``other``'s of that name (the
+    same inode, or the same bytes): ``snap`` then needs checks of its own."""
+    for rel in version_files(snap):  # a loop per file of the version
+        if rel.startswith(f"{DELTAS}/"):
+            continue
+        try:
+            if not (os.path.samefile(snap / rel, other / rel) or
+                    filecmp.cmp(snap / rel, other / rel, shallow=False)):
+                return True
+        except OSError:
+            return True
+    return False
