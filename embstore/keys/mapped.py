@@ -339,12 +339,16 @@ class MappedArray:
 
     def verify(self, group: zarr.Group, name: str) -> None:
         """Read every chunk through zarr-python, which checks its crc32c."""
-        arr: zarr.Array = group[name]  # type: ignore[assignment]  # an array, not a group
+        try:
+            arr: zarr.Array = group[name]  # type: ignore[assignment]  # an array
+        except Exception as exc:  # noqa: BLE001 - zarr refuses damaged metadata in many ways
+            raise CorruptStoreError(f"{self.dir}: zarr cannot open the array "
+                                    f"({type(exc).__name__}: {exc})", path=self.dir) from None
         for start in range(0, self.n, self.chunk):
             stop = min(self.n, start + self.chunk)
             try:
                 data = arr[start:stop]
-            except ValueError as exc:
+            except Exception as exc:  # noqa: BLE001 - each codec fails with its own type
                 raise CorruptStoreError(f"{self.dir}: chunk {start // self.chunk}: {exc}",
                                         path=self.dir) from None
             if not np.array_equal(data, self.read(start, stop)):

@@ -159,6 +159,8 @@ def _deep_check_keys(root: Path, report: VerifyReport) -> None:
     try:
         n = newest(root)  # format 2: the live files are the newest version's; its key deltas
         snap = None if n is None else snapshot_root(root, n)
+        if (root / MANIFEST).is_file():  # (an older version verified as a table: its own)
+            snap = root
         entries = [] if snap is None else [e for e in read_manifest(snap)["deltas"]
                                            if e["array"] == KEYS]
         vocab = (open_vocab(snap, int(report.vocab_size or 0), entries)
