@@ -93,11 +93,11 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype,
 
 def _chunk_crc(block: np.ndarray, c: int) -> int:
     """The crc32c a chunk file of ``c`` elements holding ``block`` ends in (zero-padded)."""
-    if block.size == c:
-        return crc32c(memoryview(block).cast("B"))
-    padded = np.zeros(c, dtype=block.dtype)
-    padded[: block.size] = block
-    return crc32c(memoryview(padded).cast("B"))
+    padded = block
+    if block.size != c:
+        padded = np.zeros(c, dtype=block.dtype)
+        padded[: block.size] = block
+    return crc32c(padded.view(np.uint8).data)
 
 
 def concat_reader(*parts) -> Callable[[int, int], np.ndarray]:
