@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore.errors import EmbstoreError
+from embstore.errors import EmbstoreError, NotATableError
+from embstore.store.versions.pinning import in_place
 
 DIM = 4
 KEYS = [f"k{i}" for i in range(40)] + ["a0", "a1", "a2"]
@@ -89,12 +90,22 @@ def _damage(path: Path, rel: str, how: str, other: Path | None) -> None:
     elif how == "flip":
         b = bytearray(data)
         if b:
-            b[len(b) // 2] ^= 0x5A
+            b[_flip_at(path, rel, len(b))] ^= 0x5A
         data = bytes(b)
     elif how in ("swap", "twin"):
         assert other is not None
         data = other.read_bytes()
     p.write_bytes(data)
+
+
+def _flip_at(path: Path, rel: str, size: int) -> int:
+    """The byte a flip changes: the middle, but in a row array's chunk a committed byte
+    (row 0: its padding past the last row is never read, so no damage)."""
+    snap, inner = path, rel
+    parts = rel.split("/")
+    if parts[:3] == ["vectors", ".embstore", "versions"] and len(parts) > 4:
+        snap, inner = path.joinpath(*parts[:4]), "/".join(parts[4:])
+    return 5 if in_place(snap, inner) else size // 2
 
 
 def _cases(base: Path, twin: Path):
@@ -113,6 +124,15 @@ def _cases(base: Path, twin: Path):
             yield rel, "twin", twin / rel
     for how in ("rmdir", "older", "copy"):
         yield NEWEST, how, None
+
+
+def _verified(path: Path) -> bool:
+    """Whether ``verify`` finds the table sound (a table without its group ``zarr.json`` is
+    no table: the command line says so, exit 1)."""
+    try:
+        return embstore.verify(path).ok
+    except NotATableError:
+        return False
 
 
 def _same(got, want) -> bool:
@@ -143,7 +163,7 @@ def _run(tmp_path: Path, layout: str, sample: int | None) -> int:
         else:
             if not _same(got, want) and not _known(layout, rel, how):
                 wrong.append((rel, how, str(other)))
-        if embstore.verify(path).ok:
+        if _verified(path):
             unreported.append((rel, how, str(other)))
         shutil.rmtree(path)
     assert n > 0

@@ -34,13 +34,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
 from ...fs.files import open_regular, read_small
 
-__all__ = ["OBJECTS", "FILES", "SEED", "check_names", "manifest_sha256", "file_sum", "size_and_tail",
+__all__ = ["OBJECTS", "FILES", "SEED", "CRC", "check_names", "in_place", "journal_crc",
+           "last_problems", "manifest_sha256", "file_sum", "size_and_tail",
            "object_sums",
            "last_doc", "check_pins", "verify_objects"]
 
@@ -93,16 +95,65 @@ def size_and_tail(path: Path) -> list[int]:
         os.close(fd)
 
 
-def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str]) -> dict:
+def in_place(snap: Path, rel: str) -> bool:
+    """Whether ``rel`` is a chunk file of a row array (an append writes its padding in
+    place: pinned by its page checksums, never by its bytes)."""
+    parts = rel.split("/")
+    if len(parts) < 3 or parts[1] != "c":
+        return False
+    crc = "page_crc" if parts[0] == "vectors" else f"{parts[0]}_page_crc"
+    return (Path(snap) / crc / "zarr.json").is_file()
+
+
+def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str], *,
+                first: bool = False) -> dict:
     """``objects`` of the version in ``snap``: ``rels`` (its files and ``deltas/...``),
-    entries of ``old`` (the parent's) kept for the files not in ``fresh`` (written now)."""
+    entries of ``old`` (the parent's) kept for the files not in ``fresh`` (written now).
+    Every file never changed in place is pinned: the deltas and metadata files always
+    (small), the others when written now (``first``: every file, version 1) or pinned by
+    the parent, so a commit checksums only what it wrote."""
     out = {}
-    for rel in sorted(rels):  # a loop per delta of the version (a checksum per new one)
-        if not (rel.startswith("deltas/") or rel.endswith("zarr.json")):
-            continue  # (pinned by their own checksums: see the module doc)
+    for rel in sorted(rels):  # a loop per file of the version (a checksum per new one)
+        if in_place(snap, rel):
+            continue  # (pinned by their page checksums: see the module doc)
         kept = old.get(rel) if rel not in fresh else None
-        out[rel] = list(kept) if isinstance(kept, list) else file_sum(snap / rel)
+        if isinstance(kept, list):
+            out[rel] = list(kept)
+        elif first or rel in fresh or rel.startswith("deltas/") or rel.endswith("zarr.json"):
+            out[rel] = file_sum(snap / rel)
     return out
+
+
+CRC = "crc32c"
+
+
+def journal_crc(doc: dict) -> int:
+    """The crc32c of a commit journal (``last`` once applied): over its canonical JSON
+    without ``crc32c``, as a manifest's."""
+    body = {k: v for k, v in doc.items() if k != CRC}
+    return crc32c(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def last_problems(root: Path, n: int, manifest: dict) -> list[tuple[str, str]]:
+    """``(file, message)`` of what is wrong with ``last`` for the newest version ``n``: a
+    version a commit made with content pins (``files``) has a ``last`` whose crc32c holds
+    and which names that version, its manifest's SHA-256 and its commit."""
+    path = Path(root) / "vectors" / ".embstore" / "last"
+    if FILES not in manifest or manifest.get("parent") is None:
+        return []  # (version 1 of a save has no last; versions made before the pins)
+    doc = last_doc(root)
+    if doc is None:
+        return [(str(path), f"{path}: missing or unreadable (version {n} was made by a commit, "
+                            "which leaves it)")]
+    if CRC in doc and doc[CRC] != journal_crc(doc) or CRC not in doc:
+        return [(str(path), f"{path}: its crc32c does not hold (the last commit's record is "
+                            "damaged)")]
+    snap = doc.get("snapshot")
+    if not (isinstance(snap, list) and snap[1:] == [n] and doc.get("txn") == manifest.get("txn")
+            and doc.get("manifest_sha256") == manifest_sha256(manifest)):
+        return [(str(path), f"{path}: does not name version {n}, the newest (its commit, "
+                            "version or manifest hash is another's)")]
+    return []
 
 
 def last_doc(root: Path) -> dict | None:
@@ -119,6 +170,14 @@ def last_doc(root: Path) -> dict | None:
     finally:
         os.close(fd)
     return doc if isinstance(doc, dict) else None
+
+
+_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _relative(rel) -> bool:
+    return isinstance(rel, str) and all(_PART.match(p) and p not in (".", "..")
+                                        for p in rel.split("/"))
 
 
 def _damage(snap: Path, what: str) -> CorruptStoreError:
@@ -174,8 +233,12 @@ def check_pins(root: Path, n: int, snap: Path, manifest: dict, read_manifest,
         return  # a version made before content pins: its manifest's crc32c only
     if not isinstance(objects, dict):
         raise _damage(snap, "manifest.json: objects must be an object")
-    for e in manifest["deltas"]:  # a loop per delta file
-        rel = f"deltas/{e['name']}"
+    bad = [rel for rel in objects if not _relative(rel)]
+    if bad:
+        raise _damage(snap, f"manifest.json: objects names {bad[0][:80]!r}, not a relative "
+                            "name inside the version")
+    rels = [f"deltas/{e['name']}" for e in manifest["deltas"]]
+    for rel in dict.fromkeys(rels + sorted(objects)):  # a loop per pinned file
         want = objects.get(rel)
         try:
             got = size_and_tail(snap / rel)
@@ -194,7 +257,7 @@ def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[s
     if not isinstance(objects, dict):
         return [] if objects is None else [(str(snap / "manifest.json"), "objects: not an object")]
     out = []
-    named = set(objects)
+    named = {rel for rel in objects if _relative(rel)}  # (others: reported by check_pins)
     for rel in sorted({f for f in files if f.startswith("deltas/")} | named):  # per object
         if rel not in named:
             out.append((str(snap / rel), f"{snap / rel}: a file the version's manifest does "

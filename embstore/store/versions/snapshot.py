@@ -28,7 +28,8 @@ from ...errors import CorruptStoreError, InvalidOptionError
 from ...fs.beside import fsync_all, fsync_path, remove_quietly
 from ...fs.checksum import crc32c
 from ...fs.files import create_new, open_regular, read_small, real_dir
-from .pinning import (FILES, OBJECTS, check_names, check_pins, last_doc, manifest_sha256,
+from .pinning import (FILES, OBJECTS, check_names, check_pins, last_doc, last_problems,
+                      manifest_sha256,
                       object_sums, verify_objects)
 
 __all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
@@ -200,7 +201,8 @@ def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_del
                                 path=str(tmp)) from None
     fresh = set(staged) | {f"{DELTAS}/{n}.{array}" for array in deltas}
     named = rels + list(staged) + [f"{DELTAS}/{e['name']}" for e in entries]
-    objects = object_sums(tmp, named, old.get(OBJECTS) or {}, fresh)
+    objects = object_sums(tmp, named, old.get(OBJECTS) or {}, fresh,
+                          first=parent is None and change.get("kind") == "save")
     doc = {"embstore_version": n, "parent": parent, "time": round(time.time(), 3),
            "txn": tmp_name.split(".tmp-", 1)[1], "rows": rows, "change": change, "deltas": entries,
            OBJECTS: objects, FILES: sorted(rels + list(staged)),
@@ -238,6 +240,8 @@ def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[s
         out.append((str(snap / "vectors" / "zarr.json"), f"{snap}/vectors/zarr.json: {rows} "
                     f"rows, version {n}'s manifest says {manifest.get('rows')} (the version's "
                     "files are not its own)"))
+    if snap.parent.is_dir() and newest(root) == n:
+        out += last_problems(root, n, manifest)
     last = last_doc(root)
     if last is not None and isinstance(last.get("snapshot"), list) and \
             isinstance(last["snapshot"][-1], int) and last["snapshot"][-1] > n and \
