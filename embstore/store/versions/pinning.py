@@ -62,20 +62,27 @@ def manifest_sha256(doc: dict) -> str:
                           ).hexdigest()
 
 
-def file_sum(path: Path) -> list[int]:
-    """``[size, crc32c, tail]`` of the regular file at ``path`` (read in pieces of 16 MiB):
-    the crc32c of :data:`SEED` followed by the file's bytes (a file ending in its own
-    crc32c, as a delta or a checksummed chunk does, would otherwise always sum to the
-    constant 0x48674BC7), and its last 4 bytes as a little-endian uint32 (0 when shorter):
-    the open-time check of a delta reads only those."""
+def file_sum(path: Path, *, legacy: bool = False) -> list:
+    """``[size, digest, tail]`` of the regular file at ``path`` (read in pieces of 16 MiB):
+    ``digest`` is ``"sha256:"`` and the first 16 hex digits of the file's SHA-256, ``tail``
+    its last 4 bytes as a little-endian uint32 (0 when shorter): the open-time check reads
+    only the size and those.  A crc32c cannot pin a file: over units that each end in
+    their own crc32c (a delta, a shard's chunks and index) it is the same for any content
+    of those lengths, seeded or not (measured: an older version's shard and the newest's
+    summed alike).  ``legacy``: the seeded crc32c of entries written before (an int)."""
     fd = open_regular(path, nofollow=True)
     try:
-        crc, size, last = _SEED_CRC, 0, b""
+        h, crc, size, last = hashlib.sha256(), _SEED_CRC, 0, b""
         while True:  # a loop per 16 MiB
             block = os.read(fd, _BLOCK)
             if not block:
-                return [size, crc, _tail(last)]
-            crc, size = crc32c(block, crc), size + len(block)
+                digest = crc if legacy else f"sha256:{h.hexdigest()[:16]}"
+                return [size, digest, _tail(last)]
+            if legacy:
+                crc = crc32c(block, crc)
+            else:
+                h.update(block)
+            size += len(block)
             last = (last + block)[-4:]
     finally:
         os.close(fd)
@@ -99,6 +106,8 @@ def in_place(snap: Path, rel: str) -> bool:
     """Whether ``rel`` is a chunk file of a row array (an append writes its padding in
     place: pinned by its page checksums, never by its bytes)."""
     parts = rel.split("/")
+    if parts[0].endswith("page_crc"):
+        return True  # (a chunk's page checksums: checked against the chunk they cover)
     if len(parts) < 3 or parts[1] != "c":
         return False
     crc = "page_crc" if parts[0] == "vectors" else f"{parts[0]}_page_crc"
@@ -264,7 +273,9 @@ def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[s
                                          "not name (not a file of this version)"))
             continue
         try:
-            got = file_sum(snap / rel)
+            want = objects[rel]
+            got = file_sum(snap / rel, legacy=isinstance(want, list) and len(want) == 3
+                           and type(want[1]) is int)
         except FileNotFoundError:
             out.append((str(snap / rel), f"{snap / rel}: missing (the version's manifest "
                                          f"names it: {objects[rel]})"))
@@ -273,7 +284,7 @@ def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[s
             out.append((str(snap / rel), f"{snap / rel}: unreadable ({exc})"))
             continue
         if got != objects[rel]:
-            out.append((str(snap / rel), f"{snap / rel}: {got[0]} bytes, seeded crc32c "
-                                         f"{got[1]:#010x}; the version's manifest records "
+            out.append((str(snap / rel), f"{snap / rel}: {got[0]} bytes, digest "
+                                         f"{got[1]}; the version's manifest records "
                                          f"{objects[rel]} (another file in its place)"))
     return out
