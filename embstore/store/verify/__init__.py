@@ -157,6 +157,10 @@ def _verify_older(root: Path, report: VerifyReport) -> None:
         _verify_all(LocalDir(snap), snap, attrs, meta, sub)
         for d in sub.damaged:  # (its manifest, deltas and pins: checked above)
             report.add(d.file, d.chunk, f"version {v}: {d.message}")
+        if sub.unchecked or (attrs.get("format") == 2 and sub.unchecked_arrays):
+            report.add(str(snap), None, f"version {v}: {sub.unchecked} chunks of vectors and "
+                       f"arrays {sub.unchecked_arrays} without checksums in a format-2 table "
+                       "(their checksum arrays are damaged or missing)")
 
 
 def _open_table(place: Place, report: VerifyReport) -> tuple[dict, dict] | None:

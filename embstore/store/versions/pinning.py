@@ -106,10 +106,10 @@ def in_place(snap: Path, rel: str) -> bool:
     """Whether ``rel`` is a chunk file of a row array (an append writes its padding in
     place: pinned by its page checksums, never by its bytes)."""
     parts = rel.split("/")
-    if parts[0].endswith("page_crc"):
-        return True  # (a chunk's page checksums: checked against the chunk they cover)
     if len(parts) < 3 or parts[1] != "c":
         return False
+    if parts[0].endswith("page_crc"):
+        return True  # (a chunk's page checksums: checked against the chunk they cover)
     crc = "page_crc" if parts[0] == "vectors" else f"{parts[0]}_page_crc"
     return (Path(snap) / crc / "zarr.json").is_file()
 
