@@ -200,3 +200,27 @@ def test_the_named_cases_of_fixed_defects(tmp_path):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_fuzz_every_file(tmp_path, layout):
     assert _run(tmp_path, layout, sample=None) > 100
+
+
+def test_verify_finds_what_no_read_sees(tmp_path):
+    """Damage the newest version's reads never meet, found by verify: an older version's
+    shard swapped for the newest's (every unit of a shard ends in its own crc32c, so a
+    crc32c pin of the file was the same for both), ``last`` edited, a live file swapped."""
+    base = tmp_path / "base"
+    _build(base, "sharded", seed=1)
+    v = "vectors/.embstore/versions"
+    cases = [(f"{v}/1/vectors/c/0/0", (base / f"{v}/3/vectors/c/0/0").read_bytes()),
+             ("vectors/.embstore/last",
+              (base / "vectors/.embstore/last").read_bytes().replace(b'"pid": ', b'"pid": 1')),
+             ("norms/zarr.json", (base / f"{v}/2/norms/zarr.json").read_bytes())]
+    for i, (rel, data) in enumerate(cases):
+        path = tmp_path / f"case{i}"
+        shutil.copytree(base, path, symlinks=True)
+        assert (path / rel).read_bytes() != data
+        os.remove(path / rel)
+        (path / rel).write_bytes(data)
+        assert _same(_read(path), _read(base))  # (the newest version reads exactly)
+        report = embstore.verify(path)
+        assert not report.ok, rel
+        assert any(rel.split("/")[-1] in d.message or rel in d.file for d in report.damaged), \
+            [d.message for d in report.damaged]
