@@ -5,6 +5,7 @@ approximate index."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,12 +108,26 @@ def _check_versions(root: Path, report: VerifyReport) -> None:
                     snap / DELTAS / e["name"])
             except CorruptStoreError as exc:
                 report.add(str(snap / DELTAS / e["name"]), None, str(exc))
+        seen = _inodes(d.file for d in report.damaged)
         for file, message in version_pins(root, v, snap, manifest):
-            report.add(file, None, message)
+            if not _inodes([file]) & seen:  # (a file reported already, by another name)
+                report.add(file, None, message)
     n = newest(root)
     if n is not None:  # the live names are the newest version's files
         for file, message in live_pins(root, n, snapshot_root(root, n)):
             report.add(file, None, message)
+
+
+def _inodes(files) -> set:
+    """``(device, inode)`` of each of ``files`` that exists."""
+    out = set()
+    for f in files:  # a loop per damaged file (a few)
+        try:
+            st = os.stat(f)
+        except (OSError, ValueError):
+            continue
+        out.add((st.st_dev, st.st_ino))
+    return out
 
 
 def _too_long(root: Path, name: str, report: VerifyReport) -> bool:
