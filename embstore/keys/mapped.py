@@ -32,10 +32,14 @@ from ..fs.files import RESOURCE_ERRNOS, map_file, open_regular, read_small, reso
 if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no zarr
     import zarr
 
-__all__ = ["MappedArray", "Head", "write_mapped", "concat_reader", "CHUNK_BYTES",
+__all__ = ["MappedArray", "Head", "write_mapped", "concat_reader", "CHUNK_BYTES", "CHUNKS_ATTR",
            "parse_array_meta", "stage_keys_array"]
 
 CHUNK_BYTES = 64 << 20  # tests lower it to exercise several chunks
+#: an array's attribute listing the crc32c each of its chunk files ends in (docs/FORMAT.md
+#: section 4): a chunk of another array, version or table in its place is damage, although
+#: its own crc32c holds
+CHUNKS_ATTR = "embstore_chunk_crc32c"
 
 
 def chunk_length(n: int, itemsize: int) -> int:
@@ -72,15 +76,28 @@ def write_mapped(group: zarr.Group, name: str, n: int, dtype,
                              compressors=[Crc32cCodec()], filters=None, overwrite=True,
                              attributes=attrs or {}, config={"write_empty_chunks": True},
                              dimension_names=(_DIMENSION.get(name, f"{name}_i"),))
-    for start in range(0, n, c):
+    sums = []
+    for start in range(0, n, c):  # a loop per chunk (64 MiB)
         stop = min(n, start + c)
-        arr[start:stop] = np.ascontiguousarray(read(start, stop), dtype=dtype)
+        block = np.ascontiguousarray(read(start, stop), dtype=dtype)
+        arr[start:stop] = block
+        sums.append(_chunk_crc(block, c))
+    arr.update_attributes({CHUNKS_ATTR: sums})  # (each chunk pinned to its array)
     if path is not None:
         path = Path(path)
         old = path / f"{name}.__old__"  # the set-aside where the system cannot exchange
         if old.exists():
             shutil.rmtree(old)
         replace(path / target, path / name, aside=old)
+
+
+def _chunk_crc(block: np.ndarray, c: int) -> int:
+    """The crc32c a chunk file of ``c`` elements holding ``block`` ends in (zero-padded)."""
+    padded = block
+    if block.size != c:
+        padded = np.zeros(c, dtype=block.dtype)
+        padded[: block.size] = block
+    return crc32c(padded.view(np.uint8).data)
 
 
 def concat_reader(*parts) -> Callable[[int, int], np.ndarray]:
@@ -161,6 +178,20 @@ def parse_array_meta(meta: dict, where: str, path) -> tuple[int, int, np.dtype, 
     return n, chunk, dtype, attrs if isinstance(attrs, dict) else {}
 
 
+def _chunk_pins(attrs: dict, nchunks: int, where: Path, path) -> list[int] | None:
+    """The crc32c each chunk file must end in (:data:`CHUNKS_ATTR`), or None for an array
+    written before the attribute (its chunks' own crc32c only)."""
+    if CHUNKS_ATTR not in attrs:
+        return None
+    pins = attrs[CHUNKS_ATTR]
+    if not (isinstance(pins, list) and len(pins) == nchunks and
+            all(type(x) is int and 0 <= x < 1 << 32 for x in pins)):
+        raise CorruptStoreError(f"{where}/zarr.json: {CHUNKS_ATTR} must list the crc32c of "
+                                f"each of its {nchunks} chunks, got {str(pins)[:80]}",
+                                path=path)
+    return pins
+
+
 class MappedArray:
     """Read-only view of one of our 1-D arrays through memory maps of its chunk files.
 
@@ -198,6 +229,7 @@ class MappedArray:
         self._ok = np.zeros(self.nchunks, dtype=bool)  # crc32c checked (once, on first use)
         self._fences: np.ndarray | None = None
         self._final = False
+        self._pins = _chunk_pins(self.attrs, self.nchunks, self.dir, path)
 
     def _map_chunk(self, i: int, dir_fd: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(valid elements, whole file as bytes)`` of chunk ``i``, from one open file."""
@@ -242,10 +274,16 @@ class MappedArray:
             raw = self._raws[i]
             assert raw is not None
             body = memoryview(raw[:-4])  # type: ignore[arg-type]  # an ndarray is a buffer
-            if crc32c(body) != int.from_bytes(bytes(raw[-4:]), "little"):
+            stored = int.from_bytes(bytes(raw[-4:]), "little")
+            if crc32c(body) != stored:
                 raise CorruptStoreError(f"{self.dir / 'c' / str(i)}: crc32c mismatch (the key "
                                         "index is damaged; run embstore verify)",
                                         path=self.dir)
+            if self._pins is not None and self._pins[i] != stored:
+                raise CorruptStoreError(
+                    f"{self.dir / 'c' / str(i)}: ends in crc32c {stored:#010x}, its array's "
+                    f"zarr.json records {self._pins[i]:#010x} (a chunk file of another array, "
+                    "version or table in its place; run embstore verify)", path=self.dir)
             self._ok[i] = True
         return m
 
@@ -301,12 +339,16 @@ class MappedArray:
 
     def verify(self, group: zarr.Group, name: str) -> None:
         """Read every chunk through zarr-python, which checks its crc32c."""
-        arr: zarr.Array = group[name]  # type: ignore[assignment]  # an array, not a group
+        try:
+            arr: zarr.Array = group[name]  # type: ignore[assignment]  # an array
+        except Exception as exc:  # noqa: BLE001 - zarr refuses damaged metadata in many ways
+            raise CorruptStoreError(f"{self.dir}: zarr cannot open the array "
+                                    f"({type(exc).__name__}: {exc})", path=self.dir) from None
         for start in range(0, self.n, self.chunk):
             stop = min(self.n, start + self.chunk)
             try:
                 data = arr[start:stop]
-            except ValueError as exc:
+            except Exception as exc:  # noqa: BLE001 - each codec fails with its own type
                 raise CorruptStoreError(f"{self.dir}: chunk {start // self.chunk}: {exc}",
                                         path=self.dir) from None
             if not np.array_equal(data, self.read(start, stop)):

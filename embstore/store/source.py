@@ -350,5 +350,15 @@ def open_source(where: Place | Path, meta: dict, mode: str,
     smeta = place.get_json(f"{name}/zarr.json", f"{name}/zarr.json ({record.name} vectors "
                            f"need their {record.side.called})")
     check_side_meta(record, smeta, meta, place.where(f"{name}/zarr.json"), place.url)
+    # the side array (int8's scales) is checksummed wherever its rows are: scales without
+    # their checksums beside checksummed codes are damage, never read unchecked
+    side_checked = checked or _checksummed(meta)
     return CodedSource(codes, record, wrap(name, _open_array(place, smeta, mode, name,
-                                                             checked)))
+                                                             side_checked)))
+
+
+def _checksummed(meta: dict) -> bool:
+    """Whether the row array of ``meta`` is sharded with a crc32c per chunk and per index
+    (a row array's checksums are another array's: format 2 requires them, ``checked``)."""
+    layout = Layout.from_metadata(meta)
+    return layout is not None and layout.has_crc and layout.index_crc

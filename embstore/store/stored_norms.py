@@ -28,7 +28,7 @@ from .shard.write import RowStream
 from .source import keeps_versions, open_source, same_array
 from .versions.commit import Transaction, recover
 from .versions.delta import Overlays
-from .versions.snapshot import newest, read_manifest, snapshot_root
+from .versions.snapshot import MANIFEST, newest, read_manifest, snapshot_root
 
 __all__ = ["store_norms", "check_norms", "norms_in_one_pass", "compare_norms"]
 
@@ -46,11 +46,19 @@ def _paged_norms_rows(root: Path, rows: int, dt: np.dtype) -> int:
 def _newest(root: Path):
     """The directory the newest version of the table at ``root`` is read from (``root``
     itself for a table without versions) and the hook that puts its deltas on top."""
-    n = newest(root)
-    if n is None:
+    here = _snapshot(root)
+    if here is None:
         return root, same_array
-    here = snapshot_root(root, n)
     return here, Overlays(here, read_manifest(here), writable=False).wrap
+
+
+def _snapshot(root: Path) -> Path | None:
+    """The snapshot directory the table at ``root`` is read from: its newest version's, or
+    ``root`` itself when it is a version's (verify checks older versions as tables)."""
+    if (Path(root) / MANIFEST).is_file():
+        return Path(root)
+    n = newest(root)
+    return None if n is None else snapshot_root(root, n)
 
 
 def _table_blocks(source: RowSource):
@@ -167,8 +175,8 @@ def norms_in_one_pass(root: Path, rows: RowSource, damage):
     ``on_rows(start, block)``, comparing the stored norms of each block of rows as it is
     read for its page checks (one read of the rows for both), or None (no usable norms,
     deltas, compact codes: ``check_norms`` then)."""
-    n = newest(root)
-    if (n is not None and read_manifest(snapshot_root(root, n))["deltas"]) or \
+    snap = _snapshot(root)
+    if (snap is not None and read_manifest(snap)["deltas"]) or \
             rows.storage_dtype not in ("float16", "float32", "float64"):
         return None
     why, layout = _mismatch(root, rows)

@@ -31,7 +31,7 @@ from ..meta import check_vectors_meta, read_json
 from ..shard.write import BackgroundSync, RowStream
 from ..base import RowSource
 from ..place.local import LocalDir
-from ..source import ShardSource, ZarrSource
+from ..source import ShardSource
 from ..codecs import choose_layout
 from ..meta import set_rows
 
@@ -110,8 +110,7 @@ class Subwords:
                                     "subword n-grams)", path=str(root / NGRAMS))
         meta = read_json(where, f"{NGRAMS}/zarr.json (the table's subword n-grams)", root=root)
         layout = self._check_meta(meta, str(where), dim, str(root))
-        self.source: RowSource = (ShardSource(LocalDir(root), layout, NGRAMS) if layout is not None
-                                  else ZarrSource(root, mode, NGRAMS))
+        self.source: RowSource = ShardSource(LocalDir(root), layout, NGRAMS)
 
     @classmethod
     def over(cls, attrs: dict, dim: int, meta: dict, where: str,
@@ -146,14 +145,21 @@ class Subwords:
                                     f"{MAX_BUCKET} and maxn <= {MAX_NGRAM_CHARS}, got bucket "
                                     f"{self.bucket}, maxn {self.maxn}", path=root)
 
-    def _check_meta(self, meta: dict, where: str, dim: int, root: str) -> Layout | None:
+    def _check_meta(self, meta: dict, where: str, dim: int, root: str) -> Layout:
         check_vectors_meta(meta, where)
         if meta["shape"] != [self.bucket, dim] or meta["data_type"] not in _DTYPES:
             raise CorruptStoreError(f"{where}: expected {', '.join(_DTYPES)} of shape "
                                     f"[{self.bucket}, {dim}] (bucket x dim), got "
                                     f"{meta['data_type']} {meta['shape']}", path=root)
         self.dim = dim
-        return Layout.from_metadata(meta)
+        layout = Layout.from_metadata(meta)
+        if layout is None or not (layout.has_crc and layout.index_crc):
+            # every embstore writing n-grams checksummed them (docs/FORMAT.md section 5):
+            # a layout without is damage, never a reason to read them unchecked
+            raise CorruptStoreError(f"{where}: not a checksummed layout (sharded, a crc32c "
+                                    "per chunk and per shard index), as the n-grams of an "
+                                    "embstore table are: the store is damaged", path=root)
+        return layout
 
     def vectors(self, words: Sequence[str]) -> np.ndarray:
         """``(len(words), dim)`` float vectors of words, each the mean of its n-gram rows

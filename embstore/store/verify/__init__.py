@@ -33,6 +33,7 @@ from ..objects.check import check_versions
 from ..remote.open import read_remote_meta
 from ..remote.verify import downloaded
 from ..versions.commit import settle
+from ..versions.snapshot import differs, list_versions, snapshot_root
 from ..meta import read_table_meta, unsafe_files
 from ..subword.ngrams import NGRAMS, check_subwords
 from ...dtypes import SIDE_ARRAYS
@@ -130,7 +131,36 @@ def _verify_all(place: Place, root: Path, attrs: dict, meta: dict,
         for file, msg in norm_problems:
             report.add(file, None, msg)
     _check_versions(root, report)
+    if isinstance(place, LocalDir):
+        _verify_older(root, report)
     report.index = _index_note(root, report)
+
+
+def _verify_older(root: Path, report: VerifyReport) -> None:
+    """Every retained version but the newest whose files are not all the newest's (the
+    same inode, or the same bytes): verified as a table of its own (a snapshot directory
+    is one), so a damaged file only an older version holds is found too."""
+    versions = list_versions(root)
+    if len(versions) < 2:
+        return
+    newest_snap = snapshot_root(root, versions[-1])
+    for v in versions[:-1]:  # a loop per older version
+        try:
+            snap = snapshot_root(root, v)
+            if not differs(snap, newest_snap):
+                continue
+            attrs, meta = read_table_meta(snap)
+        except (FormatError, CorruptStoreError, OSError) as exc:
+            report.add(str(root), None, f"version {v}: {exc}")
+            continue
+        sub = VerifyReport(str(snap))
+        _verify_all(LocalDir(snap), snap, attrs, meta, sub)
+        for d in sub.damaged:  # (its manifest, deltas and pins: checked above)
+            report.add(d.file, d.chunk, f"version {v}: {d.message}")
+        if sub.unchecked or (attrs.get("format") == 2 and sub.unchecked_arrays):
+            report.add(str(snap), None, f"version {v}: {sub.unchecked} chunks of vectors and "
+                       f"arrays {sub.unchecked_arrays} without checksums in a format-2 table "
+                       "(their checksum arrays are damaged or missing)")
 
 
 def _open_table(place: Place, report: VerifyReport) -> tuple[dict, dict] | None:

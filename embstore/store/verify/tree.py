@@ -5,6 +5,7 @@ approximate index."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,8 +19,8 @@ from ...fs.files import real_dir
 from ..versions.commit import AREA, last_commit
 from ..versions.delta import check_delta
 from ..versions.keydelta import KEYS, check_key_delta, open_vocab
-from ..versions.snapshot import (DELTAS, MANIFEST, list_versions, newest, read_manifest, version_pins,
-                                snapshot_root)
+from ..versions.snapshot import (DELTAS, MANIFEST, list_versions, live_pins, newest,
+                                 read_manifest, snapshot_root, version_pins)
 from ..meta import read_json
 from ..norms.calc import NORMS_ARRAY
 from ..stored_norms import check_norms
@@ -107,8 +108,26 @@ def _check_versions(root: Path, report: VerifyReport) -> None:
                     snap / DELTAS / e["name"])
             except CorruptStoreError as exc:
                 report.add(str(snap / DELTAS / e["name"]), None, str(exc))
+        seen = _inodes(d.file for d in report.damaged)
         for file, message in version_pins(root, v, snap, manifest):
+            if not _inodes([file]) & seen:  # (a file reported already, by another name)
+                report.add(file, None, message)
+    n = newest(root)
+    if n is not None:  # the live names are the newest version's files
+        for file, message in live_pins(root, n, snapshot_root(root, n)):
             report.add(file, None, message)
+
+
+def _inodes(files) -> set:
+    """``(device, inode)`` of each of ``files`` that exists."""
+    out = set()
+    for f in files:  # a loop per damaged file (a few)
+        try:
+            st = os.stat(f)
+        except (OSError, ValueError):
+            continue
+        out.add((st.st_dev, st.st_ino))
+    return out
 
 
 def _too_long(root: Path, name: str, report: VerifyReport) -> bool:
@@ -155,6 +174,8 @@ def _deep_check_keys(root: Path, report: VerifyReport) -> None:
     try:
         n = newest(root)  # format 2: the live files are the newest version's; its key deltas
         snap = None if n is None else snapshot_root(root, n)
+        if (root / MANIFEST).is_file():  # (an older version verified as a table: its own)
+            snap = root
         entries = [] if snap is None else [e for e in read_manifest(snap)["deltas"]
                                            if e["array"] == KEYS]
         vocab = (open_vocab(snap, int(report.vocab_size or 0), entries)

@@ -46,7 +46,7 @@ from ..place.lock import LOCK_TIMEOUT, try_writer_lock, writer_lock
 from ..meta import read_json, refresh_consolidated
 from ..codecs import Layout
 from .snapshot import VERSIONS, build_snapshot, newest, read_manifest, versions_dir
-from .pinning import manifest_sha256
+from .pinning import CRC, journal_crc, manifest_sha256
 
 __all__ = ["Transaction", "recover", "repair", "settle", "last_commit", "is_versioned", "AREA"]
 
@@ -154,6 +154,7 @@ class Transaction:
             doc["manifest_sha256"] = manifest_sha256(read_manifest(  # (pinning.py)
                 versions_dir(self.root) / self._snapshot))
             doc["links"] = [p.name for p in self.deltas.values()]
+        doc[CRC] = journal_crc(doc)  # (verify finds a damaged ``last``: pinning.py)
         tmp = self.area / f"{JOURNAL}.tmp-{self.id}"
         try:
             with os.fdopen(create_new(tmp), "w", encoding="utf-8") as f:

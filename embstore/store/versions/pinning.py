@@ -8,7 +8,11 @@ layout's files are not in it: they carry their own checksums (page checksums, sh
 and chunk crc32c, the key index's block sums), an append writes rows into a row chunk's
 padding in place, and another Zarr tool may write a layout in place (measured: a whole-file
 pin of every file failed 15 existing cases of both); the deltas are embstore's alone and
-never change once written.  A delta kept from the parent (the same link) keeps the
+never change once written, and so are the metadata files (``zarr.json``: a commit stages a
+new one and renames it over the old), which are pinned too (small: verify checks them; a
+reader checks what they say against the version: its rows, the key index's chunk sums).
+``files`` lists every table file of the version by name: a removed, renamed or added file
+is damage (an absent shard would otherwise read as zeros).  A delta kept from the parent (the same link) keeps the
 parent's entry: a commit checksums only what it wrote.
 The manifest also records ``parent_sha256``, the SHA-256 of the parent's manifest, and the
 commit's journal (``last``) the SHA-256 of the new manifest (``manifest_sha256``): a chain
@@ -30,17 +34,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
 from ...fs.files import open_regular, read_small
 
-__all__ = ["OBJECTS", "SEED", "manifest_sha256", "file_sum", "size_and_tail",
+__all__ = ["OBJECTS", "FILES", "SEED", "CRC", "check_names", "in_place", "journal_crc",
+           "last_problems", "manifest_sha256", "file_sum", "size_and_tail",
            "object_sums",
            "last_doc", "check_pins", "verify_objects"]
 
 OBJECTS = "objects"
+#: the manifest's list of the version's table files (its deltas and manifest aside)
+FILES = "files"
 _BLOCK = 16 << 20
 #: what an object's crc32c starts from (docs/FORMAT.md section 6f)
 SEED = b"embstore-object\n"
@@ -54,20 +62,27 @@ def manifest_sha256(doc: dict) -> str:
                           ).hexdigest()
 
 
-def file_sum(path: Path) -> list[int]:
-    """``[size, crc32c, tail]`` of the regular file at ``path`` (read in pieces of 16 MiB):
-    the crc32c of :data:`SEED` followed by the file's bytes (a file ending in its own
-    crc32c, as a delta or a checksummed chunk does, would otherwise always sum to the
-    constant 0x48674BC7), and its last 4 bytes as a little-endian uint32 (0 when shorter):
-    the open-time check of a delta reads only those."""
+def file_sum(path: Path, *, legacy: bool = False) -> list:
+    """``[size, digest, tail]`` of the regular file at ``path`` (read in pieces of 16 MiB):
+    ``digest`` is ``"sha256:"`` and the first 16 hex digits of the file's SHA-256, ``tail``
+    its last 4 bytes as a little-endian uint32 (0 when shorter): the open-time check reads
+    only the size and those.  A crc32c cannot pin a file: over units that each end in
+    their own crc32c (a delta, a shard's chunks and index) it is the same for any content
+    of those lengths, seeded or not (measured: an older version's shard and the newest's
+    summed alike).  ``legacy``: the seeded crc32c of entries written before (an int)."""
     fd = open_regular(path, nofollow=True)
     try:
-        crc, size, last = _SEED_CRC, 0, b""
+        h, crc, size, last = hashlib.sha256(), _SEED_CRC, 0, b""
         while True:  # a loop per 16 MiB
             block = os.read(fd, _BLOCK)
             if not block:
-                return [size, crc, _tail(last)]
-            crc, size = crc32c(block, crc), size + len(block)
+                digest = crc if legacy else f"sha256:{h.hexdigest()[:16]}"
+                return [size, digest, _tail(last)]
+            if legacy:
+                crc = crc32c(block, crc)
+            else:
+                h.update(block)
+            size += len(block)
             last = (last + block)[-4:]
     finally:
         os.close(fd)
@@ -87,16 +102,67 @@ def size_and_tail(path: Path) -> list[int]:
         os.close(fd)
 
 
-def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str]) -> dict:
+def in_place(snap: Path, rel: str) -> bool:
+    """Whether ``rel`` is a chunk file of a row array (an append writes its padding in
+    place: pinned by its page checksums, never by its bytes)."""
+    parts = rel.split("/")
+    if len(parts) < 3 or parts[1] != "c":
+        return False
+    if parts[0].endswith("page_crc"):
+        return True  # (a chunk's page checksums: checked against the chunk they cover)
+    crc = "page_crc" if parts[0] == "vectors" else f"{parts[0]}_page_crc"
+    return (Path(snap) / crc / "zarr.json").is_file()
+
+
+def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str], *,
+                first: bool = False) -> dict:
     """``objects`` of the version in ``snap``: ``rels`` (its files and ``deltas/...``),
-    entries of ``old`` (the parent's) kept for the files not in ``fresh`` (written now)."""
+    entries of ``old`` (the parent's) kept for the files not in ``fresh`` (written now).
+    Every file never changed in place is pinned: the deltas and metadata files always
+    (small), the others when written now (``first``: every file, version 1) or pinned by
+    the parent, so a commit checksums only what it wrote."""
     out = {}
-    for rel in sorted(rels):  # a loop per delta of the version (a checksum per new one)
-        if not rel.startswith("deltas/"):
-            continue  # (pinned by their own checksums: see the module doc)
+    for rel in sorted(rels):  # a loop per file of the version (a checksum per new one)
+        if in_place(snap, rel):
+            continue  # (pinned by their page checksums: see the module doc)
         kept = old.get(rel) if rel not in fresh else None
-        out[rel] = list(kept) if isinstance(kept, list) else file_sum(snap / rel)
+        if isinstance(kept, list):
+            out[rel] = list(kept)
+        elif first or rel in fresh or rel.startswith("deltas/") or rel.endswith("zarr.json"):
+            out[rel] = file_sum(snap / rel)
     return out
+
+
+CRC = "crc32c"
+
+
+def journal_crc(doc: dict) -> int:
+    """The crc32c of a commit journal (``last`` once applied): over its canonical JSON
+    without ``crc32c``, as a manifest's."""
+    body = {k: v for k, v in doc.items() if k != CRC}
+    return crc32c(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def last_problems(root: Path, n: int, manifest: dict) -> list[tuple[str, str]]:
+    """``(file, message)`` of what is wrong with ``last`` for the newest version ``n``: a
+    version a commit made with content pins (``files``) has a ``last`` whose crc32c holds
+    and which names that version, its manifest's SHA-256 and its commit."""
+    path = Path(root) / "vectors" / ".embstore" / "last"
+    if FILES not in manifest or manifest.get("parent") is None:
+        return []  # (version 1 of a save has no last; versions made before the pins)
+    doc = last_doc(root)
+    if doc is None:
+        return [(str(path), f"{path}: missing or unreadable (version {n} was made by a commit, "
+                            "which leaves it)")]
+    if CRC in doc and doc[CRC] != journal_crc(doc) or CRC not in doc:
+        return [(str(path), f"{path}: its crc32c does not hold (the last commit's record is "
+                            "damaged)")]
+    snap = doc.get("snapshot")
+    if not (isinstance(snap, list) and snap[1:] == [n] and doc.get("txn") == manifest.get("txn")
+            and doc.get("manifest_sha256") == manifest_sha256(manifest)):
+        return [(str(path), f"{path}: does not name version {n}, the newest (its commit, "
+                            "version or manifest hash is another's)")]
+    return []
 
 
 def last_doc(root: Path) -> dict | None:
@@ -115,14 +181,48 @@ def last_doc(root: Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
+_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _relative(rel) -> bool:
+    return isinstance(rel, str) and all(_PART.match(p) and p not in (".", "..")
+                                        for p in rel.split("/"))
+
+
 def _damage(snap: Path, what: str) -> CorruptStoreError:
     return CorruptStoreError(f"{snap}: {what} (the version's files are not the ones its commit "
                              "made)", path=str(snap))
 
 
-def check_pins(root: Path, n: int, snap: Path, manifest: dict, read_manifest) -> None:
+def check_names(snap: Path, manifest: dict, files: list[str]) -> list[tuple[str, str]]:
+    """``(file, message)`` of every file the manifest's ``files`` names that ``files`` (the
+    version's table files as listed, deltas aside) lacks, and every file it does not name:
+    a removed shard would otherwise read as zeros, a renamed or copied-in one as rows.  A
+    version made before this list has none: nothing to compare."""
+    named = manifest.get(FILES)
+    if named is None:
+        return []
+    if not (isinstance(named, list) and all(isinstance(x, str) for x in named)):
+        return [(str(snap / "manifest.json"), f"{snap}/manifest.json: files must be a list "
+                 "of relative names")]
+    have = {f for f in files if not f.startswith("deltas/")}
+    want = set(named)
+    out = [(str(snap / rel), f"{snap / rel}: missing (version's manifest names it)")
+           for rel in sorted(want - have)]
+    out += [(str(snap / rel), f"{snap / rel}: a file the version's manifest does not name "
+             "(not a file of this version)") for rel in sorted(have - want)]
+    return out
+
+
+def check_pins(root: Path, n: int, snap: Path, manifest: dict, read_manifest,
+               files: list[str] | None = None) -> None:
     """The open-time checks of version ``n`` (the module doc): its manifest against the
-    hash ``last`` or its child holds, its deltas against ``objects``."""
+    hash ``last`` or its child holds, its files (``files``: the version's, as listed)
+    against the manifest's ``files``, its deltas against ``objects``."""
+    wrong = check_names(snap, manifest, files) if files is not None else []
+    if wrong:
+        raise CorruptStoreError(f"{wrong[0][1]} (the version's files are not the ones its "
+                                f"commit made; {len(wrong)} such files)", path=wrong[0][0])
     from_last = last_doc(root)
     pin, by = None, ""
     if from_last is not None and isinstance(from_last.get("snapshot"), list) and \
@@ -142,8 +242,11 @@ def check_pins(root: Path, n: int, snap: Path, manifest: dict, read_manifest) ->
         return  # a version made before content pins: its manifest's crc32c only
     if not isinstance(objects, dict):
         raise _damage(snap, "manifest.json: objects must be an object")
-    for e in manifest["deltas"]:  # a loop per delta file
-        rel = f"deltas/{e['name']}"
+    bad = [rel for rel in objects if not _relative(rel)]
+    if bad:
+        raise _damage(snap, f"manifest.json: objects names {bad[0][:80]!r}, not a relative "
+                            "name inside the version")
+    for rel in [f"deltas/{e['name']}" for e in manifest["deltas"]]:  # a loop per delta
         want = objects.get(rel)
         try:
             got = size_and_tail(snap / rel)
@@ -162,14 +265,16 @@ def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[s
     if not isinstance(objects, dict):
         return [] if objects is None else [(str(snap / "manifest.json"), "objects: not an object")]
     out = []
-    named = set(objects)
+    named = {rel for rel in objects if _relative(rel)}  # (others: reported by check_pins)
     for rel in sorted({f for f in files if f.startswith("deltas/")} | named):  # per object
         if rel not in named:
             out.append((str(snap / rel), f"{snap / rel}: a file the version's manifest does "
                                          "not name (not a file of this version)"))
             continue
         try:
-            got = file_sum(snap / rel)
+            want = objects[rel]
+            got = file_sum(snap / rel, legacy=isinstance(want, list) and len(want) == 3
+                           and type(want[1]) is int)
         except FileNotFoundError:
             out.append((str(snap / rel), f"{snap / rel}: missing (the version's manifest "
                                          f"names it: {objects[rel]})"))
@@ -178,7 +283,7 @@ def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[s
             out.append((str(snap / rel), f"{snap / rel}: unreadable ({exc})"))
             continue
         if got != objects[rel]:
-            out.append((str(snap / rel), f"{snap / rel}: {got[0]} bytes, seeded crc32c "
-                                         f"{got[1]:#010x}; the version's manifest records "
+            out.append((str(snap / rel), f"{snap / rel}: {got[0]} bytes, digest "
+                                         f"{got[1]}; the version's manifest records "
                                          f"{objects[rel]} (another file in its place)"))
     return out

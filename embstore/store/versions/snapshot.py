@@ -17,6 +17,7 @@ number is complete.
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import re
@@ -27,11 +28,13 @@ from ...errors import CorruptStoreError, InvalidOptionError
 from ...fs.beside import fsync_all, fsync_path, remove_quietly
 from ...fs.checksum import crc32c
 from ...fs.files import create_new, open_regular, read_small, real_dir
-from .pinning import OBJECTS, check_pins, last_doc, manifest_sha256, object_sums, verify_objects
+from .pinning import (FILES, OBJECTS, check_names, check_pins, last_doc, last_problems,
+                      manifest_sha256,
+                      object_sums, verify_objects)
 
 __all__ = ["VERSIONS", "MANIFEST", "DELTAS", "versions_dir", "list_versions", "newest",
            "snapshot_root", "read_manifest", "build_snapshot", "VersionNotFoundError",
-           "version_files", "version_pins"]
+           "version_files", "version_pins", "live_pins", "differs"]
 
 VERSIONS = "versions"
 MANIFEST = "manifest.json"
@@ -198,10 +201,12 @@ def _fill(root, src, tmp, tmp_name, n, parent, staged, deltas, change, clear_del
                                 path=str(tmp)) from None
     fresh = set(staged) | {f"{DELTAS}/{n}.{array}" for array in deltas}
     named = rels + list(staged) + [f"{DELTAS}/{e['name']}" for e in entries]
-    objects = object_sums(tmp, named, old.get(OBJECTS) or {}, fresh)
+    objects = object_sums(tmp, named, old.get(OBJECTS) or {}, fresh,
+                          first=parent is None and change.get("kind") == "save")
     doc = {"embstore_version": n, "parent": parent, "time": round(time.time(), 3),
            "txn": tmp_name.split(".tmp-", 1)[1], "rows": rows, "change": change, "deltas": entries,
-           OBJECTS: objects, "parent_sha256": manifest_sha256(old) if parent is not None else None}
+           OBJECTS: objects, FILES: sorted(rels + list(staged)),
+           "parent_sha256": manifest_sha256(old) if parent is not None else None}
     doc["crc32c"] = manifest_crc(doc)
     fd = create_new(tmp / MANIFEST)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -223,7 +228,9 @@ def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[s
         check_pins(root, n, snap, manifest, read_manifest)
     except CorruptStoreError as exc:
         out.append((str(exc.path), str(exc)))
-    out += verify_objects(snap, manifest, version_files(snap))
+    files = version_files(snap)
+    out += check_names(snap, manifest, files)
+    out += verify_objects(snap, manifest, files)
     try:  # the version's vectors are its own (an older vectors/zarr.json copied in: damage)
         shape = json.loads((snap / "vectors" / "zarr.json").read_text("utf-8"))["shape"]
         rows = shape[0]
@@ -233,6 +240,8 @@ def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[s
         out.append((str(snap / "vectors" / "zarr.json"), f"{snap}/vectors/zarr.json: {rows} "
                     f"rows, version {n}'s manifest says {manifest.get('rows')} (the version's "
                     "files are not its own)"))
+    if snap.parent.is_dir() and newest(root) == n:
+        out += last_problems(root, n, manifest)
     last = last_doc(root)
     if last is not None and isinstance(last.get("snapshot"), list) and \
             isinstance(last["snapshot"][-1], int) and last["snapshot"][-1] > n and \
@@ -241,3 +250,45 @@ def version_pins(root: Path, n: int, snap: Path, manifest: dict) -> list[tuple[s
                                       f"{last['snapshot'][-1]}, which is missing (a version "
                                       "directory was removed)"))
     return out
+
+
+def live_pins(root: Path, n: int, snap: Path) -> list[tuple[str, str]]:
+    """``(file, message)`` of every live file of the table at ``root`` that is not version
+    ``n``'s (the newest) under the same name: missing, extra, or other bytes (the live
+    names are what other Zarr readers read; a copy of the table that broke the hard links
+    is compared byte for byte)."""
+    try:
+        live = set(_files(root, live=True))
+    except CorruptStoreError as exc:
+        return [(str(exc.path), str(exc))]
+    mine = {f for f in version_files(snap) if not f.startswith(f"{DELTAS}/")}
+    out = [(str(root / rel), f"{root / rel}: missing (a file of the newest version, "
+            f"{n}, which the live table shows)") for rel in sorted(mine - live)]
+    out += [(str(root / rel), f"{root / rel}: not a file of the newest version ({n})")
+            for rel in sorted(live - mine)]
+    for rel in sorted(live & mine):  # a loop per file of the table
+        a, b = root / rel, snap / rel
+        try:
+            same = os.path.samefile(a, b) or filecmp.cmp(a, b, shallow=False)
+        except OSError as exc:
+            out.append((str(a), f"{a}: unreadable ({exc})"))
+            continue
+        if not same:
+            out.append((str(a), f"{a}: other bytes than version {n}'s file of that name "
+                                "(the live table is not its newest version)"))
+    return out
+
+
+def differs(snap: Path, other: Path) -> bool:
+    """Whether a table file of the snapshot ``snap`` is not ``other``'s of that name (the
+    same inode, or the same bytes): ``snap`` then needs checks of its own."""
+    for rel in version_files(snap):  # a loop per file of the version
+        if rel.startswith(f"{DELTAS}/"):
+            continue
+        try:
+            if not (os.path.samefile(snap / rel, other / rel) or
+                    filecmp.cmp(snap / rel, other / rel, shallow=False)):
+                return True
+        except OSError:
+            return True
+    return False

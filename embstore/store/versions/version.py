@@ -25,7 +25,8 @@ from ..source import keeps_versions, open_source, same_array
 from .commit import last_commit, settle
 from .delta import Overlays, OverlaySource
 from .retain import Lease
-from .snapshot import VersionNotFoundError, list_versions, newest, read_manifest, snapshot_root
+from .snapshot import (VersionNotFoundError, list_versions, newest, read_manifest,
+                       snapshot_root, version_files)
 from .pinning import check_pins
 
 __all__ = ["Version", "check_version", "plain", "stored_bytes"]
@@ -94,7 +95,7 @@ class Version:
             manifest = read_manifest(root)
             seen = manifest.get("txn")
             _check_named(path, n, manifest, want is None)
-            check_pins(path, n, root, manifest, read_manifest)
+            check_pins(path, n, root, manifest, read_manifest, version_files(root))
             overlays = Overlays(root, manifest, writable=mode == "r+")
         attrs, meta = read_table_meta(root)
         if n is not None and manifest.get("rows") != meta["shape"][0]:
