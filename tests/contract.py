@@ -390,7 +390,8 @@ class TableContract:
 def copy_tree(src: Path, dest: Path) -> None:
     """Copy the folder ``src`` to ``dest`` as ``cp -a`` does (files that are hard links of
     each other stay so: the live files and the version folders of docs/FORMAT.md §6), with
-    no fsync: a test's scratch copy."""
+    no fsync: a test's scratch copy (embstore.fs.copytree.copy_folder, the same walk with
+    an fsync a file, took test_contract from 8 to 13 CPU-s and 9 to 157 s wall under load)."""
     first: dict[tuple[int, int], str] = {}
     for d, dirs, files in os.walk(src):  # a loop per folder and per file of a small table
         here = dest / os.path.relpath(d, src)
