@@ -36,6 +36,8 @@ one and a subclass).
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -385,20 +387,90 @@ class TableContract:
                                      "capacity_bytes"}
 
 
-def saving_factory(where: Callable[[], Any], *, layout: dict, storage_dtype: str,
-                   fixed_mode: str | None = None):
-    """``(make, opened)``: ``make`` writes rows by ``embstore.save`` to ``where()`` (a new
-    path or URL each call) with ``layout`` (``cache_bytes`` among it: the reader's cache),
-    then opens them; ``opened`` lists the tables, to close."""
+def copy_tree(src: Path, dest: Path) -> None:
+    """Copy the folder ``src`` to ``dest`` as ``cp -a`` does (files that are hard links of
+    each other stay so: the live files and the version folders of docs/FORMAT.md §6), with
+    no fsync: a test's scratch copy (embstore.fs.copytree.copy_folder, the same walk with
+    an fsync a file, took test_contract from 8 to 13 CPU-s and 9 to 157 s wall under load)."""
+    first: dict[tuple[int, int], str] = {}
+    for d, dirs, files in os.walk(src):  # a loop per folder and per file of a small table
+        here = dest / os.path.relpath(d, src)
+        here.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            s, t = os.path.join(d, name), os.path.join(here, name)
+            st = os.lstat(s)
+            if os.path.islink(s):
+                os.symlink(os.readlink(s), t)
+            elif (st.st_dev, st.st_ino) in first:
+                os.link(first[(st.st_dev, st.st_ino)], t)
+            else:
+                shutil.copy2(s, t)
+                first[(st.st_dev, st.st_ino)] = t
+
+
+class WrittenOnce:
+    """The tables of one test class, each distinct ``(rows, keys)`` written once (a save took
+    30-70 ms of CPU and a second of fsyncs under load; a copy 5 ms, an open 1-2 ms).
+
+    ``write(dest, array, keys)`` writes a table; ``home()`` is a new place for each one
+    written.  :meth:`place` gives where a test's table opens with ``mode``: read-only opens
+    share the written table (they write nothing), writable ones get a ``copy(src, dest)``
+    of it at ``fresh()``, or without ``copy`` a table written afresh there.
+    """
+
+    def __init__(self, write: Callable[[Any, np.ndarray, Any], None], home: Callable[[], Any],
+                 copy: Callable[[Any, Any], None] | None = None):
+        self.write, self.home, self.copy = write, home, copy
+        self.written: dict[tuple, Any] = {}
+
+    def place(self, array: np.ndarray, keys, mode: str, fresh: Callable[[], Any]):
+        array = np.ascontiguousarray(array)
+        if mode != "r" and self.copy is None:
+            dest = fresh()
+            self.write(dest, array, keys)
+            return dest
+        what = (array.dtype.str, array.shape, array.tobytes(),
+                None if keys is None else tuple(keys))
+        if what not in self.written:
+            self.written[what] = self.home()
+            self.write(self.written[what], array, keys)
+        if mode == "r":
+            return self.written[what]
+        dest = fresh()
+        self.copy(self.written[what], dest)
+        return dest
+
+
+def saver(layout: dict, storage_dtype: str) -> tuple[Callable[[Any, np.ndarray, Any], None], Any]:
+    """``(save, cache_bytes)``: ``save(dest, array, keys)`` writes a table by ``embstore.save``
+    with ``layout`` (less ``cache_bytes``, the reader's row cache, returned beside it)."""
     kw = dict(layout)
     cache = kw.pop("cache_bytes", "1MiB")
+
+    def save(dest, array, keys) -> None:
+        embstore.save(dest, np.ascontiguousarray(array), keys=keys, dtype=storage_dtype,
+                      **kw).close()
+    return save, cache
+
+
+def saving_factory(where: Callable[[], Any], *, layout: dict, storage_dtype: str,
+                   fixed_mode: str | None = None, once: WrittenOnce | None = None):
+    """``(make, opened)``: ``make`` writes rows by ``embstore.save`` to ``where()`` (a new
+    path or URL each call) with ``layout`` (``cache_bytes`` among it: the reader's cache),
+    then opens them; ``opened`` lists the tables, to close.  With ``once`` (the class's
+    :class:`WrittenOnce`, writing with the same layout), rows and keys seen before in the
+    class are not saved again."""
+    save, cache = saver(layout, storage_dtype)
     opened: list = []
 
     def make(array, keys=None, mode="r+"):
-        dest = where()
-        embstore.save(dest, np.ascontiguousarray(array), keys=keys, dtype=storage_dtype,
-                      **kw).close()
-        t = embstore.open(dest, mode=fixed_mode or mode, cache_bytes=cache)
+        mode = fixed_mode or mode
+        if once is None:
+            dest = where()
+            save(dest, array, keys)
+        else:
+            dest = once.place(array, keys, mode, where)
+        t = embstore.open(dest, mode=mode, cache_bytes=cache)
         opened.append(t)
         return t
 
@@ -407,15 +479,25 @@ def saving_factory(where: Callable[[], Any], *, layout: dict, storage_dtype: str
 
 class SavedTables(TableContract):
     """Tables written by ``embstore.save`` to a local directory with ``layout`` (keyword
-    arguments of ``save``; ``cache_bytes`` is the reader's row cache)."""
+    arguments of ``save``; ``cache_bytes`` is the reader's row cache); each distinct table
+    saved once per class (:class:`WrittenOnce`)."""
 
     layout: dict = {}
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def written_once(cls, tmp_path_factory) -> WrittenOnce:
+        home = tmp_path_factory.mktemp("saved")
+        names = itertools.count()
+        return WrittenOnce(saver(cls.layout, cls.storage_dtype)[0],
+                           lambda: home / f"t{next(names)}", copy_tree)
+
     @pytest.fixture
-    def make_table(self, tmp_path: Path):
+    def make_table(self, tmp_path: Path, written_once):
         names = itertools.count()
         make, opened = saving_factory(lambda: tmp_path / f"table{next(names)}",
-                                      layout=self.layout, storage_dtype=self.storage_dtype)
+                                      layout=self.layout, storage_dtype=self.storage_dtype,
+                                      once=written_once)
         yield make
         for t in opened:
             t.close()

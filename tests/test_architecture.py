@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -51,10 +52,11 @@ def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+@functools.lru_cache(maxsize=None)  # (four tests a module ask; each parse is read only)
 def _imports(module: str) -> list[tuple[str, ast.stmt, bool]]:
     """``(imported module, node, inside a function)`` for every import in ``module``."""
     path = MODULES[module]
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _tree(module)
     found: list[tuple[str, ast.stmt, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
@@ -321,7 +323,7 @@ _FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
                                           and not m.startswith("embstore.cli")))
 def test_library_errors_name_parameters_not_flags(module):
     """The text of every ``raise`` below the command line is free of ``--flag`` words."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    tree = _tree(module)
     bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:
@@ -365,8 +367,9 @@ def test_docstrings_name_modules_that_exist(module):
     assert bad == [], f"{module} names modules that do not exist: {bad}"
 
 
+@functools.lru_cache(maxsize=None)  # parsed once a run: the tests only read the trees
 def _tree(module: str) -> ast.Module:
-    return ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    return ast.parse(MODULES[module].read_text(encoding="utf-8"), filename=str(MODULES[module]))
 
 
 def _class_members(module: str, name: str) -> set[str]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zarr
 from click.testing import CliRunner
-from contract import TableContract
+from contract import TableContract, WrittenOnce, copy_tree
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 import embstore
@@ -63,14 +63,24 @@ class ForeignTables(TableContract):
 
     layout = "plain"
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def written_once(cls, tmp_path_factory) -> WrittenOnce:
+        """Each distinct table written once per class (a read-only open writes nothing;
+        a writable one opens a copy)."""
+        home = tmp_path_factory.mktemp("foreign")
+        names = itertools.count()
+        return WrittenOnce(lambda dest, array, keys: write_foreign(dest, array, cls.layout,
+                                                                  keys=keys),
+                           lambda: home / f"t{next(names)}", copy_tree)
+
     @pytest.fixture
-    def make_table(self, tmp_path):
+    def make_table(self, tmp_path, written_once):
         names = itertools.count()
         opened = []
 
         def make(array, keys=None, mode="r+"):
-            path = write_foreign(tmp_path / f"t{next(names)}", np.ascontiguousarray(array),
-                                 self.layout, keys=keys)
+            path = written_once.place(array, keys, mode, lambda: tmp_path / f"t{next(names)}")
             opened.append(embstore.open(path, mode=mode, cache_bytes="1MiB"))
             return opened[-1]
 

@@ -304,8 +304,9 @@ def test_a_table_removed_under_a_reader_never_reads_zeros(tmp_path, E, fmt):
 
 
 # -- many readers and a writer ------------------------------------------------------------
-#: commits of the writer below (EMBSTORE_TORN_COMMITS=2000: about 100,000 reads, 4-5 min)
-ROWS, COLS, COMMITS = 2048, 8, int(os.environ.get("EMBSTORE_TORN_COMMITS", "45"))
+#: commits of the writer below (EMBSTORE_TORN_COMMITS=2000: about 100,000 reads, 4-5 min);
+#: the default, 24 (8 of each kind); 45 cost the fast run 20 CPU-s at load 22 (2026-12-02)
+ROWS, COLS, COMMITS = 2048, 8, int(os.environ.get("EMBSTORE_TORN_COMMITS", "24"))
 
 WRITER = f"""
 import sys, numpy as np, embstore
