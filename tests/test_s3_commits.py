@@ -381,3 +381,70 @@ def test_verify_names_a_damaged_delta_and_the_open_refuses_it(s3, rng):
         embstore.open(url)
     with embstore.open(url, version=2) as r:  # the compacted version needs no delta
         np.testing.assert_array_equal(r[[1, 3]], np.stack([np.ones(8, np.float32), E[3]]))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+def test_int8_and_bfloat16_tables_on_s3_take_writes_as_local_ones_do(s3, rng, tmp_path, dtype):
+    """Deltas of the stored values (codes; int8's row scales beside them): every version reads
+    (rows and raw codes) exactly as the same commits on a local table, and NumPy's encoding of
+    the rows written; compaction copies the codes, changing no row."""
+    from embstore.dtypes import DTYPES
+    rec = DTYPES[dtype]
+    E = rng.standard_normal((300, 8)).astype(np.float32)
+    url = f"s3://{s3.bucket}/{dtype}.emb"
+    embstore.save(url, E, dtype=dtype, chunk_rows=64).close()
+    local = tmp_path / "t.emb"
+    embstore.save(local, E, dtype=dtype, chunk_rows=64).close()
+    R = rec.stored(E)  # what the table holds: NumPy's reference
+    refs = {}
+    with embstore.open(url, mode="r+") as t, embstore.open(local, mode="r+") as u:
+        for step in range(4):
+            if step == 2:
+                new = (3 * rng.standard_normal((7, 8))).astype(np.float32)
+                assert t.append(new).tolist() == u.append(new).tolist() == list(range(300, 307))
+                R = np.vstack([R, rec.stored(new)])
+            else:
+                ids = np.unique(rng.integers(0, len(R), size=5))  # (two rows of 300: local
+                vals = (5 * rng.standard_normal((ids.size, 8))).astype(np.float32)  # folds)
+                t.write(ids, vals)
+                u.write(ids, vals)
+                R[ids] = rec.stored(vals)
+            refs[t.version] = R.copy()
+            np.testing.assert_array_equal(t.to_numpy(), R)
+            every = np.arange(len(R))
+            for a, b in zip(t.raw(every), u.raw(every)):  # codes, scale, offset as stored
+                np.testing.assert_array_equal(a, b)
+        assert t.info()["pending_rows"] > 0 and t.storage_dtype == dtype
+        before = t.raw(np.arange(len(R)))
+        v = t.compact()
+        assert t.info()["pending_rows"] == 0
+        np.testing.assert_array_equal(t.to_numpy(), R)  # no row changed
+        for a, b in zip(t.raw(np.arange(len(R))), before):
+            np.testing.assert_array_equal(a, b)
+        t.write([1], E[2:3])
+        R[1] = rec.stored(E[2:3])[0]
+        refs[v + 1] = R.copy()
+    for n, ref in refs.items():
+        with embstore.open(url, version=n) as r:
+            np.testing.assert_array_equal(r.to_numpy(), ref)
+            assert r.storage_dtype == dtype
+    doc = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=f"{dtype}.emb/{manifest_name(1)}")
+                     ["Body"].read())
+    assert doc["dtype"] == dtype
+    arrays = sorted(e["array"] for e in doc["deltas"])
+    assert arrays == (["row_scale", "vectors"] if dtype == "int8" else ["vectors"])
+    vec = next(e for e in doc["deltas"] if e["array"] == "vectors")
+    assert vec["bytes"] < vec["rows"] * (8 + 8 * rec.code.itemsize) + 200  # codes, not floats
+    assert embstore.verify(url).ok
+
+
+def test_a_bfloat16_row_that_rounds_to_infinity_is_refused_on_s3(s3, rng):
+    E = rng.standard_normal((50, 4)).astype(np.float32)
+    url = f"s3://{s3.bucket}/b.emb"
+    embstore.save(url, E, dtype="bfloat16").close()
+    with embstore.open(url, mode="r+") as t:
+        big = np.full((1, 4), np.finfo(np.float32).max, np.float32)
+        with pytest.raises(embstore.ShapeMismatchError, match="rounds to infinity"):
+            t.write([3], big)
+        assert t.version == 0
+    assert object_log(url) == []

@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from ...errors import CorruptStoreError
 from ..remote.transfer import upload_table
 from ..versions.version import Version
@@ -41,7 +43,13 @@ def _write_base(src: ObjectVersionSource, local: Path, keys_of, attrs: dict) -> 
                      expected_rows=rows, format_version=attrs.get("format")) as w:
         for start in range(0, rows, step):  # a loop per block of rows
             stop = min(rows, start + step)
-            w.add(src.read(start, stop), None if keys_of is None else keys_of(start, stop))
+            keys = None if keys_of is None else keys_of(start, stop)
+            if not src.record.compact:
+                w.add(src.read(start, stop), keys)
+                continue
+            codes, scale, offset = src.raw(np.arange(start, stop, dtype=np.int64))
+            w.add_stored(codes, None if scale is None else np.stack([scale, offset], axis=1),
+                         keys)  # (as stored: decoding and encoding int8 again is not exact)
 
 
 def compact_objects(v: Version, deltas: DeltaCache, url: str, storage_options: dict | None,
@@ -70,4 +78,4 @@ def compact_objects(v: Version, deltas: DeltaCache, url: str, storage_options: d
                     folded=frozenset(e["object"] for e in src.doc["deltas"]),
                     summary={"kind": "compact", "rows": src.pending_rows})
     return commit(src.client, src.doc, change,
-                  lambda e: deltas.ids_of(src.client, e, src.shape[1], src.dtype))
+                  lambda e: deltas.ids_of(src.client, e, src.shape[1], src.doc["dtype"]))
