@@ -448,3 +448,18 @@ def test_a_bfloat16_row_that_rounds_to_infinity_is_refused_on_s3(s3, rng):
             t.write([3], big)
         assert t.version == 0
     assert object_log(url) == []
+
+
+def test_training_a_table_on_s3_is_refused_with_the_reason(s3, rng, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import embstore.torch as et
+    url, E = _table(s3, rng, rows=50)
+    monkeypatch.chdir(tmp_path)  # (no local folder named after the URL may appear)
+    with embstore.open(url, mode="r+") as t:
+        t.write([1], E[:1])  # (a versioned table: version 1)
+        with pytest.raises(ReadOnlyError, match="training a table on object storage is not "
+                           "supported: its optimizer state"):
+            et.Embedding(t, optimizer="sgd", lr=0.1)
+        assert t.version == 1
+    assert list(tmp_path.iterdir()) == []
+    assert torch is not None
