@@ -19,10 +19,13 @@ from embstore.cli import cli
 from embstore.store.objects.manifest import AREA, manifest_name
 from embstore.store.objects.version import object_log
 from embstore.store.place.objstore import ObjectClient
+from embstore.dtypes import DTYPES
 from s3faults import FaultProxy, race, random_faults, replay, s3, s3_server  # noqa: F401
 
 pytest.importorskip("moto")
 pytest.importorskip("obstore")
+
+DTYPES_INT8 = DTYPES["int8"]
 
 def _table(s3, rng, rows=600, dim=8, name="t.emb", **layout):
     url = f"s3://{s3.bucket}/{name}"
@@ -388,7 +391,6 @@ def test_int8_and_bfloat16_tables_on_s3_take_writes_as_local_ones_do(s3, rng, tm
     """Deltas of the stored values (codes; int8's row scales beside them): every version reads
     (rows and raw codes) exactly as the same commits on a local table, and NumPy's encoding of
     the rows written; compaction copies the codes, changing no row."""
-    from embstore.dtypes import DTYPES
     rec = DTYPES[dtype]
     E = rng.standard_normal((300, 8)).astype(np.float32)
     url = f"s3://{s3.bucket}/{dtype}.emb"
@@ -463,3 +465,36 @@ def test_training_a_table_on_s3_is_refused_with_the_reason(s3, rng, tmp_path, mo
         assert t.version == 1
     assert list(tmp_path.iterdir()) == []
     assert torch is not None
+
+
+def test_a_commit_past_the_threshold_is_compacted_after_it(s3, rng):
+    """``objects.compact.compact_if_due`` (the table calls it after each commit): nothing
+    below 5% of the rows in deltas; past it, a compaction of its own, no row changed, keys
+    kept; a handle left behind rebases onto it."""
+    from embstore.store.objects.compact import COMPACT_FRACTION, compact_if_due
+    keys = [f"w{i}" for i in range(400)]
+    url = f"s3://{s3.bucket}/auto.emb"
+    E = rng.standard_normal((400, 8)).astype(np.float32)
+    embstore.save(url, E, keys=keys, dtype="int8").close()
+    R = DTYPES_INT8.stored(E)
+    with embstore.open(url, mode="r+") as t, embstore.open(url, mode="r+") as behind:
+        below = int(COMPACT_FRACTION * 400)  # 20 rows: not past it
+        t.write(np.arange(below), E[100:100 + below])
+        R[:below] = DTYPES_INT8.stored(E[100:100 + below])
+        assert compact_if_due(t._v, t._deltas, t.path, None) is None
+        assert t.version == 1 and len(object_log(url)) == 1
+        t.append(E[:2] * 2, keys=["new0", "new1"])  # 22 rows pending: past 5% of 402
+        R = np.vstack([R, DTYPES_INT8.stored(E[:2] * 2)])
+        doc = compact_if_due(t._v, t._deltas, t.path, None)
+        assert doc is not None and doc["version"] == 3 and doc["deltas"] == []
+        assert doc["base"]["prefix"].startswith(f"{AREA}base-")
+        with embstore.open(url) as r:
+            assert r.version == 3 and r.info()["pending_rows"] == 0
+            np.testing.assert_array_equal(r.to_numpy(), R)
+            assert r.ids_of(["new1", "w7"]).tolist() == [401, 7]
+        behind.write([399], E[:1])  # read version 0: rebased onto the compaction
+        R[399] = DTYPES_INT8.stored(E[:1])[0]
+        assert behind.version == 4
+    with embstore.open(url) as r:
+        np.testing.assert_array_equal(r.to_numpy(), R)
+    assert embstore.verify(url).ok
