@@ -247,10 +247,9 @@ class TableWriter:
 
     def add_stored(self, codes: np.ndarray, side: np.ndarray | None = None,
                    keys: list[str] | None = None) -> int:
-        """Append a block of rows as a table stores them: the codes (and side rows, int8's
-        row scales) of a compact dtype, copied without encoding again (re-quantising a
-        decoded int8 row may change its codes: a compaction must not).  Returns the rows
-        kept."""
+        """Append rows as a table stores them: codes (and side rows, int8's row scales),
+        not encoded again (re-quantising decoded int8 rows changes codes).  Returns the
+        rows kept."""
         self._check_open()
         if self._zeros:
             raise ValueError("add_zeros() made this table complete; nothing can be added")

@@ -118,7 +118,7 @@ class TrainStore:
     def __init__(self, table: ZarrTable, optimizer: str, state_cols: int,
                  resume: int | None = None):
         self.table, self.optimizer = table, optimizer
-        if getattr(table, "is_remote", False):
+        if table.is_remote:
             raise ReadOnlyError(
                 f"{table.path}: training a table on object storage is not supported: its "
                 "optimizer state, checkpoint list and pending log (docs/FORMAT.md §12) are "
