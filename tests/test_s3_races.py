@@ -72,7 +72,8 @@ def test_many_writers_and_readers_check_every_read_against_a_replay(s3, rng, tmp
                                  str(tmp_path / f"r{i}.json")], env=env)
                for i in range(READERS)]
     try:
-        logs = race(url, tmp_path, writers=WRITERS, commits=COMMITS, hot_every=7)
+        logs = race(url, tmp_path, writers=WRITERS, commits=COMMITS, hot_every=7,
+                    timeout=3000)  # (16 x 100: 622 s without readers at load 28)
     finally:
         stop.touch()
         for p in readers:
