@@ -1,12 +1,14 @@
 """A real S3-compatible server on loopback for the tests and the remote benchmark.
 
 moto's server mode (``pip install 'moto[server]'``, in the ``test`` and ``benchmarks``
-extras) on 127.0.0.1 and a free port, in a thread of this process.  Two adjustments:
+extras) on 127.0.0.1 and a free port, in a thread of this process.  Adjustments:
 
 - moto answers a ranged GET by copying the whole object and slicing it (a 16 KiB range
   of a 128 MiB shard takes ~260 ms); :func:`start` keeps one ``bytes`` per stored object so
   a ranged GET costs what it costs on S3: the bytes of the range.  Every client (embstore,
   tensorstore, zarr-python) profits alike.
+- conditional PUTs (``If-None-Match``, ``If-Match``) check and write under one lock, as S3
+  does (moto checks, then writes: two racing creations of one name could both succeed);
 - the server sets TCP_NODELAY (werkzeug writes headers and body apart; Nagle's algorithm
   and delayed ACKs otherwise add ~20 ms to each response) and lists moto's modules once;
 - every request is counted (``server.requests``, by HTTP method), and the bytes of the
@@ -129,6 +131,20 @@ def _patch_moto() -> None:
             return out
         return wrapper
 
+    # moto checks If-None-Match / If-Match and then stores the object, with no lock between:
+    # two racing conditional PUTs of one name may both succeed, the second replacing the
+    # first (seen: 16 writer processes x 40 commits, version 565 created twice). S3 makes
+    # the check and the write one step; so does this lock, held by conditional PUTs only
+    conditional = threading.Lock()
+    put_object = S3Response.put_object
+
+    def atomic_put(self):
+        if self.headers.get("If-None-Match") is None and self.headers.get("If-Match") is None:
+            return put_object(self)
+        with conditional:
+            return put_object(self)
+
+    S3Response.put_object = atomic_put
     S3Response.key_response = counted(S3Response.key_response)
     S3Response.bucket_response = counted(S3Response.bucket_response)
     _patched = True

@@ -199,12 +199,13 @@ def replay(E0: np.ndarray, logs: list[list[dict]]) -> dict[int, np.ndarray]:
     return out
 
 
-def race(url: str, tmp_path, writers: int, commits: int, *, hot_every: int = 5) -> list[list[dict]]:
+def race(url: str, tmp_path, writers: int, commits: int, *, hot_every: int = 5,
+         timeout: float = 600) -> list[list[dict]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, str(w), str(writers),
                                str(commits), str(tmp_path / f"w{w}.json"), str(hot_every)],
                               env=env)
              for w in range(writers)]
     for p in procs:
-        assert p.wait(timeout=600) == 0
+        assert p.wait(timeout=timeout) == 0
     return [json.loads((tmp_path / f"w{w}.json").read_text()) for w in range(writers)]

@@ -19,10 +19,13 @@ from embstore.cli import cli
 from embstore.store.objects.manifest import AREA, manifest_name
 from embstore.store.objects.version import object_log
 from embstore.store.place.objstore import ObjectClient
+from embstore.dtypes import DTYPES
 from s3faults import FaultProxy, race, random_faults, replay, s3, s3_server  # noqa: F401
 
 pytest.importorskip("moto")
 pytest.importorskip("obstore")
+
+DTYPES_INT8 = DTYPES["int8"]
 
 def _table(s3, rng, rows=600, dim=8, name="t.emb", **layout):
     url = f"s3://{s3.bucket}/{name}"
@@ -381,3 +384,117 @@ def test_verify_names_a_damaged_delta_and_the_open_refuses_it(s3, rng):
         embstore.open(url)
     with embstore.open(url, version=2) as r:  # the compacted version needs no delta
         np.testing.assert_array_equal(r[[1, 3]], np.stack([np.ones(8, np.float32), E[3]]))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+def test_int8_and_bfloat16_tables_on_s3_take_writes_as_local_ones_do(s3, rng, tmp_path, dtype):
+    """Deltas of the stored values (codes; int8's row scales beside them): every version reads
+    (rows and raw codes) exactly as the same commits on a local table, and NumPy's encoding of
+    the rows written; compaction copies the codes, changing no row."""
+    rec = DTYPES[dtype]
+    E = rng.standard_normal((300, 8)).astype(np.float32)
+    url = f"s3://{s3.bucket}/{dtype}.emb"
+    embstore.save(url, E, dtype=dtype, chunk_rows=64).close()
+    local = tmp_path / "t.emb"
+    embstore.save(local, E, dtype=dtype, chunk_rows=64).close()
+    R = rec.stored(E)  # what the table holds: NumPy's reference
+    refs = {}
+    with embstore.open(url, mode="r+") as t, embstore.open(local, mode="r+") as u:
+        for step in range(4):
+            if step == 2:
+                new = (3 * rng.standard_normal((7, 8))).astype(np.float32)
+                assert t.append(new).tolist() == u.append(new).tolist() == list(range(300, 307))
+                R = np.vstack([R, rec.stored(new)])
+            else:
+                ids = np.unique(rng.integers(0, len(R), size=5))  # (two rows of 300: local
+                vals = (5 * rng.standard_normal((ids.size, 8))).astype(np.float32)  # folds)
+                t.write(ids, vals)
+                u.write(ids, vals)
+                R[ids] = rec.stored(vals)
+            refs[t.version] = R.copy()
+            np.testing.assert_array_equal(t.to_numpy(), R)
+            every = np.arange(len(R))
+            for a, b in zip(t.raw(every), u.raw(every)):  # codes, scale, offset as stored
+                np.testing.assert_array_equal(a, b)
+        assert t.info()["pending_rows"] > 0 and t.storage_dtype == dtype
+        before = t.raw(np.arange(len(R)))
+        v = t.compact()
+        assert t.info()["pending_rows"] == 0
+        np.testing.assert_array_equal(t.to_numpy(), R)  # no row changed
+        for a, b in zip(t.raw(np.arange(len(R))), before):
+            np.testing.assert_array_equal(a, b)
+        t.write([1], E[2:3])
+        R[1] = rec.stored(E[2:3])[0]
+        refs[v + 1] = R.copy()
+    for n, ref in refs.items():
+        with embstore.open(url, version=n) as r:
+            np.testing.assert_array_equal(r.to_numpy(), ref)
+            assert r.storage_dtype == dtype
+    doc = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=f"{dtype}.emb/{manifest_name(1)}")
+                     ["Body"].read())
+    assert doc["dtype"] == dtype
+    arrays = sorted(e["array"] for e in doc["deltas"])
+    assert arrays == (["row_scale", "vectors"] if dtype == "int8" else ["vectors"])
+    vec = next(e for e in doc["deltas"] if e["array"] == "vectors")
+    assert vec["bytes"] < vec["rows"] * (8 + 8 * rec.code.itemsize) + 200  # codes, not floats
+    assert embstore.verify(url).ok
+
+
+def test_a_bfloat16_row_that_rounds_to_infinity_is_refused_on_s3(s3, rng):
+    E = rng.standard_normal((50, 4)).astype(np.float32)
+    url = f"s3://{s3.bucket}/b.emb"
+    embstore.save(url, E, dtype="bfloat16").close()
+    with embstore.open(url, mode="r+") as t:
+        big = np.full((1, 4), np.finfo(np.float32).max, np.float32)
+        with pytest.raises(embstore.ShapeMismatchError, match="rounds to infinity"):
+            t.write([3], big)
+        assert t.version == 0
+    assert object_log(url) == []
+
+
+def test_training_a_table_on_s3_is_refused_with_the_reason(s3, rng, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import embstore.torch as et
+    url, E = _table(s3, rng, rows=50)
+    monkeypatch.chdir(tmp_path)  # (no local folder named after the URL may appear)
+    with embstore.open(url, mode="r+") as t:
+        t.write([1], E[:1])  # (a versioned table: version 1)
+        with pytest.raises(ReadOnlyError, match="training a table on object storage is not "
+                           "supported: its optimizer state"):
+            et.Embedding(t, optimizer="sgd", lr=0.1)
+        assert t.version == 1
+    assert list(tmp_path.iterdir()) == []
+    assert torch is not None
+
+
+def test_a_commit_past_the_threshold_is_compacted_after_it(s3, rng):
+    """``objects.compact.compact_if_due`` (the table calls it after each commit): nothing
+    below 5% of the rows in deltas; past it, a compaction of its own, no row changed, keys
+    kept; a handle left behind rebases onto it."""
+    from embstore.store.objects.compact import COMPACT_FRACTION, compact_if_due
+    keys = [f"w{i}" for i in range(400)]
+    url = f"s3://{s3.bucket}/auto.emb"
+    E = rng.standard_normal((400, 8)).astype(np.float32)
+    embstore.save(url, E, keys=keys, dtype="int8").close()
+    R = DTYPES_INT8.stored(E)
+    with embstore.open(url, mode="r+") as t, embstore.open(url, mode="r+") as behind:
+        below = int(COMPACT_FRACTION * 400)  # 20 rows: not past it
+        t.write(np.arange(below), E[100:100 + below])
+        R[:below] = DTYPES_INT8.stored(E[100:100 + below])
+        assert compact_if_due(t._v, t._deltas, t.path, None) is None
+        assert t.version == 1 and len(object_log(url)) == 1
+        t.append(E[:2] * 2, keys=["new0", "new1"])  # 22 rows pending: past 5% of 402
+        R = np.vstack([R, DTYPES_INT8.stored(E[:2] * 2)])
+        doc = compact_if_due(t._v, t._deltas, t.path, None)
+        assert doc is not None and doc["version"] == 3 and doc["deltas"] == []
+        assert doc["base"]["prefix"].startswith(f"{AREA}base-")
+        with embstore.open(url) as r:
+            assert r.version == 3 and r.info()["pending_rows"] == 0
+            np.testing.assert_array_equal(r.to_numpy(), R)
+            assert r.ids_of(["new1", "w7"]).tolist() == [401, 7]
+        behind.write([399], E[:1])  # read version 0: rebased onto the compaction
+        R[399] = DTYPES_INT8.stored(E[:1])[0]
+        assert behind.version == 4
+    with embstore.open(url) as r:
+        np.testing.assert_array_equal(r.to_numpy(), R)
+    assert embstore.verify(url).ok

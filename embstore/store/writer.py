@@ -249,17 +249,39 @@ class TableWriter:
                     np.asarray(vectors)[i]).all() else ""))
             err.row = self._seen + i
             raise err
+        return self._keep(codes, scales, norms, keys)
+
+    def add_stored(self, codes: np.ndarray, side: np.ndarray | None = None,
+                   keys: list[str] | None = None) -> int:
+        """Append rows as a table stores them: codes (and side rows, int8's row scales),
+        not encoded again (re-quantising decoded int8 rows changes codes).  Returns the
+        rows kept."""
+        self._check_open()
+        if self._zeros:
+            raise ValueError("add_zeros() made this table complete; nothing can be added")
+        codes = np.ascontiguousarray(codes, dtype=self.record.code)
+        if codes.ndim != 2 or codes.shape[1] != self.dim or (self.record.side is None) != (
+                side is None):
+            raise ShapeMismatchError(f"expected {self.storage} codes of shape (n, {self.dim})"
+                                     f"{' with row scales' if self.record.side else ''}, got "
+                                     f"shape {codes.shape}")
+        return self._keep(codes, side, decoded_norms(self.record, codes, side), keys)
+
+    def _keep(self, codes: np.ndarray, scales: np.ndarray | None, norms: np.ndarray,
+              keys: list[str] | None) -> int:
+        """Keep encoded rows (those whose key is new, with ``has_keys``) for writing."""
+        n = codes.shape[0]
         if self._keys is not None:
-            if keys is None or len(keys) != vec.shape[0]:
-                raise ShapeMismatchError(f"expected {vec.shape[0]} keys for {vec.shape[0]} "
+            if keys is None or len(keys) != codes.shape[0]:
+                raise ShapeMismatchError(f"expected {codes.shape[0]} keys for {codes.shape[0]} "
                                          f"rows, got {'none' if keys is None else len(keys)}")
-            mask = self._add_keys(keys)
+            mask = self._add_keys(keys)  # (names rows from _seen: counted after)
             if not mask.all():
                 codes, norms = codes[mask], norms[mask]
                 scales = None if scales is None else scales[mask]
         elif keys is not None:
             raise ShapeMismatchError("this writer has no keys (has_keys=False), got keys")
-        self._seen += len(finite)
+        self._seen += n
         if codes.shape[0]:
             self._pending.append([codes] + ([] if scales is None else [scales]) + [norms])
             self._pending_rows += codes.shape[0]

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptStoreError, EmbstoreError, FormatError
+from ..errors import CorruptStoreError, EmbstoreError, FormatError, ReadOnlyError
 from ..fs.atomic import write_beside
 from ..fs.beside import fsync_path
 from ..fs.checksum import crc32c
@@ -118,6 +118,13 @@ class TrainStore:
     def __init__(self, table: ZarrTable, optimizer: str, state_cols: int,
                  resume: int | None = None):
         self.table, self.optimizer = table, optimizer
+        if table.is_remote:
+            raise ReadOnlyError(
+                f"{table.path}: training a table on object storage is not supported: its "
+                "optimizer state, checkpoint list and pending log (docs/FORMAT.md §12) are "
+                "local files locked, appended to and replaced by rename, which object stores "
+                "lack; train a local copy (`embstore copy`) and save it to the URL, or write "
+                "rows with `write` (each one commit)")
         if not table.version:
             raise FormatError(f"{table.path}: training checkpoints are versions: this table "
                               "has none (format 1); `embstore upgrade` makes it versioned")

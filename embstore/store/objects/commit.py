@@ -78,7 +78,8 @@ def _overlap(change: Change, parent: dict, winner: dict,
         return np.empty(0, np.int64)
     seen = {e["object"] for e in parent["deltas"]}
     hits = [np.intersect1d(change.ids, ids_of(e), assume_unique=True)
-            for e in winner["deltas"] if e["object"] not in seen and e["kind"] == "write"]
+            for e in winner["deltas"] if e["object"] not in seen and e["kind"] == "write"
+            and e["array"] == "vectors"]
     return np.unique(np.concatenate(hits)) if hits else np.empty(0, np.int64)
 
 

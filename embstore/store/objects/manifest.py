@@ -3,7 +3,9 @@
 
 Version ``N``'s manifest is ``vectors/.embstore/commits/v<N, 20 digits>.json``: zero-padded,
 so name order is version order and one LIST starting after the hint's name finds the
-newest.  Deltas are the local delta files (§6c), uploaded as ``commits/data/<write id>.vectors``.
+newest.  Deltas are the local delta files (§6c) of the stored values (codes for bfloat16 and
+int8 tables, and int8's ``row_scale`` beside them), uploaded as
+``commits/data/<write id>.<array>``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...dtypes import DTYPES, SIDE_ARRAYS
 from ...errors import CorruptStoreError
 from ..place.objstore import LIST_PAGE, ObjectClient
 from ...keys.segments import KeySegment
@@ -25,7 +28,7 @@ from ..versions.snapshot import VersionNotFoundError, manifest_crc
 
 __all__ = ["AREA", "HINT", "manifest_name", "data_name", "new_write_id", "encode",
            "read_manifest", "need_manifest", "newest_version", "list_versions", "initial", "DeltaCache",
-           "delta_bytes", "key_delta_bytes", "rows_entries", "key_entries"]
+           "delta_bytes", "key_delta_bytes", "rows_entries", "key_entries", "array_specs"]
 
 AREA = "vectors/.embstore/commits/"
 HINT = AREA + "latest.json"
@@ -33,6 +36,9 @@ _VNAME = re.compile(r"^vectors/\.embstore/commits/v([0-9]{20})\.json$")
 _DATA = re.compile(r"^vectors/\.embstore/commits/data/[0-9a-f]{32}\.[A-Za-z0-9_]+$")
 _BASE = re.compile(r"^vectors/\.embstore/commits/base-[0-9a-f]{32}$")
 _KINDS = ("write", "append")
+#: (array, kind) of a delta entry: rows of ``vectors`` or of a side array (int8's row scales)
+#: written or appended, keys appended
+_ENTRIES = {(a, k) for a in ("vectors",) + SIDE_ARRAYS for k in _KINDS} | {("keys", "append")}
 
 
 def manifest_name(n: int) -> str:
@@ -54,7 +60,8 @@ def encode(doc: dict) -> bytes:
 
 
 def initial(attrs: dict, rows: int, dim: int, dtype: str) -> dict:
-    """Version 0: the published view (the table as uploaded), without deltas."""
+    """Version 0: the published view (the table as uploaded), without deltas (``dtype``:
+    the storage dtype)."""
     return {"embstore_objects": 1, "version": 0, "parent": None, "write_id": None,
             "base": {"prefix": "", "write_id": attrs.get("write_id"), "rows": rows},
             "rows": rows, "dim": dim, "dtype": dtype, "change": {"kind": "save"}, "deltas": []}
@@ -79,8 +86,7 @@ def _check(doc, n: int, where: str) -> dict:
     for e in deltas:
         if not (isinstance(e, dict) and _DATA.match(str(e.get("object")))
                 and e.get("kind") in _KINDS and type(e.get("first_row")) is int
-                and (e.get("array"), e["kind"]) in (("vectors", "write"), ("vectors", "append"),
-                                                    ("keys", "append"))
+                and (e.get("array"), e["kind"]) in _ENTRIES
                 and type(e.get("rows")) is int and type(e.get("bytes")) is int
                 and 0 <= e["first_row"] and e["first_row"] + (e["rows"] if e["kind"] ==
                                                               "append" else 0) <= doc["rows"]):
@@ -171,18 +177,40 @@ def key_delta_bytes(enc, hashes: np.ndarray) -> bytes:
         return path.read_bytes()
 
 
-def merge(parts: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype) -> tuple[
-        np.ndarray, np.ndarray]:
-    """One sorted ``(ids, values)`` of deltas given oldest first (the newest row of an id
-    wins)."""
+def merge(parts: list[tuple[np.ndarray, ...]], specs: list[tuple[int, np.dtype]]
+          ) -> tuple[np.ndarray, ...]:
+    """One sorted ``(ids, values, ...)`` of deltas given oldest first (the newest row of an
+    id wins); each part is ``(ids, values of each array)``, ``specs`` the arrays' columns and
+    dtypes (the rows of an empty merge)."""
     if not parts:
-        return np.empty(0, np.int64), np.empty((0, cols), dtype)
+        return (np.empty(0, np.int64),) + tuple(np.empty((0, c), d) for c, d in specs)
     if len(parts) == 1:
         return parts[0]
     ids = np.concatenate([p[0] for p in parts])
-    vals = np.concatenate([p[1] for p in parts])
     uniq, last = np.unique(ids[::-1], return_index=True)  # the last (newest) occurrence wins
-    return uniq, vals[::-1][last]
+    return (uniq,) + tuple(np.concatenate([p[k] for p in parts])[::-1][last]
+                           for k in range(1, len(specs) + 1))
+
+
+def array_specs(dim: int, dtype: str) -> dict[str, tuple[int, np.dtype]]:
+    """The row arrays a delta of a table of storage dtype ``dtype`` changes, with their
+    columns and stored dtypes: ``vectors`` (codes for bfloat16 and int8), then the side
+    array (int8's ``row_scale``)."""
+    rec = DTYPES[dtype]
+    out = {"vectors": (dim, rec.code)}
+    if rec.side is not None:
+        out[rec.side.name] = (rec.side.columns, np.dtype(rec.side.dtype))
+    return out
+
+
+def side_entries(doc: dict, side: str) -> list[dict]:
+    """The deltas of side array ``side``, one beside each ``vectors`` delta (damage else)."""
+    rows, sides = rows_entries(doc), [e for e in doc["deltas"] if e["array"] == side]
+    if [(e["kind"], e["first_row"], e["rows"]) for e in rows] != \
+            [(e["kind"], e["first_row"], e["rows"]) for e in sides]:
+        raise CorruptStoreError(f"version {doc['version']}: the {side} deltas do not match "
+                                "the vectors deltas one for one: the manifest is damaged")
+    return sides
 
 
 class DeltaCache:
@@ -226,8 +254,11 @@ class DeltaCache:
         self.load(client, [entry], dim, dtype)
         return self.parts[entry["object"]][0] + entry["first_row"]
 
-    def load(self, client: ObjectClient, entries: list[dict], dim: int, dtype) -> None:
-        todo = [e for e in entries if e["object"] not in self.parts and e["array"] == "vectors"]
+    def load(self, client: ObjectClient, entries: list[dict], dim: int, dtype: str) -> None:
+        """Read the row deltas among ``entries`` not read yet (concurrently), checked;
+        ``dtype`` is the table's storage dtype (:func:`array_specs`)."""
+        specs = array_specs(dim, dtype)
+        todo = [e for e in entries if e["object"] not in self.parts and e["array"] in specs]
 
         def fetch(e: dict) -> tuple[np.ndarray, np.ndarray]:
             raw = client.get(e["object"])
@@ -237,11 +268,12 @@ class DeltaCache:
                                         f"(the manifest says {e['bytes']} bytes): a delta of "
                                         "this version is damaged or was vacuumed under this "
                                         "reader (reopen it)", path=where)
+            cols, dt = specs[e["array"]]
             with tempfile.TemporaryDirectory(prefix="embstore-delta-") as d:
                 path = Path(d) / "delta"
                 path.write_bytes(raw)
                 try:
-                    ids, vals = read_delta(path, "vectors", dim, np.dtype(dtype), e["rows"]
+                    ids, vals = read_delta(path, e["array"], cols, dt, e["rows"]
                                            if e["kind"] == "append" else 1 << 62)
                 except CorruptStoreError as exc:
                     raise CorruptStoreError(str(exc).replace(str(path), where),
@@ -253,19 +285,32 @@ class DeltaCache:
         for e, part in zip(todo, client.map(fetch, todo)):
             self.parts[e["object"]] = part
 
-    def merged(self, doc: dict, dim: int, dtype) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, values)`` of version ``doc``'s deltas, newest row of an id winning."""
+    def merged(self, doc: dict, dim: int, dtype: str) -> tuple[np.ndarray, ...]:
+        """``(ids, values[, side])`` of version ``doc``'s deltas, newest row of an id
+        winning: ``values`` as stored (codes), ``side`` the side array's rows (int8's row
+        scales) for the same ids."""
+        specs = array_specs(dim, dtype)
+        rows = rows_entries(doc)
+        sides = [side_entries(doc, name) for name in list(specs)[1:]]
         parts = []
-        for e in rows_entries(doc):
+        for k, e in enumerate(rows):  # a loop per delta of the version
             ids, vals = self.parts[e["object"]]
-            parts.append((ids + e["first_row"] if e["first_row"] else ids, vals))
-        appended = sum(e["rows"] for e in rows_entries(doc) if e["kind"] == "append")
+            part = [ids + e["first_row"] if e["first_row"] else ids, vals]
+            for s in sides:
+                sids, svals = self.parts[s[k]["object"]]
+                if not np.array_equal(sids, ids):
+                    raise CorruptStoreError(f"{s[k]['object']}: its ids are not those of "
+                                            f"{e['object']}: the delta is damaged")
+                part.append(svals)
+            parts.append(tuple(part))
+        appended = sum(e["rows"] for e in rows if e["kind"] == "append")
         if appended != doc["rows"] - doc["base"]["rows"]:
             raise CorruptStoreError(f"version {doc['version']}: {appended} appended rows in "
                                     f"its deltas, {doc['rows'] - doc['base']['rows']} past its "
                                     "base: the manifest is damaged")
-        ids, vals = merge(parts, dim, np.dtype(dtype))
+        out = merge(parts, list(specs.values()))
+        ids = out[0]
         if ids.size and ids[-1] >= doc["rows"]:
             raise CorruptStoreError(f"version {doc['version']}: a delta row {int(ids[-1])} "
                                     f"past its {doc['rows']} rows: the manifest is damaged")
-        return ids, vals
+        return out

@@ -1,6 +1,8 @@
 """The rows of one version of a table on object storage: its base table's rows (read by
 ranges, :mod:`embstore.store.remote`) with the version's deltas on top, appended rows
-included (docs/FORMAT.md §11a)."""
+included (docs/FORMAT.md §11a).  Deltas hold the stored values (bfloat16 and int8 codes,
+int8's row scales beside them): decoded once when the version opens, as stored for
+:meth:`ObjectVersionSource.raw` and compaction."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ...dtypes import DTYPES
 from ...errors import ReadOnlyError
 from ..base import RowSource
 
@@ -16,13 +19,17 @@ __all__ = ["ObjectVersionSource"]
 
 class ObjectVersionSource(RowSource):
     """Rows ``0 .. rows-1``: those below the base's row count from ``base``, then the
-    deltas' rows (``ids`` sorted, ``values`` their rows; appended rows are all in them).
-    ``doc`` is the version's manifest, ``client`` the table's (the commit area's) client."""
+    deltas' rows (``ids`` sorted, ``codes`` their stored values, ``side`` their side array's
+    rows (int8's row scales) or None; appended rows are all in them).  ``doc`` is the
+    version's manifest, ``client`` the table's (the commit area's) client."""
 
-    def __init__(self, base: RowSource, doc: dict, ids: np.ndarray, values: np.ndarray,
-                 client: Any):
+    def __init__(self, base: RowSource, doc: dict, ids: np.ndarray, codes: np.ndarray,
+                 client: Any, side: np.ndarray | None = None):
         self.base, self.doc, self.client = base, doc, client
-        self.ids, self.values = ids, values
+        self.record = DTYPES[base.storage_dtype]
+        self.ids, self.codes, self.side = ids, codes, side
+        self.values = codes if not self.record.compact else self.record.decode(
+            codes, side, np.empty(codes.shape, self.record.logical))
         self.rows = int(doc["rows"])
         self.cheap_reads = base.cheap_reads
 
@@ -40,9 +47,28 @@ class ObjectVersionSource(RowSource):
         return self.base.reads_cold()
 
     def raw(self, ids: np.ndarray):
-        if self.ids.size or self.rows != self.base.shape[0]:  # (deltas: float tables only)
+        """``(codes, scale, offset)`` of rows ``ids`` as stored (the base's, the deltas' on
+        top)."""
+        if not self.record.compact:
             return self.take(ids), None, None
-        return self.base.raw(ids)
+        if not self.ids.size:
+            return self.base.raw(ids)
+        codes = np.empty((ids.size, self.shape[1]), self.record.code)
+        side = None if self.side is None else np.empty((ids.size, self.side.shape[1]),
+                                                       self.side.dtype)
+        inside = np.flatnonzero(ids < self.base.shape[0])
+        if inside.size:
+            c, scale, offset = self.base.raw(ids[inside])
+            codes[inside] = c
+            if side is not None:
+                side[inside, 0], side[inside, 1] = scale, offset
+        pos = np.minimum(np.searchsorted(self.ids, ids), self.ids.size - 1)
+        hit = np.flatnonzero(self.ids[pos] == ids)
+        codes[hit] = self.codes[pos[hit]]
+        if side is not None:
+            assert self.side is not None
+            side[hit] = self.side[pos[hit]]
+        return self.record.raw(codes, side)
 
     def _over(self, ids: np.ndarray, out: np.ndarray) -> None:
         d = self.ids

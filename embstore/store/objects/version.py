@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptStoreError, FormatError, ReadOnlyError
+from ...errors import CorruptStoreError, FormatError, ReadOnlyError, ShapeMismatchError
 from ..place.objstore import ObjectClient
 from ..remote.open import META, open_remote_source, parse_remote_meta
 from ..versions.retain import RETAIN_VERSIONS
@@ -33,7 +33,7 @@ VACUUM_CUTOFF = 3600.0
 def _check_base(doc: dict, attrs: dict, base, where: str) -> None:
     b = doc["base"]
     if (b["rows"] != base.shape[0] or doc["dim"] != base.shape[1]
-            or doc["dtype"] != base.dtype.name
+            or doc["dtype"] != base.storage_dtype
             or (b["prefix"] == "" and b.get("write_id") != attrs.get("write_id"))):
         raise CorruptStoreError(f"{where}: version {doc['version']} was made on another table "
                                 f"than the one at its base {b['prefix'] or '(the URL)'} "
@@ -72,16 +72,22 @@ def open_version(url: str, want: int | None, remote: dict, deltas: DeltaCache,
             attrs, base, objects = open_remote_source(f"{url}/{prefix}" if prefix else url,
                                                       "r", **remote, **shared)
         if doc is None:
-            doc = initial(attrs, base.shape[0], base.shape[1], base.dtype.name)
+            doc = initial(attrs, base.shape[0], base.shape[1], base.storage_dtype)
         else:
             _check_base(doc, attrs, base, client.where(manifest_name(n)))
-        deltas.load(client, doc["deltas"], base.shape[1], base.dtype)
-        ids, values = deltas.merged(doc, base.shape[1], base.dtype)
+        deltas.load(client, doc["deltas"], base.shape[1], doc["dtype"])
+        merged = deltas.merged(doc, base.shape[1], doc["dtype"])
     except BaseException:
         if prev is None:
             client.close()
         raise
-    return _version(doc, ObjectVersionSource(base, doc, ids, values, client), attrs, objects)
+    return _version(doc, _source(base, doc, merged, client), attrs, objects)
+
+
+def _source(base, doc: dict, merged: tuple, client) -> ObjectVersionSource:
+    """The rows of version ``doc``: ``base`` with the deltas ``merged`` (ids, codes[, side])."""
+    return ObjectVersionSource(base, doc, merged[0], merged[1], client,
+                               merged[2] if len(merged) > 2 else None)
 
 
 def _first_reads(client: ObjectClient, want: int | None):
@@ -107,9 +113,6 @@ def _version(doc: dict, source: ObjectVersionSource, attrs: dict, objects: Any) 
 
 def _writable(src: ObjectVersionSource, kind: str, keys, vocab) -> None:
     url = src.client.url
-    if src.storage_dtype != src.dtype.name:
-        raise ReadOnlyError(f"{url}: writes to {src.storage_dtype} tables on object storage are "
-                            "not supported yet (float16, float32 and float64 tables are)")
     if keys is not None and not isinstance(vocab, (DiskVocab, SegmentedVocab)):
         raise ReadOnlyError(f"{url}: appending keys needs embstore's key index (this table's "
                             "keys were written by another tool)")
@@ -141,28 +144,59 @@ def _key_entry(client, w: str, vocab, keys: list[str], n0: int) -> tuple[dict, A
              "rows": len(keys), "bytes": len(data)}, (enc, h))
 
 
+def _encode(src: ObjectVersionSource, values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The stored values of rows ``values`` (finite, checked by the table): codes and side
+    rows of a bfloat16 or int8 table; a row that rounds to infinity (bfloat16) is refused."""
+    rec = src.record
+    codes, side = rec.encode(np.ascontiguousarray(values, dtype=src.dtype))
+    ok = rec.finite(codes)
+    if ok is not None and not ok.all():
+        i = int(np.argmin(ok))
+        err = ShapeMismatchError(f"{src.client.url}: vector {i} of this write holds values "
+                                 f"past the range of {rec.name} (it rounds to infinity): "
+                                 "nothing was committed")
+        err.row = i
+        raise err
+    return np.ascontiguousarray(codes), side
+
+
+def _upload_deltas(client, w: str, kind: str, rel: np.ndarray, arrays: dict,
+                   deltas: DeltaCache) -> list[dict]:
+    """One delta object per row array (``arrays``: name -> stored rows), uploaded (new
+    names: no reader reads them before the commit); their manifest entries."""
+    entries = []
+    for array, vals in arrays.items():  # a loop per row array (vectors, row_scale)
+        data = delta_bytes(rel, vals, array)
+        entry = {"object": data_name(w, array), "array": array, "kind": kind,
+                 "first_row": 0, "rows": int(rel.size), "bytes": len(data)}
+        put_data(client, entry["object"], data)
+        deltas.put(entry, rel, vals)
+        entries.append(entry)
+    return entries
+
+
 def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarray,
                 keys: list[str] | None, deltas: DeltaCache, vocab=None) -> tuple[Version, int]:
     """Commit a ``write`` of rows ``ids`` (sorted, unique) or an ``append`` of ``values``
-    on version ``v``: one delta object, then the manifest (rebased on races).  Returns the
-    committed version and the first appended row (an append; else -1)."""
+    on version ``v``: one delta object per row array (the stored values: bfloat16 or int8
+    codes, int8's row scales beside them), then the manifest (rebased on races).  Returns
+    the committed version and the first appended row (an append; else -1)."""
     src = v.source
     assert isinstance(src, ObjectVersionSource)
     _writable(src, kind, keys, vocab)
-    values = np.ascontiguousarray(values, dtype=src.dtype)
-    n = int(values.shape[0])
+    codes, side = _encode(src, values)
+    n = int(codes.shape[0])
     rel = np.arange(n, dtype=np.int64) if kind == "append" else ids
     assert rel is not None
     w = new_write_id()
-    data = delta_bytes(rel, values)
-    name = data_name(w, "vectors")
-    entry: dict = {"object": name, "array": "vectors", "kind": kind, "first_row": 0,
-                   "rows": n, "bytes": len(data)}
+    arrays = {"vectors": codes}
+    if side is not None:
+        assert src.record.side is not None
+        arrays[src.record.side.name] = side
     client = src.client
-    put_data(client, name, data)  # a new name: no reader reads it before the commit
-    deltas.put(entry, rel, values)
-    dim, dt = src.shape[1], src.dtype
-    change = Change(kind, w, [entry], ids=ids if kind == "write" else None,
+    entries = _upload_deltas(client, w, kind, rel, arrays, deltas)
+    dim, dt = src.shape[1], src.doc["dtype"]
+    change = Change(kind, w, entries, ids=ids if kind == "write" else None,
                     appended=n if kind == "append" else 0,
                     summary={"kind": kind, "rows": n, **({"keys": keys is not None}
                                                           if kind == "append" else {})})
@@ -174,10 +208,9 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
                  lambda e: deltas.segment(client, e))
     assert doc is not None  # (only a compaction may come back empty)
     deltas.load(client, doc["deltas"], dim, dt)  # (the winners' it rebased onto)
-    ids_all, vals = deltas.merged(doc, dim, dt)
-    mine = next(e for e in doc["deltas"] if e["object"] == entry["object"])
-    new = _version(doc, ObjectVersionSource(src.base, doc, ids_all, vals, client), v.attrs,
-                   v.objects)
+    mine = next(e for e in doc["deltas"] if e["object"] == entries[0]["object"])
+    new = _version(doc, _source(src.base, doc, deltas.merged(doc, dim, dt), client),
+                   v.attrs, v.objects)
     return new, mine["first_row"] if kind == "append" else -1
 
 
