@@ -218,5 +218,10 @@ def test_norms_that_do_not_fit_are_left_aside_and_reported(tmp_path):
         assert ids[0] == [i for i in want if i != 5][0]
     report = embstore.verify(path)
     assert not report.ok and "expected float32 of shape [>= 300, 1]" in str(report)
-    store_norms(path)
+    store_norms(path)  # (a new version; the damaged one is still retained, and named)
+    report = embstore.verify(path)
+    assert not report.ok and all("versions/1/" in f"{d.file} {d.message}" or "version 1:" in d.message
+                                 for d in report.damaged), str(report)
+    with embstore.open(path, mode="r+") as t:
+        assert t.vacuum(keep=1) == [1]
     assert embstore.verify(path).ok

@@ -468,7 +468,7 @@ def test_training_a_table_on_s3_is_refused_with_the_reason(s3, rng, tmp_path, mo
 
 
 def test_a_commit_past_the_threshold_is_compacted_after_it(s3, rng):
-    """``objects.compact.compact_if_due`` (the table calls it after each commit): nothing
+    """``objects.compact.compact_if_due`` (``ZarrTable.compact_if_due()`` on S3): nothing
     below 5% of the rows in deltas; past it, a compaction of its own, no row changed, keys
     kept; a handle left behind rebases onto it."""
     from embstore.store.objects.compact import COMPACT_FRACTION, compact_if_due
@@ -481,11 +481,11 @@ def test_a_commit_past_the_threshold_is_compacted_after_it(s3, rng):
         below = int(COMPACT_FRACTION * 400)  # 20 rows: not past it
         t.write(np.arange(below), E[100:100 + below])
         R[:below] = DTYPES_INT8.stored(E[100:100 + below])
-        assert compact_if_due(t._v, t._deltas, t.path, None) is None
+        assert compact_if_due(t._v, t._versions.deltas, t.path, None) is None
         assert t.version == 1 and len(object_log(url)) == 1
         t.append(E[:2] * 2, keys=["new0", "new1"])  # 22 rows pending: past 5% of 402
         R = np.vstack([R, DTYPES_INT8.stored(E[:2] * 2)])
-        doc = compact_if_due(t._v, t._deltas, t.path, None)
+        doc = compact_if_due(t._v, t._versions.deltas, t.path, None)
         assert doc is not None and doc["version"] == 3 and doc["deltas"] == []
         assert doc["base"]["prefix"].startswith(f"{AREA}base-")
         with embstore.open(url) as r:

@@ -124,7 +124,10 @@ class _Gunzip:
                 self._pending = b""
                 continue
             self._started = True
-            out = self._d.decompress(data, len(view))
+            try:
+                out = self._d.decompress(data, len(view))
+            except self._z.error as exc:  # (isal's error is not zlib's)
+                raise ValueError(f"not a valid gzip stream ({exc})") from None
             self._pending = self._d.unconsumed_tail
             if self._d.eof:  # all input left is unused_data (zlib repeats it in the tail)
                 self._pending = self._d.unused_data

@@ -14,7 +14,7 @@ from ..base import Handle
 from ..remote.open import open_remote_ngrams
 from ..subword.ngrams import Subwords
 from ..versions.version import Version
-from .compact import compact_objects
+from .compact import compact_if_due, compact_objects
 from .manifest import DeltaCache
 from .source import ObjectVersionSource
 from .version import commit_rows, object_vocab, open_version, vacuum_objects
@@ -73,7 +73,17 @@ class ObjectVersions:
             vocab = h.vocab() if keys is not None else None
             new, first = commit_rows(v, kind, ids, values, keys, self.deltas, vocab)
             h.adopt(new)  # (rows other writers committed: the cache drops them too)
-            return first
+            return first  # (no compaction after it: each commit one version, as locally;
+            # `compact_if_due()` / `compact()` fold the deltas, in a commit of their own)
+
+    def _compact_due(self, h: Handle) -> int | None:
+        """Compact the handle's version when its deltas are past the threshold
+        (:func:`~.compact.compact_if_due`); the version the handle reads then, or None."""
+        if compact_if_due(h.current(), self.deltas, self.path,
+                          self.options.get("storage_options")) is None:
+            return None
+        h.reload()
+        return h.current().number
 
     def write(self, h: Handle, ids: np.ndarray, values: np.ndarray) -> None:
         self._commit(h, "write", ids, values)
@@ -96,7 +106,8 @@ class ObjectVersions:
             return h.current().number
 
     def compact_if_due(self, h: Handle, dense: bool = False) -> int | None:
-        return None  # (nothing compacts on its own on object storage yet: `compact` does)
+        with h.lock:  # (``dense``: a whole compaction; object storage rewrites the base)
+            return self._compact_due(h)
 
     def vacuum(self, h: Handle, keep: int | None, cutoff: float | None) -> list[int]:
         """Without leases, ``cutoff``: only objects older than that many seconds go
