@@ -56,7 +56,10 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
-WRITERS, COMMITS, READERS = 16, 100, 4  # (issue 41's run)
+# The suite's run; issue 41's is EMBSTORE_S3_RACE=16x100 (10-20 min: 1,529 commits and 71
+# conflicts on the hot row, nothing lost, at load 28), kept out of the suite's 10 minutes.
+WRITERS, COMMITS = (int(x) for x in os.environ.get("EMBSTORE_S3_RACE", "8x20").split("x"))
+READERS = 4
 
 
 def test_many_writers_and_readers_check_every_read_against_a_replay(s3, rng, tmp_path):
@@ -96,7 +99,9 @@ def test_many_writers_and_readers_check_every_read_against_a_replay(s3, rng, tmp
     assert embstore.verify(url).ok
 
 
-TRIALS = 50  # writers killed, each at a random moment of its commits
+# writers killed, each at a random moment of its commits (EMBSTORE_S3_KILLS=50: issue
+# 41's run, 539 s at load 20; the suite runs 8)
+TRIALS = int(os.environ.get("EMBSTORE_S3_KILLS", "8"))
 
 _KILLED = textwrap.dedent("""
     import json, sys
