@@ -227,10 +227,18 @@ class LocalVersions:
         n = max(1, v.source.shape[0])
         row_bytes = 8 + v.source.shape[1] * v.source.dtype.itemsize
         keep = min(int(COMPACT_FRACTION * n) // 2, (COMPACT_BYTES // 2) // row_bytes)
-        txn = self._transaction(v, {"kind": "compact", "folded": "dense",
-                                    "rows": ov.pending_rows}, clear_deltas=True)
-        try:
+
+        def fold(txn: Transaction) -> None:
             txn.change["rows_folded"] = max(o.fold_dense(txn, keep) for o in ov.made)
+        return self._fold_commit(h, v, {"kind": "compact", "folded": "dense",
+                                        "rows": ov.pending_rows}, fold)
+
+    def _fold_commit(self, h: Handle, v: Version, change: dict, fold) -> int:
+        """One commit without deltas, ``change`` in its manifest, staged by ``fold(txn)``;
+        the handle moves to it (the lock is held)."""
+        txn = self._transaction(v, change, clear_deltas=True)
+        try:
+            fold(txn)
         except BaseException:
             txn.abort()
             raise
@@ -339,18 +347,12 @@ class LocalVersions:
         keyed = bool(key_entries(ov))
         if ov is None or not (keyed or any(o.ids.size for o in ov.made)):
             return v.number
-        txn = self._transaction(v, {"kind": "compact", "rows": ov.pending_rows},
-                                clear_deltas=True)
-        try:
+
+        def fold(txn: Transaction) -> None:
             for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
                 o.fold(txn)
             txn.change["keys"] = fold_keys(h.vocab() if keyed else None, txn)
-        except BaseException:
-            txn.abort()
-            raise
-        self._commit(txn)
-        h.reload()
-        return h.current().number
+        return self._fold_commit(h, v, {"kind": "compact", "rows": ov.pending_rows}, fold)
 
 
 def _past_threshold(v: Version, rows: int, n: int, fraction: bool) -> bool:
