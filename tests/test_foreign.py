@@ -232,6 +232,20 @@ def test_reindex_command(tmp_path, E):
 def _rewrite(path, name, fn):
     arr = zarr.open_array(str(path / name), mode="r+")  # same codecs: valid checksums
     arr[:] = fn(arr[:])
+    _repin(path / name)
+
+
+def _repin(array):
+    """A hostile writer's re-pin: each chunk's crc32c recorded in the array's zarr.json
+    (keys/mapped.py checks them first), so the damage reaches the deeper checks."""
+    meta_path = array / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    pins = meta.get("attributes", {}).get("embstore_chunk_crc32c")
+    if pins is not None:
+        meta["attributes"]["embstore_chunk_crc32c"] = [
+            int.from_bytes((array / "c" / str(i)).read_bytes()[-4:], "little")
+            for i in range(len(pins))]
+        meta_path.write_text(json.dumps(meta))
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -243,7 +257,9 @@ def _rewrite(path, name, fn):
 ])
 def test_verify_runs_the_deep_key_index_check(tmp_path, E, damage, message):
     path = tmp_path / "t"
-    embstore.save(path, E, keys=KEYS).close()
+    # (format 1: no version pins its files, so damage written with valid checksums and
+    # re-pinned chunks reaches the deep check; a versioned table's pins find it first)
+    embstore.save(path, E, keys=KEYS, format_version=1).close()
     assert embstore.verify(path).ok
     if damage == "unsorted":
         _rewrite(path, "key_hash", lambda h: h[::-1].copy())

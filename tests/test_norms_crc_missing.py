@@ -26,7 +26,7 @@ def test_norms_without_their_page_checksums_are_damage(tmp_path, what):
             shutil.rmtree(crc)
         else:
             (crc / "zarr.json").unlink()
-    with pytest.raises(CorruptStoreError, match="norms_page_crc/zarr.json: missing"):
+    with pytest.raises(CorruptStoreError, match=r"norms_page_crc/(zarr.json|c/.*): missing"):
         with embstore.open(path) as t:
             embstore.Embedding(t).most_similar(rows[0], k=3)
     report = embstore.verify(path)

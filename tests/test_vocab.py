@@ -314,6 +314,11 @@ def test_damaged_order_never_gives_a_wrong_id(tmp_path):
         _open(tmp_path / "t").find(np.array(keys, dtype=object))
     from embstore.fs.checksum import crc32c  # damage with a valid checksum: compared keys still protect
     file.write_bytes(order.tobytes() + crc32c(order.tobytes()).to_bytes(4, "little"))
+    meta_path = tmp_path / "t" / "key_order" / "zarr.json"  # (and re-pinned in zarr.json)
+    meta = json.loads(meta_path.read_text())
+    if "embstore_chunk_crc32c" in meta.get("attributes", {}):
+        meta["attributes"]["embstore_chunk_crc32c"] = [crc32c(order.tobytes())]
+        meta_path.write_text(json.dumps(meta))
     got = _open(tmp_path / "t").find(np.array(keys, dtype=object))
     assert ((got == np.arange(200)) | (got == -1)).all() and (got == -1).any()
 

@@ -8,6 +8,7 @@ as any file's), never a chunk-sized buffer of the process's own: under a memory 
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from dataclasses import replace
@@ -35,6 +36,7 @@ def stage_chunk(src: Source, txn: Transaction, k: int, local: np.ndarray, values
     path = txn.file("/".join([src.name, *L.chunk_key(k).split(L.separator)]))
     with open(path, "w+b") as f:
         f.truncate(L.chunk_bytes)  # (a hole where no row is written)
+        _allocate(f.fileno(), L.chunk_end(k))  # (a full disk: ENOSPC here, not SIGBUS)
         mm = mmap.mmap(f.fileno(), L.chunk_bytes)
         try:
             buf = np.frombuffer(mm, dtype=L.dtype).reshape(L.chunk_rows, L.dim)
@@ -53,6 +55,21 @@ def stage_chunk(src: Source, txn: Transaction, k: int, local: np.ndarray, values
         f.write(encode_crc_file(crcs))
         f.flush()
         os.fsync(f.fileno())
+
+
+def _allocate(fd: int, size: int) -> None:
+    """The blocks of the first ``size`` bytes of ``fd`` reserved before they are written
+    through a mapping: a store through a mapping that finds the disk full is a SIGBUS that
+    kills the process, a reservation that does is an OSError (ENOSPC) the commit reports
+    (nothing staged is kept).  File systems without fallocate (EOPNOTSUPP) are left to the
+    mapping."""
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
 
 
 def _keep_rows(src: Source, k: int, buf: np.ndarray) -> None:

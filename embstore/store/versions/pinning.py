@@ -69,7 +69,14 @@ def file_sum(path: Path, *, legacy: bool = False) -> list:
     only the size and those.  A crc32c cannot pin a file: over units that each end in
     their own crc32c (a delta, a shard's chunks and index) it is the same for any content
     of those lengths, seeded or not (measured: an older version's shard and the newest's
-    summed alike).  ``legacy``: the seeded crc32c of entries written before (an int)."""
+    summed alike).  ``legacy``: the seeded crc32c of entries written before (an int).
+    A group's ``zarr.json`` is summed without its ``consolidated_metadata`` (a copy of the
+    arrays' metadata, derived: a tool may leave it stale, docs/FORMAT.md §4)."""
+    if path.name == "zarr.json" and not legacy:
+        group = _group_body(path)
+        if group is not None:
+            return [len(group), f"sha256:{hashlib.sha256(group).hexdigest()[:16]}",
+                    _tail(group[-4:])]
     fd = open_regular(path, nofollow=True)
     try:
         h, crc, size, last = hashlib.sha256(), _SEED_CRC, 0, b""
@@ -86,6 +93,24 @@ def file_sum(path: Path, *, legacy: bool = False) -> list:
             last = (last + block)[-4:]
     finally:
         os.close(fd)
+
+
+def _group_body(path: Path) -> bytes | None:
+    """The canonical JSON of a group's ``zarr.json`` without ``consolidated_metadata``, or
+    None (an array's metadata, or not JSON: summed as bytes)."""
+    fd = open_regular(path, nofollow=True)
+    try:
+        data = os.read(fd, 1 << 24)
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("node_type") != "group":
+        return None
+    body = {k: v for k, v in doc.items() if k != "consolidated_metadata"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _tail(last: bytes) -> int:
