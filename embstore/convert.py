@@ -33,7 +33,7 @@ from .store.table import open as open_table
 from .dtypes import DTYPES, QUANTISED, check_storage
 from .progress import Progress, Tally
 from .store.writer import TableWriter
-from .store.subword.build import import_fasttext_bin
+from .store.fasttext import import_fasttext_bin
 from .table import Table
 
 
@@ -86,7 +86,7 @@ def import_file(src: PathLike | IO[bytes], dest: PathLike, *, format: str = "aut
     files; ``total`` may be None); a callback with a ``unit`` attribute has it set.
     ``encoding``: the text encoding of a fastText ``.bin`` model's words (default UTF-8;
     gensim's ``encoding=``); its n-gram matrix is stored beside the vectors
-    (:mod:`.store.subword.build`).
+    (:mod:`.store.fasttext`).
     """
     dest = os.fspath(dest)
     options: dict[str, Any] = dict(

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import embstore
-from embstore.store.norms.calc import row_norms
+from embstore.store.rows.norms import row_norms
 from embstore.store.remote.transfer import copy_table
 from embstore.store.rowinit import check_init, init_rows
 from embstore.store.rows.pages import MARKER

@@ -18,7 +18,8 @@ from .base import RowSource
 from .place.lock import writer_lock
 from .meta import read_table_meta, set_rows
 from .codecs import Layout
-from .norms.calc import NORMS_ARRAY, norms_dtype, norms_layout, row_norms
+from .norms.calc import NORMS_ARRAY, norms_layout
+from .rows.norms import norms_dtype, row_norms
 from .norms.source import NormsSource, attach_norms, mismatch as _mismatch
 from .norms.source import format1_norms as _format1_norms, norms_meta as _norms_meta
 from .norms.source import norms_source as _norms_source

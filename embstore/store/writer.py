@@ -25,7 +25,8 @@ from ..keys.writer import KeyIndexWriter
 from ..fs.beside import fsync_path as _fsync, fsync_tree
 from .codecs import (COMPRESSIONS, SIDE_CHUNK_ROWS, Compression, Layout, choose_layout,
                      make_codec, pow2_below)
-from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side, decoded_norms
+from .norms.calc import NORMS_ARRAY, create_norms_stream, create_paged_side
+from .rows.norms import decoded_norms
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import widen
 from .versions.commit import first_version

@@ -19,7 +19,8 @@ from ..._types import PathLike
 from ...errors import CorruptStoreError, FormatError
 from ..codecs import Layout
 from ..meta import read_json
-from .calc import NORMS_ARRAY, norms_dtype, row_norms, stored_rows
+from ..rows.norms import norms_dtype, row_norms, stored_rows
+from .calc import NORMS_ARRAY
 from ..base import Transaction as Staging, RowSource
 from ..rows.layout import RowLayout, crc_array
 from ..place.local import LocalDir

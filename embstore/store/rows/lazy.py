@@ -18,7 +18,7 @@ import numpy as np
 
 from ...dtypes import DTYPES
 from ...ids import unique_ints
-from ..norms.calc import decoded_norms
+from .norms import decoded_norms
 from ..rowinit import init_at
 from .layout import RowLayout
 from .pages import is_marker

@@ -1,3 +1,3 @@
-"""fastText subwords of a stored table: the n-gram hashing and composition (``hashing``), the
-``ngrams`` array beside ``vectors`` (``ngrams``) and the import of a fastText ``.bin`` into a
-table (``build``)."""
+"""fastText subwords of a stored table: the n-gram hashing and composition (``hashing``) and
+the ``ngrams`` array beside ``vectors`` (``ngrams``); the import of a fastText ``.bin`` into a
+table is :mod:`embstore.store.fasttext`."""

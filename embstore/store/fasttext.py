@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 
-from ...errors import FormatError
-from ...formats.fasttext.bin import FastTextBinReader
-from ...progress import Progress
-from .ngrams import NgramWriter, subword_attrs
-from ..writer import TableWriter
-from .hashing import compose, ngram_buckets
+from ..errors import FormatError
+from ..formats.fasttext.bin import FastTextBinReader
+from ..progress import Progress
+from .subword.ngrams import NgramWriter, subword_attrs
+from .writer import TableWriter
+from .subword.hashing import compose, ngram_buckets
 
 __all__ = ["import_fasttext_bin", "WORD_BLOCK_BYTES"]
 
