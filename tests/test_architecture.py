@@ -158,6 +158,29 @@ def test_the_table_never_asks_where_it_lives(module):
     assert "is_url(" not in src and not re.search(r"\b_remote\b", src)
 
 
+#: the modules that know media apart: the choice (history.py, place/where.py), each medium's
+#: own files (place/, objects/, remote/) and verify's class a medium (verify/media.py)
+MEDIA = ("embstore.store.history", "embstore.store.place", "embstore.store.objects",
+         "embstore.store.remote", "embstore.store.verify.media")
+_PLACE_TEST = re.compile(r"\bis_url\(|isinstance\([^)]*\b(LocalDir|ObjectStore)\b")
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("embstore.store")
+                                    and not m.startswith(MEDIA)])
+def test_no_test_of_the_medium_outside_the_seam(module):
+    """Outside the place seam no module of store/ tests whether a table is local or on
+    object storage (a URL test, an isinstance of a place): it asks its place or its
+    versions (``build``'s save and refusals go through ``history``, ``verify``'s
+    differences through ``verify.media``)."""
+    src = MODULES[module].read_text(encoding="utf-8")
+    assert not _PLACE_TEST.search(src), f"{module} tests its medium: {_PLACE_TEST.search(src)}"
+
+
+def test_the_medium_test_finds_one():
+    assert _PLACE_TEST.search("if is_url(path):") and _PLACE_TEST.search(
+        "isinstance(place, ObjectStore)") and not _PLACE_TEST.search("isinstance(x, Place)")
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []

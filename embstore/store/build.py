@@ -14,17 +14,16 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from .._types import Bytes, KeysLike, PathLike
 from ..dtypes import check_storage
-from ..errors import ReadOnlyError, ShapeMismatchError
+from ..errors import ShapeMismatchError
 from ..memory import check_table_array
 from ..ids import key_list
 from ..table import Table
 from .codecs import Compression
 from .subword.ngrams import subword_attrs
-from .place.objstore import is_url
 from ..dtypes import DTYPES
 from ..dtypes.bfloat16 import is_ml_bfloat16
 from .table import ZarrTable
-from .remote.transfer import staged
+from .history import refuse_in_place, whole_table_at
 from .writer import TableWriter
 from .annfiles import retarget
 from .meta import table_id
@@ -49,9 +48,8 @@ def create(path: PathLike, shape: tuple[int, int], dtype: DTypeLike = "float32",
     written, a row never written reads as generated from ``(seed, row)``, the same every
     time, and a written row overrides it (docs/FORMAT.md §3e); compressed (sharded) and
     int8 tables are written whole at creation instead, with the same values."""
-    if is_url(path):
-        raise ReadOnlyError(f"{path}: tables on object storage are written whole (save, "
-                            "copy), not created empty and written in place")
+    refuse_in_place(path, "tables on object storage are written whole (save, copy), not "
+                    "created empty and written in place")
     try:
         rows, dim = (int(s) for s in shape)
     except (TypeError, ValueError):
@@ -96,16 +94,12 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
     Streamed in blocks: the source is never held in memory whole.  Returns the new table,
     opened read-only.  ``keys`` (default: the source table's keys) must be distinct.
     """
-    if is_url(path):  # written locally, then uploaded (group zarr.json last)
-        with staged(os.fspath(path), overwrite=overwrite, storage_options=storage_options) as local:
-            save(local, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
-                 compression=compression, dtype=dtype, cache_bytes=0,
-                 format_version=format_version).close()
-        return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
-    _write(path, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
-           compression=compression, overwrite=overwrite, dtype=dtype,
-           format_version=format_version)
-    return ZarrTable(path, mode="r", cache_bytes=cache_bytes)
+    with whole_table_at(path, overwrite, storage_options) as (folder, over):
+        _write(folder, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
+               compression=compression, overwrite=over, dtype=dtype,
+               format_version=format_version)
+    remote = {} if storage_options is None else {"storage_options": storage_options}
+    return ZarrTable(path, cache_bytes=cache_bytes, **remote)
 
 
 def _write(path: PathLike, src: ArrayLike | Table, keys: KeysLike | None, *,
@@ -163,8 +157,7 @@ def upgrade(path: PathLike, *, cache_bytes: Bytes = "auto") -> ZarrTable:
     Uncompressed rows become a row array (fixed stride, a crc32c per page); a compressed
     table keeps its codec, chunks and shards.  A format-2 table is left as it is.  Returns
     the table, opened read-only."""
-    if is_url(path):
-        raise ReadOnlyError(f"{path}: upgrade a local copy and copy it to object storage")
+    refuse_in_place(path, "upgrade a local copy and copy it to object storage")
     with ZarrTable(path, cache_bytes=0) as src:
         info = src.info()
         if info.get("format") == 2:

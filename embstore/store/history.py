@@ -1,21 +1,26 @@
 """Where a table's versions live, decided once: :func:`versions_at` gives a table handle
 the :class:`~embstore.store.base.Versions` of its place (a local folder, or object storage
-at a URL).  The one place in the table's code that tells the two apart; a new medium with
-versions is one more class beside them."""
+at a URL); :func:`whole_table_at` says where a whole table (its first version) is written,
+:func:`refuse_in_place` what object storage does not do.  The one place in the table's code
+that tells the two apart (below it, :func:`embstore.store.place.where.place_at` chooses
+a place); a new medium with versions is one more class beside them."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidTypeError
+from ..errors import InvalidTypeError, ReadOnlyError
 from .base import Versions
 from .objects.history import ObjectVersions
 from .place.objstore import is_url
+from .remote.transfer import staged
 from .versions.local import LocalVersions
 
-__all__ = ["versions_at"]
+__all__ = ["refuse_in_place", "versions_at", "whole_table_at"]
 
 
 def versions_at(path: Any, mode: str, want: int | None, lock_timeout: float | None,
@@ -29,3 +34,28 @@ def versions_at(path: Any, mode: str, want: int | None, lock_timeout: float | No
         raise InvalidTypeError(f"{', '.join(remote)}: options of tables on object storage "
                                f"(URLs), not of the local path {path!r}")
     return LocalVersions(Path(os.fspath(path)).absolute(), mode, want, lock_timeout)
+
+
+@contextmanager
+def whole_table_at(path: Any, overwrite: bool, storage_options: dict | None
+                   ) -> Iterator[tuple[Any, bool]]:
+    """``(folder, overwrite)``: where :func:`~embstore.store.build.save` writes a whole
+    table for ``path``, and whether over what is there.  A local path: the folder itself.
+    A URL: a new local folder, uploaded (the group's zarr.json last) when the block ends
+    without an error; the destination is checked first, so a refusal comes early."""
+    if is_url(path):
+        with staged(os.fspath(path), overwrite=overwrite,
+                    storage_options=storage_options) as local:
+            yield local, False
+        return
+    if storage_options:
+        raise InvalidTypeError(f"storage_options: an option of tables on object storage "
+                               f"(URLs), not of the local path {path!r}")
+    yield path, overwrite
+
+
+def refuse_in_place(path: Any, why: str) -> None:
+    """Refuse, with ``why``, what object storage does not do in place (a table created
+    empty to be written into, an upgrade): a local table passes."""
+    if is_url(path):
+        raise ReadOnlyError(f"{path}: {why}")
