@@ -6,6 +6,7 @@ The Table contract itself is tests/contract.py, subclassed per backend.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,16 @@ import pytest
 pytest.register_assert_rewrite("contract")  # tests/contract.py: the contract suite
 
 import embstore  # noqa: E402
+
+if os.environ.get("EMBSTORE_TEST_CPU"):  # CPU seconds per test: see tests/cputimes.py
+    from cputimes import (  # noqa: E402,F401
+        pytest_collection,
+        pytest_collection_finish,
+        pytest_runtest_call,
+        pytest_runtest_setup,
+        pytest_runtest_teardown,
+        pytest_sessionfinish,
+    )
 
 # name -> keyword arguments of embstore.save (None: the in-memory backend)
 BACKENDS = {

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+
 import numpy as np
 import pytest
 import zarr
 
 import embstore
 import embstore.store.shard.arena
+import embstore.store.shard.verify
 from embstore import CorruptStoreError
 
 LAYOUTS = {
@@ -125,6 +130,48 @@ def test_index_pointing_outside_the_file(tmp_path, E):
     shard.write_bytes(bytes(data))
     with pytest.raises(CorruptStoreError, match="chunk 1: index says offset 1000000000"):
         embstore.open(tmp_path / "t")[5]
+
+
+@pytest.mark.parametrize("sep", ["/", "."])
+def test_verify_walks_the_shards_that_exist(tmp_path, E, monkeypatch, sep):
+    """A header declaring 10^15 rows (6.25 * 10^13 shards of 16 rows) is verified shard by
+    shard over the shards stored (a directory listing), not over every declared one: a
+    damaged shard far out is found, one past the declared rows and a stray name are not read."""
+    path = tmp_path / "t"
+    embstore.save(path, E, format_version=1, **LAYOUTS["raw"]).close()  # (no version pins)
+    vec = path / "vectors"
+    doc = json.loads((vec / "zarr.json").read_text())
+    doc["shape"][0] = 10**15
+    doc["chunk_key_encoding"]["configuration"]["separator"] = sep
+    (vec / "zarr.json").write_text(json.dumps(doc))
+
+    def shard(k: int):
+        return vec / "c" / str(k) / "0" if sep == "/" else vec / f"c.{k}.0"
+
+    far, beyond = 10**13, 10**15 // 16  # beyond: the first shard past the declared rows
+    for k in (far, beyond):
+        os.makedirs(shard(k).parent, exist_ok=True)
+        shutil.copyfile(vec / "c" / "1" / "0", shard(k))
+        off, nbytes = shard_index(shard(k))[2]
+        flip(shard(k), int(off + nbytes // 2))
+    if sep == ".":
+        for k in range(3):
+            os.replace(vec / "c" / str(k) / "0", shard(k))
+        shutil.rmtree(vec / "c")
+    (vec / ("c/junk" if sep == "/" else "c.junk.0")).mkdir(parents=True)
+    walked = []
+    real = embstore.store.shard.verify._shard
+
+    def counted(place, name, L, k, codec):
+        walked.append((name, k))
+        assert len(walked) < 100, "verify walks every declared shard"
+        return real(place, name, L, k, codec)
+    monkeypatch.setattr(embstore.store.shard.verify, "_shard", counted)
+    report = embstore.verify(path)
+    assert [k for name, k in walked if name == "vectors"] == [0, 1, 2, far]
+    shards = [(d.file, d.chunk) for d in report.damaged if "/vectors/" in d.file]
+    assert shards == [(str(shard(far)), 2)], report
+    assert report.chunks == 14 and not report.ok  # 10 chunks stored, and the far shard's 4
 
 
 def test_damaged_keys_array_is_reported(tmp_path, E):

@@ -90,3 +90,35 @@ def test_cli_verify_remote_ok_and_not_a_table(pair, s3):
     r = CliRunner().invoke(cli, ["verify", "s3://no-such-bucket/t.emb"])
     assert r.exit_code == 1 and r.output == ("Error: s3://no-such-bucket/t.emb: bucket "
                                              "'no-such-bucket' does not exist\n")
+
+
+def test_verify_lists_the_shards_of_a_header_declaring_many(s3, monkeypatch):
+    """A header declaring 10^15 rows on object storage: the shards are listed (one request a
+    1,000 objects), not fetched one declared shard at a time; a damaged one far out is found."""
+    import json
+
+    import embstore.store.shard.verify as shard_verify
+
+    url = f"s3://{s3.bucket}/many.emb"
+    embstore.save(url, np.arange(160, dtype=np.float32).reshape(40, 4), chunk_rows=4,
+                  shard_rows=16).close()
+    c, meta = s3.client(), "many.emb/vectors/zarr.json"
+    doc = json.loads(c.get_object(Bucket=s3.bucket, Key=meta)["Body"].read())
+    doc["shape"][0] = 10**15
+    c.put_object(Bucket=s3.bucket, Key=meta, Body=json.dumps(doc).encode())
+    far = 10**13
+    body = c.get_object(Bucket=s3.bucket, Key="many.emb/vectors/c/1/0")["Body"].read()
+    c.put_object(Bucket=s3.bucket, Key=f"many.emb/vectors/c/{far}/0", Body=body)
+    _flip(s3, f"many.emb/vectors/c/{far}/0", 2 * (4 * 16 + 4) + 3)  # chunk 2 of that shard
+    walked = []
+    real = shard_verify._shard
+
+    def counted(place, name, L, k, codec):
+        walked.append((name, k))
+        assert len(walked) < 100, "verify walks every declared shard"
+        return real(place, name, L, k, codec)
+    monkeypatch.setattr(shard_verify, "_shard", counted)
+    report = embstore.verify(url)
+    assert [k for name, k in walked if name == "vectors"] == [0, 1, 2, far]
+    assert [(d.file, d.chunk) for d in report.damaged] == [(f"{url}/vectors/c/{far}/0", 2)]
+    assert report.chunks == 14 and not report.ok
