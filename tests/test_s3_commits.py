@@ -181,11 +181,15 @@ def test_vacuum_keeps_what_retained_versions_and_young_commits_need(s3, rng):
         src = t._source
         src.client.put(f"{AREA}data/{'ab' * 16}.vectors", b"partial")
         assert t.vacuum(keep=2) == []  # everything younger than the cutoff stays
-        assert len(_objects(s3, f"t.emb/{AREA}data/")) == 6
+        # five deltas, the merges of commits 3, 4 and 5 (each of the two before), the partial
+        assert len(_objects(s3, f"t.emb/{AREA}data/")) == 9
         removed = t.vacuum(keep=2, cutoff=0)
     assert removed == [1, 2, 3]
     left = _objects(s3, f"t.emb/{AREA}")
     assert f"t.emb/{AREA}data/{'ab' * 16}.vectors" not in left
+    named = {f"t.emb/{e['object']}" for n in (4, 5) for e in json.loads(s3.client().get_object(
+        Bucket=s3.bucket, Key=f"t.emb/{manifest_name(n)}")["Body"].read())["deltas"]}
+    assert {k for k in left if "/data/" in k} == named and len(named) == 4
     assert sorted(k for k in left if "/v0" in k) == [f"t.emb/{manifest_name(n)}" for n in (4, 5)]
     for n in (4, 5):
         with embstore.open(url, version=n) as r:

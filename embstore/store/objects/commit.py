@@ -25,6 +25,7 @@ import numpy as np
 from ...errors import ConflictError
 from ..place.objstore import ObjectClient, RemoteError
 from .manifest import HINT, encode, manifest_name, read_manifest
+from .merging import kept_by_compaction, place
 
 __all__ = ["Change", "commit", "put_data", "RETRY_SECONDS"]
 
@@ -39,8 +40,9 @@ _SHOWN = 10  # overlapping rows a ConflictError's message lists
 class Change:
     """What a commit adds: ``kind`` ``write``, ``append`` or ``compact``; ``entries`` its
     own deltas (uploaded already); ``ids`` the rows a write sets (sorted); ``appended`` the
-    rows an append adds; a compaction's new ``base`` and the delta objects it folded
-    (``folded``)."""
+    rows an append adds; ``merge`` the entries of a merge of the parent's newest deltas it
+    uploaded (docs/FORMAT.md §11a, *Merged deltas*); a compaction's new ``base`` and the
+    delta objects it folded (``folded``)."""
 
     kind: str
     write_id: str
@@ -52,22 +54,35 @@ class Change:
     summary: dict = field(default_factory=dict)
     keys: list[str] | None = None  # an append's keys, encoded and hashed (``coded``)
     coded: Any = None
+    merge: list[dict] = field(default_factory=list)
+    dropped: set[str] | None = None  # (a compaction's: folded, then the merges of them)
 
 
-def build(parent: dict, change: Change, now: float) -> dict:
-    """The manifest ``change`` makes on ``parent`` (an append's rows after its rows)."""
+def build(parent: dict, change: Change, now: float) -> dict | None:
+    """The manifest ``change`` makes on ``parent`` (an append's rows after its rows; its
+    merge in place of what it merged, where that is still there); None: a compaction a
+    winner's merge made moot (:func:`~.merging.kept_by_compaction`)."""
+    summary = change.summary
     if change.kind == "compact":
         assert change.base is not None
         base, rows = change.base, parent["rows"]
-        deltas = [e for e in parent["deltas"] if e["object"] not in change.folded]
+        if change.dropped is None:
+            change.dropped = set(change.folded)
+        kept = kept_by_compaction(parent["deltas"], change.dropped)
+        if kept is None:
+            return None
+        deltas = kept
     else:
         base, rows = parent["base"], parent["rows"] + change.appended
-        deltas = parent["deltas"] + [dict(e, first_row=parent["rows"]) if e["kind"] == "append"
-                                     else e for e in change.entries]
+        earlier, merged = place(parent["deltas"], change.merge)
+        if merged:
+            summary = dict(summary, merged=len(change.merge[0]["merged"]))
+        deltas = earlier + [dict(e, first_row=parent["rows"]) if e["kind"] == "append"
+                            else e for e in change.entries]
     return {"embstore_objects": 1, "version": parent["version"] + 1,
             "parent": parent["version"], "write_id": change.write_id, "time": round(now, 3),
             "base": base, "rows": rows, "dim": parent["dim"], "dtype": parent["dtype"],
-            "change": change.summary, "deltas": deltas}
+            "change": summary, "deltas": deltas}
 
 
 def _overlap(change: Change, parent: dict, winner: dict,
@@ -142,7 +157,10 @@ def commit(client: ObjectClient, parent: dict, change: Change,
     deadline = time.monotonic() + RETRY_SECONDS
     delay = _FIRST_DELAY
     while True:
-        doc = build(parent, change, time.time())
+        built = build(parent, change, time.time())
+        if built is None:
+            return None  # (a compaction a winner's merge of later rows made moot: redo)
+        doc = built
         n = doc["version"]
         status = client.put_new(manifest_name(n), encode(doc), change.write_id)
         if status == "created":

@@ -28,14 +28,15 @@ from ..versions.snapshot import VersionNotFoundError, manifest_crc
 
 __all__ = ["AREA", "HINT", "manifest_name", "data_name", "new_write_id", "encode",
            "read_manifest", "need_manifest", "newest_version", "list_versions", "initial", "DeltaCache",
-           "delta_bytes", "key_delta_bytes", "rows_entries", "key_entries", "array_specs"]
+           "delta_bytes", "key_delta_bytes", "rows_entries", "key_entries", "array_specs",
+           "commit_groups", "merge"]
 
 AREA = "vectors/.embstore/commits/"
 HINT = AREA + "latest.json"
 _VNAME = re.compile(r"^vectors/\.embstore/commits/v([0-9]{20})\.json$")
 _DATA = re.compile(r"^vectors/\.embstore/commits/data/[0-9a-f]{32}\.[A-Za-z0-9_]+$")
 _BASE = re.compile(r"^vectors/\.embstore/commits/base-[0-9a-f]{32}$")
-_KINDS = ("write", "append")
+_KINDS = ("write", "append", "merge")
 #: (array, kind) of a delta entry: rows of ``vectors`` or of a side array (int8's row scales)
 #: written or appended, keys appended
 _ENTRIES = {(a, k) for a in ("vectors",) + SIDE_ARRAYS for k in _KINDS} | {("keys", "append")}
@@ -89,9 +90,18 @@ def _check(doc, n: int, where: str) -> dict:
                 and (e.get("array"), e["kind"]) in _ENTRIES
                 and type(e.get("rows")) is int and type(e.get("bytes")) is int
                 and 0 <= e["first_row"] and e["first_row"] + (e["rows"] if e["kind"] ==
-                                                              "append" else 0) <= doc["rows"]):
+                                                              "append" else 0) <= doc["rows"]
+                and (e["kind"] != "merge" or _merged_ok(e))):
             raise bad(f"delta entry {e!r}")
     return doc
+
+
+def _merged_ok(e: dict) -> bool:
+    """A merge entry's own fields: ``first_row`` 0 and ``merged`` the names of two or more
+    delta objects it replaces."""
+    names = e.get("merged")
+    return (e["first_row"] == 0 and isinstance(names, list) and len(names) >= 2
+            and all(isinstance(x, str) and _DATA.match(x) for x in names))
 
 
 def read_manifest(client: ObjectClient, n: int) -> dict | None:
@@ -203,6 +213,14 @@ def array_specs(dim: int, dtype: str) -> dict[str, tuple[int, np.dtype]]:
     return out
 
 
+def commit_groups(doc: dict, specs: dict) -> list[list[dict]]:
+    """The row deltas of version ``doc`` oldest first, one group per commit (or merge): its
+    ``vectors`` entry, then its side arrays' entries (``specs``: :func:`array_specs`)."""
+    rows = rows_entries(doc)
+    sides = [side_entries(doc, name) for name in list(specs)[1:]]
+    return [[e] + [s[k] for s in sides] for k, e in enumerate(rows)]
+
+
 def side_entries(doc: dict, side: str) -> list[dict]:
     """The deltas of side array ``side``, one beside each ``vectors`` delta (damage else)."""
     rows, sides = rows_entries(doc), [e for e in doc["deltas"] if e["array"] == side]
@@ -218,7 +236,7 @@ class DeltaCache:
     refresh reads only the new ones."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.parts_of: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.keys: dict[str, KeySegment] = {}  # (rows 0..: placed by first_row)
 
     def segment(self, client: ObjectClient, e: dict) -> KeySegment:
@@ -248,17 +266,17 @@ class DeltaCache:
         return KeySegment(f, seg.hashes, seg.rows + f, seg.offsets, seg.utf8, seg.where)
 
     def put(self, entry: dict, ids: np.ndarray, values: np.ndarray) -> None:
-        self.parts[entry["object"]] = (ids, values)
+        self.parts_of[entry["object"]] = (ids, values)
 
     def ids_of(self, client: ObjectClient, entry: dict, dim: int, dtype) -> np.ndarray:
         self.load(client, [entry], dim, dtype)
-        return self.parts[entry["object"]][0] + entry["first_row"]
+        return self.parts_of[entry["object"]][0] + entry["first_row"]
 
     def load(self, client: ObjectClient, entries: list[dict], dim: int, dtype: str) -> None:
         """Read the row deltas among ``entries`` not read yet (concurrently), checked;
         ``dtype`` is the table's storage dtype (:func:`array_specs`)."""
         specs = array_specs(dim, dtype)
-        todo = [e for e in entries if e["object"] not in self.parts and e["array"] in specs]
+        todo = [e for e in entries if e["object"] not in self.parts_of and e["array"] in specs]
 
         def fetch(e: dict) -> tuple[np.ndarray, np.ndarray]:
             raw = client.get(e["object"])
@@ -283,34 +301,47 @@ class DeltaCache:
                                         ": the delta is damaged", path=where)
             return ids, vals
         for e, part in zip(todo, client.map(fetch, todo)):
-            self.parts[e["object"]] = part
+            self.parts_of[e["object"]] = part
+
+    def parts(self, groups: list[list[dict]]) -> list[tuple[np.ndarray, ...]]:
+        """``(ids as rows of the version, values[, side rows])`` of each group of
+        :func:`commit_groups` (read already: :meth:`load`), oldest first."""
+        parts = []
+        for group in groups:  # a loop per delta of the version
+            e = group[0]
+            ids, vals = self.parts_of[e["object"]]
+            part = [ids + e["first_row"] if e["first_row"] else ids, vals]
+            for s in group[1:]:
+                sids, svals = self.parts_of[s["object"]]
+                if not np.array_equal(sids, ids):
+                    raise CorruptStoreError(f"{s['object']}: its ids are not those of "
+                                            f"{e['object']}: the delta is damaged")
+                part.append(svals)
+            parts.append(tuple(part))
+        return parts
 
     def merged(self, doc: dict, dim: int, dtype: str) -> tuple[np.ndarray, ...]:
         """``(ids, values[, side])`` of version ``doc``'s deltas, newest row of an id
         winning: ``values`` as stored (codes), ``side`` the side array's rows (int8's row
         scales) for the same ids."""
         specs = array_specs(dim, dtype)
-        rows = rows_entries(doc)
-        sides = [side_entries(doc, name) for name in list(specs)[1:]]
-        parts = []
-        for k, e in enumerate(rows):  # a loop per delta of the version
-            ids, vals = self.parts[e["object"]]
-            part = [ids + e["first_row"] if e["first_row"] else ids, vals]
-            for s in sides:
-                sids, svals = self.parts[s[k]["object"]]
-                if not np.array_equal(sids, ids):
-                    raise CorruptStoreError(f"{s[k]['object']}: its ids are not those of "
-                                            f"{e['object']}: the delta is damaged")
-                part.append(svals)
-            parts.append(tuple(part))
-        appended = sum(e["rows"] for e in rows if e["kind"] == "append")
-        if appended != doc["rows"] - doc["base"]["rows"]:
-            raise CorruptStoreError(f"version {doc['version']}: {appended} appended rows in "
-                                    f"its deltas, {doc['rows'] - doc['base']['rows']} past its "
-                                    "base: the manifest is damaged")
-        out = merge(parts, list(specs.values()))
-        ids = out[0]
+        out = merge(self.parts(commit_groups(doc, specs)), list(specs.values()))
+        ids, b = out[0], doc["base"]["rows"]
         if ids.size and ids[-1] >= doc["rows"]:
             raise CorruptStoreError(f"version {doc['version']}: a delta row {int(ids[-1])} "
                                     f"past its {doc['rows']} rows: the manifest is damaged")
+        past = ids.size - int(np.searchsorted(ids, b))
+        if past != doc["rows"] - b:
+            raise CorruptStoreError(f"version {doc['version']}: {past} rows past its base's "
+                                    f"{b} in its deltas, {doc['rows'] - b} appended: the "
+                                    "manifest is damaged")
         return out
+
+    def keep(self, doc: dict) -> None:
+        """Forget the deltas version ``doc`` does not name (a handle reads one version: an
+        object merged away or compacted is not read again)."""
+        named = {e["object"] for e in doc["deltas"]}
+        for name in [n for n in self.parts_of if n not in named]:
+            del self.parts_of[name]
+        for name in [n for n in self.keys if n not in named]:
+            del self.keys[name]

@@ -19,9 +19,10 @@ from ...ids import refuse_existing
 from ...keys.index import DiskVocab
 from ...keys.segments import SegmentedVocab
 from ..versions.keydelta import encoded_new_keys
-from .manifest import (AREA, HINT, DeltaCache, data_name, delta_bytes, initial, key_delta_bytes,
-                       key_entries, list_versions, manifest_name, need_manifest, new_write_id,
-                       newest_version)
+from .manifest import (AREA, HINT, DeltaCache, array_specs, data_name, delta_bytes, initial,
+                       key_delta_bytes, key_entries, list_versions, manifest_name, merge,
+                       need_manifest, new_write_id, newest_version)
+from .merging import plan
 from .source import ObjectVersionSource
 
 __all__ = ["open_version", "commit_rows", "object_vocab", "object_log", "vacuum_objects", "VACUUM_CUTOFF"]
@@ -77,6 +78,7 @@ def open_version(url: str, want: int | None, remote: dict, deltas: DeltaCache,
             _check_base(doc, attrs, base, client.where(manifest_name(n)))
         deltas.load(client, doc["deltas"], base.shape[1], doc["dtype"])
         merged = deltas.merged(doc, base.shape[1], doc["dtype"])
+        deltas.keep(doc)
     except BaseException:
         if prev is None:
             client.close()
@@ -160,27 +162,51 @@ def _encode(src: ObjectVersionSource, values: np.ndarray) -> tuple[np.ndarray, n
     return np.ascontiguousarray(codes), side
 
 
-def _upload_deltas(client, w: str, kind: str, rel: np.ndarray, arrays: dict,
-                   deltas: DeltaCache) -> list[dict]:
-    """One delta object per row array (``arrays``: name -> stored rows), uploaded (new
-    names: no reader reads them before the commit); their manifest entries."""
-    entries = []
-    for array, vals in arrays.items():  # a loop per row array (vectors, row_scale)
+def _delta_objects(w: str, kind: str, rel: np.ndarray, arrays: dict, merged=None
+                   ) -> list[tuple[dict, bytes, np.ndarray, np.ndarray]]:
+    """One delta object per row array (``arrays``: name -> stored rows of ids ``rel``):
+    its manifest entry, bytes, ids and rows (``merged``: per array, the objects a merge
+    replaces)."""
+    out = []
+    for k, (array, vals) in enumerate(arrays.items()):  # a loop per row array
         data = delta_bytes(rel, vals, array)
         entry = {"object": data_name(w, array), "array": array, "kind": kind,
                  "first_row": 0, "rows": int(rel.size), "bytes": len(data)}
-        put_data(client, entry["object"], data)
-        deltas.put(entry, rel, vals)
-        entries.append(entry)
-    return entries
+        if merged is not None:
+            entry["merged"] = merged[k]
+        out.append((entry, data, rel, vals))
+    return out
+
+
+def _merge_objects(src: ObjectVersionSource, own_bytes: int, deltas: DeltaCache
+                   ) -> list[tuple[dict, bytes, np.ndarray, np.ndarray]]:
+    """The merge of the parent's newest deltas this commit uploads (docs/FORMAT.md §11a,
+    *Merged deltas*; :func:`~.merging.plan`), or none."""
+    specs = array_specs(src.shape[1], src.doc["dtype"])
+    groups = plan(src.doc, own_bytes, specs)
+    if not groups:
+        return []
+    out = merge(deltas.parts(groups), list(specs.values()))
+    return _delta_objects(new_write_id(), "merge", out[0], dict(zip(specs, out[1:])),
+                          [[g[k]["object"] for g in groups] for k in range(len(specs))])
+
+
+def _upload(client, objects: list[tuple[dict, bytes, np.ndarray, np.ndarray]],
+            deltas: DeltaCache) -> None:
+    """Upload ``objects`` together (new names: no reader reads them before the commit);
+    their rows stay in the handle's delta cache."""
+    client.map(lambda job: put_data(client, job[0]["object"], job[1]), objects)
+    for entry, _, ids, vals in objects:
+        deltas.put(entry, ids, vals)
 
 
 def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarray,
                 keys: list[str] | None, deltas: DeltaCache, vocab=None) -> tuple[Version, int]:
     """Commit a ``write`` of rows ``ids`` (sorted, unique) or an ``append`` of ``values``
     on version ``v``: one delta object per row array (the stored values: bfloat16 or int8
-    codes, int8's row scales beside them), then the manifest (rebased on races).  Returns
-    the committed version and the first appended row (an append; else -1)."""
+    codes, int8's row scales beside them) and a merge of the parent's newest deltas, then
+    the manifest (rebased on races).  Returns the committed version and the first appended
+    row (an append; else -1)."""
     src = v.source
     assert isinstance(src, ObjectVersionSource)
     _writable(src, kind, keys, vocab)
@@ -194,12 +220,16 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
         assert src.record.side is not None
         arrays[src.record.side.name] = side
     client = src.client
-    entries = _upload_deltas(client, w, kind, rel, arrays, deltas)
+    own = _delta_objects(w, kind, rel, arrays)
+    merged = _merge_objects(src, sum(len(job[1]) for job in own), deltas)
+    _upload(client, own + merged, deltas)
+    entries = [job[0] for job in own]
     dim, dt = src.shape[1], src.doc["dtype"]
     change = Change(kind, w, entries, ids=ids if kind == "write" else None,
                     appended=n if kind == "append" else 0,
                     summary={"kind": kind, "rows": n, **({"keys": keys is not None}
-                                                          if kind == "append" else {})})
+                                                          if kind == "append" else {})},
+                    merge=[job[0] for job in merged])
     if keys is not None:
         kentry, change.coded = _key_entry(client, w, vocab, keys, src.rows)
         change.entries.append(kentry)
@@ -208,6 +238,7 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
                  lambda e: deltas.segment(client, e))
     assert doc is not None  # (only a compaction may come back empty)
     deltas.load(client, doc["deltas"], dim, dt)  # (the winners' it rebased onto)
+    deltas.keep(doc)
     mine = next(e for e in doc["deltas"] if e["object"] == entries[0]["object"])
     new = _version(doc, _source(src.base, doc, deltas.merged(doc, dim, dt), client),
                    v.attrs, v.objects)
