@@ -24,9 +24,12 @@ from .errors import InvalidIdError, InvalidOptionError, KeyNotFoundError, table_
 from .ids import one_of
 
 __all__ = ["OOV_MODES", "KEY_OOV_MODES", "EMBEDDING_OOV_MODES", "OOV", "check_oov", "map_oov",
-           "subword_rows", "NgramMatrix"]
+           "subword_rows", "NgramMatrix", "MAX_NGRAM_CHARS"]
 
 OOV = Literal["error", "zero", "unk", "subword"]
+#: the longest character n-gram accepted (maxn) in a fastText model or a table's n-gram
+#: matrix: n-gram work grows with it
+MAX_NGRAM_CHARS = 64
 OOV_MODES: tuple[str, ...] = ("error", "zero", "unk")  # ids and keys
 KEY_OOV_MODES: tuple[str, ...] = OOV_MODES + ("subword",)  # keys: lookup_keys, batch jobs
 EMBEDDING_OOV_MODES: tuple[str, ...] = ("error", "unk", "clip", "zero")

@@ -120,3 +120,62 @@ def test_the_package_keeps_every_public_name():
         embstore.nosuch  # noqa: B018
     probe = _modules_after("import embstore\nembstore.keys.hashing")  # subpackages on use
     assert "embstore.keys.hashing" in probe
+
+
+# object storage's versions and opening, the verify walk, the import formats and uploads:
+# none of them is needed to open a local table or describe it
+NOT_FOR_LOCAL = ("embstore.store.objects", "embstore.store.remote", "embstore.store.place.objects",
+                 "embstore.store.verify.run", "embstore.store.build", "embstore.formats",
+                 "embstore.convert", "embstore.batch", "embstore.search.ann", "zarr")
+
+
+def _ours(loaded: set[str]) -> list[str]:
+    return sorted(m for m in loaded if m.split(".")[0] == "embstore")
+
+
+def _banned(loaded: set[str]) -> list[str]:
+    return sorted(m for m in loaded if any(m == b or m.startswith(b + ".")
+                                           for b in NOT_FOR_LOCAL))
+
+
+def test_the_import_graph_of_help_stays_small():
+    """``embstore --help``: what a bare click program loads, six embstore modules and what
+    click's help display imports (``shutil``, ``textwrap``, ``locale``): 17 modules beyond
+    ``import click`` when written (22 with ``logging``, now imported when a command runs).
+    Counted, not timed."""
+    loaded = _modules_after("from embstore.cli import main\nimport sys\nsys.argv = ['embstore', "
+                            "'--help']\ntry:\n    main()\nexcept SystemExit:\n    pass")
+    bare = _modules_after("import click")
+    assert len(_ours(loaded)) <= 6 and len(loaded - bare) <= 18, sorted(loaded - bare)
+    assert "logging" not in loaded
+
+
+def test_the_import_graph_of_opening_a_local_table_stays_small(tmp_path):
+    """Opening a local table and reading rows and keys (every DataLoader worker, every batch
+    task), and ``embstore info`` run to the end, load no object storage (its versions are
+    imported at the seam, ``store.history.versions_at``, for a URL only), no verify walk and
+    no import format; the count of embstore modules is held (84 and 94 when written; 105
+    and 121 before)."""
+    import numpy as np
+    path = tmp_path / "t.emb"
+    embstore.save(path, np.arange(40, dtype=np.float32).reshape(10, 4), keys=list("abcdefghij"))
+    opened = _modules_after(f"import numpy as np, embstore\nt = embstore.open({str(path)!r})\n"
+                            "assert t[np.arange(3)].shape == (3, 4)\n"
+                            "assert t.lookup_keys(['b']).tolist() == [[4.0, 5.0, 6.0, 7.0]]")
+    assert _banned(opened) == []
+    assert len(_ours(opened)) <= 88, len(_ours(opened))
+    code = ("from embstore.cli import main\nimport sys\nsys.argv = ['embstore', 'info', "
+            f"{str(path)!r}]\ntry:\n    main()\nexcept SystemExit as e:\n"
+            "    assert e.code in (0, None), e.code")
+    described = _modules_after(code)
+    assert _banned(described) == []
+    assert len(_ours(described)) <= 98, len(_ours(described))
+
+
+def test_a_url_still_opens_through_object_storage_versions():
+    """The seam imports object storage's versions on the first URL (not before)."""
+    from embstore.store import history
+    loaded = _modules_after("import embstore.store.history")
+    assert history.OBJECT_VERSIONS not in loaded
+    versions_cls = importlib.import_module(history.OBJECT_VERSIONS).ObjectVersions
+    assert versions_cls.__module__ == history.OBJECT_VERSIONS

@@ -11,7 +11,6 @@ The library reports progress through ``on_progress(done, total)`` callbacks;
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 
@@ -71,7 +70,9 @@ class _Group(click.Group):
     def invoke(self, ctx):
         # zarr-python decodes in asyncio tasks: when one fails, the others' failures are
         # logged at garbage collection ("Future exception was never retrieved"); the one
-        # error that matters is printed below
+        # error that matters is printed below (logging imported here: `--help` needs none)
+        import logging
+
         logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
         try:
             return super().invoke(ctx)

@@ -1,17 +1,14 @@
-"""What every command shares: the --json/-q options, messages, path types, standard input."""
+"""What every command shares: the --json/-q options, messages, path types, standard input.
+
+It loads no import format and no upload path: ``embstore info`` imports it too."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 
 import click
 
-from ..formats import SPECS
-from ..progress import display as progress
 from ..store.place.objstore import is_url
-from ..store.remote.transfer import staged
 
 
 
@@ -65,18 +62,6 @@ class SourceArg(click.ParamType):
 # a file gets the library's 'not a table' message; URLs (s3://...) are tables on object storage
 TABLE = PathOrUrl(click.Path(exists=True))
 DEST = PathOrUrl(click.Path())
-TENSOR_FORMATS = tuple(f.name for f in SPECS if f.takes_tensor)
-
-
-@contextlib.contextmanager
-def local_for(dest: str, overwrite: bool, quiet: bool) -> Iterator[str]:
-    """``dest`` itself, or for a URL a local folder uploaded to it when the block ends."""
-    if not is_url(dest):
-        yield dest
-        return
-    with progress(f"uploading to {dest}", quiet=quiet, unit="bytes") as on_progress, \
-            staged(dest, overwrite=overwrite, on_progress=on_progress) as local:
-        yield str(local)
 
 
 def version_option(func):

@@ -5,20 +5,36 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
 import click
 
 from ..convert import export_table, import_file
 from ..dtypes import STORAGE_DTYPES
-from ..formats import READ_FORMATS, WRITE_FORMATS, export_extensions, export_format_for
+from ..formats import (READ_FORMATS, SPECS, WRITE_FORMATS, export_extensions,
+                       export_format_for)
 from ..formats.source import inner_name
 from ..progress import display as progress, plural
 from ..store import open as open_store
 from ..store.codecs import COMPRESSIONS
-from .common import (DEST, FILE, TABLE, TENSOR_FORMATS, SourceArg, local_for, options,
-                     version_option,
-                     print_json, say)
+from ..store.place.objstore import is_url
+from ..store.remote.transfer import staged
+from .common import DEST, FILE, TABLE, SourceArg, options, print_json, say, version_option
 from .terms import flag_terms
+
+TENSOR_FORMATS = tuple(f.name for f in SPECS if f.takes_tensor)
+
+
+@contextlib.contextmanager
+def local_for(dest: str, overwrite: bool, quiet: bool) -> Iterator[str]:
+    """``dest`` itself, or for a URL a local folder uploaded to it when the block ends."""
+    if not is_url(dest):
+        yield dest
+        return
+    with progress(f"uploading to {dest}", quiet=quiet, unit="bytes") as on_progress, \
+            staged(dest, overwrite=overwrite, on_progress=on_progress) as local:
+        yield str(local)
+
 
 @click.command("import", short_help="Import a vectors file as a table.")
 @click.argument("src", type=SourceArg())

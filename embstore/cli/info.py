@@ -12,7 +12,7 @@ from ..errors import IndexNotFoundError
 from ..search.indexmeta import index_info
 from ..store.table import open as open_table
 from ..store.place.objstore import is_url
-from ..store.verify import checksum_status
+from ..store.verify.report import checksum_status
 from .common import TABLE, options, print_json, version_option
 
 __all__ = ["info_cmd"]

@@ -50,10 +50,13 @@ __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
 class _Store(types.ModuleType):
     """The package's module object: ``verify`` names both the function and its subpackage,
     and the import system binds a subpackage on its parent once loaded (``store.verify =
-    <module>``); the function keeps the name, as when this package imported it eagerly."""
+    <module>``); the function keeps the name, as when this package imported it eagerly
+    (and loading ``verify.report`` alone does not load the function's module)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, types.ModuleType) and _LAZY.get(name) == f".{name}":
+            if name not in vars(value):  # a lazy subpackage (``verify``) that has not loaded
+                return  # its function yet: it comes on first use (``__getattr__``)
             value = getattr(value, name)
         super().__setattr__(name, value)
 

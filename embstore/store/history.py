@@ -3,22 +3,34 @@ the :class:`~embstore.store.base.Versions` of its place (a local folder, or obje
 at a URL); :func:`whole_table_at` says where a whole table (its first version) is written,
 :func:`refuse_in_place` what object storage does not do.  The one place in the table's code
 that tells the two apart (below it, :func:`embstore.store.place.where.place_at` chooses
-a place); a new medium with versions is one more class beside them."""
+a place); a new medium with versions is one more class beside them.
+
+Object storage's versions (``objects.history``: its commits, compactions, the remote
+opening and key index, ~40 modules) and its transfers are imported only when a URL is
+opened or written, so that opening a local table (``embstore info``, every DataLoader
+worker) does not load them.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidTypeError, ReadOnlyError
 from .base import Versions
-from .objects.history import ObjectVersions
 from .place.objstore import is_url
-from .remote.transfer import staged
 from .versions.local import LocalVersions
+
+if TYPE_CHECKING:
+    from .objects.history import ObjectVersions
+
+#: the modules of object storage's versions and transfers, imported on the first URL
+OBJECT_VERSIONS = "embstore.store.objects.history"
+OBJECT_TRANSFERS = "embstore.store.remote.transfer"
 
 __all__ = ["refuse_in_place", "versions_at", "whole_table_at"]
 
@@ -29,7 +41,8 @@ def versions_at(path: Any, mode: str, want: int | None, lock_timeout: float | No
     options of :func:`embstore.open` for object storage) for a handle opened with
     ``mode``, reading version ``want`` (None: the newest)."""
     if is_url(path):
-        return ObjectVersions(os.fspath(path).rstrip("/"), want, remote)
+        cls: type[ObjectVersions] = importlib.import_module(OBJECT_VERSIONS).ObjectVersions
+        return cls(os.fspath(path).rstrip("/"), want, remote)
     if remote:
         raise InvalidTypeError(f"{', '.join(remote)}: options of tables on object storage "
                                f"(URLs), not of the local path {path!r}")
@@ -44,6 +57,7 @@ def whole_table_at(path: Any, overwrite: bool, storage_options: dict | None
     A URL: a new local folder, uploaded (the group's zarr.json last) when the block ends
     without an error; the destination is checked first, so a refusal comes early."""
     if is_url(path):
+        staged = importlib.import_module(OBJECT_TRANSFERS).staged
         with staged(os.fspath(path), overwrite=overwrite,
                     storage_options=storage_options) as local:
             yield local, False

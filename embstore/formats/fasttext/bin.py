@@ -31,6 +31,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ...errors import FormatError
+from ...oov import MAX_NGRAM_CHARS
 from .. import DEFAULT_BLOCK_ROWS, Reader, check_finite
 
 __all__ = ["read", "FastTextBinReader", "MAGIC"]
@@ -41,8 +42,6 @@ _ARGS = ("dim", "ws", "epoch", "min_count", "neg", "word_ngrams", "loss", "model
          "minn", "maxn", "lr_update_rate")
 _ARGS_FMT = "<12id"
 MAX_WORD_BYTES = 1 << 16
-#: the longest character n-gram accepted (maxn): n-gram work grows with it
-MAX_NGRAM_CHARS = 64
 #: n-gram rows gathered from the map between two drops of its pages: a fault maps a whole
 #: page-cache folio (up to 2 MiB here, even with MADV_RANDOM: 100 random rows mapped 117 MiB),
 #: so at most MAP_ROWS folios stay resident.  65,536 random rows of a 240 MiB matrix: peak

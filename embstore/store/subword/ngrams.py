@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import CorruptStoreError, FormatError, InvalidOptionError
-from ...formats.fasttext.bin import MAX_NGRAM_CHARS
 from ...keys.hashing import MAX_KEY_BYTES
+from ...oov import MAX_NGRAM_CHARS
 from .hashing import HASH_NAME, compose, ngram_buckets
 from ..codecs import Layout, make_codec
 from ..meta import check_vectors_meta, read_json
