@@ -104,6 +104,15 @@ class Place(abc.ABC):
         """``[fn(item) for item in items]``, concurrently where requests wait on a network."""
         return [fn(it) for it in items]
 
+    #: past how many objects a whole-table pass lists a folder instead of asking for each
+    #: (object storage: one listing request per 1,000 names)
+    list_past = 1000
+
+    @abc.abstractmethod
+    def names(self, rel: str) -> list[str]:
+        """The names of every object under the folder ``rel``, relative to it (``c/0/0``),
+        in no particular order; [] if there is none."""
+
     def path(self, rel: str) -> str:
         """The local file of object ``rel`` (places that :attr:`maps_files`)."""
         raise NotImplementedError(f"{self.url}: objects here are not local files")

@@ -87,6 +87,16 @@ class LocalDir(Place):
 
     present = exists
 
+    list_past = 0  # (a folder is one directory walk, whatever it holds)
+
+    def names(self, rel: str) -> list[str]:
+        top = self.path(rel)
+        out: list[str] = []
+        for folder, _, files in os.walk(top):  # a loop per directory
+            base = os.path.relpath(folder, top)
+            out += files if base == "." else [f"{base}/{f}".replace(os.sep, "/") for f in files]
+        return out
+
     def get_json(self, rel: str, what: str) -> dict:
         return read_json(Path(self.path(rel)), what)
 

@@ -46,6 +46,10 @@ class ObjectStore(Place):
     def exists(self, rel: str) -> bool:
         return self.client.head(rel) is not None
 
+    def names(self, rel: str) -> list[str]:
+        cut = len(rel.rstrip("/")) + 1
+        return [name[cut:] for name, _ in self.client.list(rel.rstrip("/"))]
+
     def size(self, rel: str) -> int | None:
         meta = self.client.head(rel)
         return None if meta is None else int(meta["size"])

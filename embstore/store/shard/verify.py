@@ -10,7 +10,6 @@ outnumber one listing page)."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 
@@ -19,7 +18,6 @@ import numpy as np
 from ...errors import CorruptStoreError
 from ..codecs import Layout, check_chunk, make_codec
 from ..place.base import Place
-from ..place.objects import ObjectStore
 from .file import parse_index
 from .ranged import regions
 
@@ -88,18 +86,9 @@ def _listed(place: Place, name: str, L: Layout) -> list[int] | None:
     where walking every declared shard costs no more than listing them."""
     sep = L.separator
     pattern = re.compile(rf"c{re.escape(sep)}(0|[1-9][0-9]*){re.escape(sep)}0")
-    if place.maps_files:  # a folder: one directory scan
-        folder = place.path(f"{name}/c") if sep == "/" else place.path(name)
-        try:
-            with os.scandir(folder) as entries:
-                names = [f"c/{e.name}/0" if sep == "/" else e.name for e in entries]
-        except (FileNotFoundError, NotADirectoryError):
-            names = []
-    elif isinstance(place, ObjectStore) and L.n_shards > _LIST_PAGE:
-        cut = len(name) + 1
-        names = [rel[cut:] for rel, _ in place.client.list(name)]
-    else:
+    if L.n_shards <= place.list_past:  # (asking for each costs no more than a listing)
         return None
+    names = place.names(name)
     found = (pattern.fullmatch(n) for n in names)
     return sorted(k for k in {int(m.group(1)) for m in found if m} if k < L.n_shards)
 
