@@ -109,6 +109,33 @@ def test_bfloat16_overflow_is_refused(tmp_path):
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.parametrize("layout", [{}, {"compression": "zstd"}], ids=["rows", "zstd"])
+def test_a_bfloat16_write_or_append_that_rounds_to_infinity_is_refused(tmp_path, rng, layout):
+    """A local write or append of a finite float32 row past bfloat16's range is refused as
+    on object storage (it stored infinity before), naming the table's rows; nothing is
+    committed."""
+    x = rng.standard_normal((20, 4)).astype(np.float32)
+    embstore.save(tmp_path / "t", x, dtype="bfloat16", keys=[f"k{i}" for i in range(20)],
+                  **layout).close()
+    big = np.ones((3, 4), np.float32)
+    big[[0, 2], 1] = np.finfo(np.float32).max  # finite in float32, infinity in bfloat16
+    with embstore.open(tmp_path / "t", mode="r+") as t:
+        before, version = t.to_numpy(), t.version
+        with pytest.raises(ShapeMismatchError, match=r"write: rows 5, 17 \(2 in all\) hold "
+                           "values past the range of bfloat16"):
+            t.write([9, 5, 17], big[[1, 0, 2]])
+        with pytest.raises(ShapeMismatchError, match=r"append: rows 20, 22 \(2 in all\)"):
+            t.append(big, keys=["a", "b", "c"])
+        assert t.version == version and len(t) == 20
+        np.testing.assert_array_equal(t.to_numpy(), before)
+        assert np.isfinite(before).all()
+    with embstore.open(tmp_path / "t") as t:
+        assert len(t) == 20 and t.version == version
+        np.testing.assert_array_equal(t.to_numpy(), before)
+        assert t.ids_of(["a"], missing=-1).tolist() == [-1]
+    assert embstore.verify(tmp_path / "t").ok
+
+
 def test_bfloat16_on_disk_is_zarr_v3_that_tensorstore_reads(tmp_path, rng):
     ts = pytest.importorskip("tensorstore")
     x = rng.standard_normal((100, 8)).astype(np.float32)

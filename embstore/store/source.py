@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CorruptStoreError, FormatError, ReadOnlyError
+from ..errors import CorruptStoreError, FormatError, ReadOnlyError, ShapeMismatchError
 from .codecs import Layout
 from .meta import check_vectors_meta, set_rows
 from ..dtypes import DTYPES, StorageDtype
@@ -250,15 +250,34 @@ class CodedSource(RowSource):
         side = self._side(ids)
         return self.record.raw(self.inner.take(ids), side)
 
-    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+    def _encode(self, values: np.ndarray, rows: np.ndarray, what: str):
+        """``(codes, side rows)`` of ``values`` (finite: checked by the table), the rows
+        ``rows`` of the table; a row whose codes are not finite (bfloat16: a value past its
+        range rounds to infinity) is refused, naming the rows, before anything is written
+        (docs/FORMAT.md §3c; as on object storage)."""
         codes, side = self.record.encode(values)
+        ok = self.record.finite(codes)
+        if ok is not None and not ok.all():
+            bad = rows[np.flatnonzero(~ok)]
+            shown = ", ".join(str(int(r)) for r in bad[:8]) + (", ..." if bad.size > 8 else "")
+            err = ShapeMismatchError(
+                f"{what}: row{'s' if bad.size > 1 else ''} {shown} ({bad.size} in all) "
+                f"hold{'' if bad.size > 1 else 's'} values past the range of "
+                f"{self.record.name} (it rounds to infinity): nothing was written")
+            err.rows = bad  # type: ignore[attr-defined]
+            raise err
+        return codes, side
+
+    def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
+        codes, side = self._encode(values, ids, "write")
         if self.side is not None:
             assert side is not None  # a record with a side array encodes its rows too
             self.side.write(ids, side, txn)
         self.inner.write(ids, codes, txn)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:
-        codes, side = self.record.encode(values)
+        n0 = self.inner.shape[0]
+        codes, side = self._encode(values, np.arange(n0, n0 + values.shape[0]), "append")
         if self.side is not None:
             assert side is not None
             self.side.append(side, txn)
