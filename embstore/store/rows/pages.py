@@ -6,13 +6,22 @@ Entry ``p`` of chunk ``k`` covers bytes ``[4096 p, min(4096 (p + 1), end))`` of 
 file, ``end`` the end of its committed rows; pages past ``end`` (padding) have entry 0 and
 are never read.  A reader checks each page the first time it reads from it (a bit per page);
 the checks of a batch run in two threads (crc32c releases the GIL).
+
+The check of a batch's pages is one call into ``_pagecrc`` (the loop over pages in C, four
+pages hashed in lockstep with the SSE 4.2 instruction, the GIL released) where that optional
+extension was built at install and the CPU has the instruction; else groups of pages with
+one google-crc32c call each (:mod:`.runs`, :func:`~embstore.fs.checksum.mismatched`).  Both
+report the same pages.  Measured (15,800 scattered 4 KiB pages of a warm 64 MiB buffer, one
+thread, load ~20): one call 4.4 ms, a google-crc32c call a page 17.8 ms.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 
@@ -29,6 +38,20 @@ __all__ = ["page_crcs", "encode_crc_file", "decode_crc_file", "PageChecks", "Pag
            "pages_in_chunk", "MARKER", "is_marker"]
 
 _PARALLEL_PAGES = 1024  # fewer pages than this are checked on the calling thread
+
+
+def _compiled() -> ModuleType | None:
+    """The optional C page check (``_pagecrc``), if it was built and the CPU runs it."""
+    try:
+        mod = importlib.import_module(f"{__package__}._pagecrc")
+    except ImportError:
+        return None
+    return mod if mod.HARDWARE else None
+
+
+#: the compiled check, or None (then pages are checked through google-crc32c from Python);
+#: ``EMBSTORE_PURE_PAGE_CHECK=1`` turns it off (the tests run both)
+COMPILED = None if os.environ.get("EMBSTORE_PURE_PAGE_CHECK") == "1" else _compiled()
 
 
 _HEAD = b"EMBLAZY1\x01\x00\x00"  # magic, version 1, two reserved bytes
@@ -77,7 +100,15 @@ def bad_pages(raw: np.ndarray, base: int, qs: np.ndarray, end: int,
     """The pages among ``qs`` (sorted, unique, below ``end``) of the chunk whose bytes start
     at ``raw[base]`` whose crc32c is not ``stored[q]``: whole groups of pages with one call
     each (:mod:`.runs`), the others (and the pages of a group that fails) gathered a few
-    dozen a call (:func:`~embstore.fs.checksum.mismatched`)."""
+    dozen a call (:func:`~embstore.fs.checksum.mismatched`)); all of them in one call
+    where the compiled check is there (:data:`COMPILED`)."""
+    if COMPILED is not None:
+        starts = base + qs * PAGE
+        stops = np.minimum(starts + PAGE, base + end)
+        out = np.empty(qs.size, dtype=np.int64)
+        n = COMPILED.mismatched(raw, starts, stops, np.ascontiguousarray(stored[qs],
+                                                                         dtype=np.uint32), out)
+        return qs[out[:n]]
     _, rest = check_groups(raw, base, qs, end, stored)
     starts = base + rest * PAGE
     return rest[mismatched(raw, starts, np.minimum(starts + PAGE, base + end), stored[rest])]
