@@ -16,6 +16,8 @@ clients measured; :class:`ProxyProcess` starts and stops it.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from urllib.parse import urlparse
 __all__ = ["LatencyProxy", "ProxyProcess"]
 
 _BUF = 256 << 10
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+RELAYS = ("splice", "copy")  # splice where the system has it (Linux)
 
 
 class _Conn:
@@ -39,7 +43,13 @@ class _Conn:
 class LatencyProxy:
     """Listen on 127.0.0.1 (a free port) and relay to ``upstream`` (``http://host:port``)."""
 
-    def __init__(self, upstream: str, latency_s: float = 0.025, bandwidth_Bps: float = 100e6):
+    def __init__(self, upstream: str, latency_s: float = 0.025, bandwidth_Bps: float = 100e6,
+                 relay: str = "splice"):
+        if relay not in RELAYS:
+            raise ValueError(f"relay must be one of {RELAYS}, got {relay!r}")
+        if relay == "splice" and not hasattr(os, "splice"):
+            relay = "copy"
+        self.relay = relay
         u = urlparse(upstream)
         self.upstream = (u.hostname or "127.0.0.1", int(u.port or 80))
         self.latency_s, self.bandwidth_Bps = float(latency_s), float(bandwidth_Bps)
@@ -81,6 +91,8 @@ class LatencyProxy:
         _close(src, dst)
 
     def _responses(self, src: socket.socket, dst: socket.socket, st: _Conn) -> None:
+        if self.relay == "splice":
+            return self._spliced(src, dst, st)
         buf = memoryview(bytearray(_BUF))
         t0, sent = time.monotonic(), 0
         try:
@@ -90,12 +102,46 @@ class LatencyProxy:
                     t0, sent = time.monotonic(), 0
                 dst.sendall(buf[:n])
                 sent += n
-                ahead = t0 + sent / self.bandwidth_Bps - time.monotonic()
-                if ahead > 0:
-                    time.sleep(ahead)
+                self._pace(t0, sent)
         except OSError:
             pass
         _close(src, dst)
+
+    def _spliced(self, src: socket.socket, dst: socket.socket, st: _Conn) -> None:
+        """As the copying relay, the bytes moved socket to pipe to socket in the kernel
+        (``splice``: no copy through this process)."""
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, _F_SETPIPE_SZ, _BUF)
+        except OSError:
+            pass  # (the default 64 KiB pipe: more calls, same bytes)
+        # own descriptors: the request thread closes the sockets when a side hangs up, and a
+        # new connection may then get the same numbers (bytes of one connection would be
+        # relayed into another); a duplicate stays this connection's until closed here
+        s_fd, d_fd = os.dup(src.fileno()), os.dup(dst.fileno())
+        t0, sent = time.monotonic(), 0
+        try:
+            while (n := os.splice(s_fd, w, _BUF)) > 0:
+                if st.pending:  # a response begins
+                    st.pending = False
+                    t0, sent = time.monotonic(), 0
+                left = n
+                while left:
+                    left -= os.splice(r, d_fd, left)
+                sent += n
+                self._pace(t0, sent)
+        except OSError:
+            pass
+        finally:
+            for fd in (r, w, s_fd, d_fd):
+                os.close(fd)
+        _close(src, dst)
+
+    def _pace(self, t0: float, sent: int) -> None:
+        """Sleep until ``sent`` bytes of a response begun at ``t0`` are due at the rate."""
+        ahead = t0 + sent / self.bandwidth_Bps - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
 
     def close(self) -> None:
         self.sock.close()
@@ -113,17 +159,24 @@ def _close(*socks: socket.socket) -> None:
 class ProxyProcess:
     """:class:`LatencyProxy` in a child process: ``endpoint``, ``stop()``."""
 
-    def __init__(self, upstream: str, latency_s: float = 0.025, bandwidth_Bps: float = 100e6):
+    def __init__(self, upstream: str, latency_s: float = 0.025, bandwidth_Bps: float = 100e6,
+                 relay: str = "splice"):
         root = str(Path(__file__).resolve().parent.parent)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.latencyproxy", upstream, str(latency_s),
-             str(bandwidth_Bps)], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+             str(bandwidth_Bps), relay], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True)
         assert self._proc.stdout is not None
         self.endpoint = self._proc.stdout.readline().strip()
         if not self.endpoint.startswith("http://"):
             raise RuntimeError(f"the latency proxy did not start (said {self.endpoint!r})")
-        self.latency_s, self.bandwidth_Bps = latency_s, bandwidth_Bps
+        self.latency_s, self.bandwidth_Bps, self.relay = latency_s, bandwidth_Bps, relay
+        self.pid = self._proc.pid
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the proxy process has used so far (Linux ``/proc``)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self._proc.poll() is None:
@@ -137,7 +190,8 @@ class ProxyProcess:
 
 
 def _serve() -> None:
-    proxy = LatencyProxy(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]))
+    proxy = LatencyProxy(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]),
+                         sys.argv[4] if len(sys.argv) > 4 else "splice")
     print(proxy.endpoint, flush=True)
     sys.stdin.read()  # until the parent closes it (or exits)
     proxy.close()

@@ -11,7 +11,11 @@ batch (``sparse_ids``, 256 in the full run), twice:
 - ``moto``: the server alone (loopback hides latency; moto costs ~5 ms of its own CPU a
   request and serves ~400 MB/s in all);
 - ``proxy``: through :mod:`benchmarks.latencyproxy` (25 ms more to every request's first byte,
-  100 MB/s per connection: S3's figures), in front of the same server.
+  100 MB/s per connection: S3's figures), in front of the same server.  It relays by
+  ``splice`` (no copy through its process); ``proxy, copying relay`` is the proxy of earlier
+  runs (recv/sendall through its buffers: ~1.5x its CPU per GiB), dense batch only.  On 2
+  cores the proxy's CPU (``proxy_cpu_s``) competes with the server and the client: S3's
+  latency and bandwidth cost no CPU here.
 
 Every method has looked up another batch before timing (metadata read, connections open).
 The server runs in a child process and counts the requests and the bytes it serves per
@@ -112,15 +116,16 @@ def _modelled_ms(requests: int, nbytes: int) -> float:
 
 
 def _setting(res, srv, setting: str, label: str, endpoint: str, url: str, E, batches,
-             cfg) -> dict:
+             cfg, px=None) -> dict:
     """Time every method against ``endpoint`` (``setting`` moto or proxy, ``label`` it with
-    the table's size when several are measured); the measurements by method name."""
+    the table's size when several are measured; ``px`` the proxy, if any, whose CPU per
+    batch is counted); the measurements by method name."""
     opts = {"storage_options": {"endpoint": endpoint}, "cache_bytes": 0}
     t = embstore.open(url, **opts)
     try:
         clients = {EMB: lambda ids: t.lookup(ids)}
         case = label if len(batches[0].shape) > 1 else f"{label}, {batches[0].size} ids"
-        peers = [(TS, _tensorstore)] + ([(ZARR, _zarr)] if setting == "moto" else [])
+        peers = [(TS, _tensorstore)] + ([(ZARR, _zarr)] if px is None else [])
         for name, make in peers:
             try:
                 clients[name] = make(endpoint, url.split(f"{BUCKET}/", 1)[1] + "/vectors")
@@ -141,10 +146,13 @@ def _setting(res, srv, setting: str, label: str, endpoint: str, url: str, E, bat
         for name, fn in clients.items():  # warm-up on another batch, then one counted call
             fn(warm)
             srv.reset()
+            cpu0 = px.cpu_seconds() if px is not None else 0.0
             checker(name)(fn(batches[0]))
             n, sent = sum(srv.counts().values()), srv.sent()
             counted[name] = {"requests_per_batch": n, "MiB_per_batch": round(sent / MIB, 1),
                              "modelled_S3_ms": round(_modelled_ms(n, sent), 1)}
+            if px is not None:  # the proxy's own CPU: on 2 cores it competes with the rest
+                counted[name]["proxy_cpu_s"] = round(px.cpu_seconds() - cpu0, 2)
             log(f"  {case}: {name}: {n} requests, {sent / MIB:.1f} MiB per batch")
         req, ideal, pages = _ideal(t, batches[0])
         counted[EMB].update(model_requests=req, model_ideal_MiB=round(ideal / MIB, 1),
@@ -259,20 +267,24 @@ def run(ctx, res) -> None:
                   "distribution": "uniform", "reps": cfg["reps"],
                   "reps_peers": cfg["slow_reps"], "row_cache": "off",
                   "proxy": f"{LATENCY_S * 1e3:.0f} ms first byte, {BANDWIDTH / 1e6:.0f} MB/s "
-                           "per connection", "server": "moto (server mode), loopback"}
+                           "per connection; relays by splice (and, 'copying relay', through "
+                           "its own buffers, as before)", "server": "moto (server mode), loopback"}
     srv = s3server.ServerProcess()
     saved = {k: os.environ.get(k) for k in srv.env()}
     os.environ.update(srv.env())
-    px = None
+    proxies = []
     try:
         srv.make_bucket(BUCKET)
-        px = ProxyProcess(srv.endpoint, LATENCY_S, BANDWIDTH)
+        px = ProxyProcess(srv.endpoint, LATENCY_S, BANDWIDTH)  # (relays by splice)
+        proxies.append(px)
+        pxc = ProxyProcess(srv.endpoint, LATENCY_S, BANDWIDTH, relay="copy")
+        proxies.append(pxc)
         for rows in sizes:
-            _table(ctx, res, cfg, srv, px, rows, dim, shape,
+            _table(ctx, res, cfg, srv, px, pxc, rows, dim, shape,
                    f"{rows:,} x {dim}, " if len(sizes) > 1 else "")
     finally:
-        if px is not None:
-            px.stop()
+        for p in proxies:
+            p.stop()
         srv.stop()
         for k, v in saved.items():
             if v is None:
@@ -281,7 +293,7 @@ def run(ctx, res) -> None:
                 os.environ[k] = v
 
 
-def _table(ctx, res, cfg, srv, px, rows: int, dim: int, shape, table: str) -> None:
+def _table(ctx, res, cfg, srv, px, pxc, rows: int, dim: int, shape, table: str) -> None:
     """Every setting and batch on one table of ``rows`` rows (``table`` labels its cases
     when the run measures several)."""
     from embstore.store.remote.transfer import copy_table
@@ -298,9 +310,13 @@ def _table(ctx, res, cfg, srv, px, rows: int, dim: int, shape, table: str) -> No
     batches = [data.ids(rows, shape, "uniform", seed=s) for s in range(max(2, cfg["reps"]))]
     sparse = [data.ids(rows, (cfg["sparse_ids"],), "uniform", seed=50 + s)
               for s in range(max(2, cfg["reps"]))]
-    for setting, endpoint in (("moto", srv.endpoint), ("proxy", px.endpoint)):
+    for setting, proxy in (("moto", None), ("proxy", px), ("proxy, copying relay", pxc)):
         label = f"{table}{setting}"
-        for batch in (batches, sparse):
-            found = _setting(res, srv, setting, label, endpoint, url, E, batch, cfg)
-            _report(res, label, found, batch[0].size, moto=setting == "moto", table=table)
-        _cache_runs(res, srv, label, endpoint, url, E, batches[-1].reshape(-1), ctx.scratch)
+        endpoint = srv.endpoint if proxy is None else proxy.endpoint
+        # (the copying relay, the proxy of earlier runs: the dense batch only, for continuity)
+        for batch in (batches, sparse) if proxy is not pxc else (batches,):
+            found = _setting(res, srv, setting, label, endpoint, url, E, batch, cfg, proxy)
+            _report(res, label, found, batch[0].size, moto=proxy is None, table=table)
+        if proxy is not pxc:
+            _cache_runs(res, srv, label, endpoint, url, E, batches[-1].reshape(-1),
+                        ctx.scratch)
