@@ -158,6 +158,55 @@ def _child_torch(ids_path: str, rows: int, dim: int) -> dict:
     return {"step_s": times, "rss": _status()}
 
 
+class _Sampler:
+    """RSS (anonymous, file) and the memory cgroup's usage and dirty/writeback pages sampled
+    every 0.2 s on a thread, printed to stderr with the phase (``phase`` set by the run):
+    what the checkpoint allocates, even when the cgroup kills the process there."""
+
+    def __init__(self, every: float = 0.2):
+        import threading
+        self.phase, self.peak = "steps", {}
+        self._stop = threading.Event()
+        self._grp = _own_cgroup()
+        self._t = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._t.start()
+
+    def sample(self) -> dict:
+        got = _status()
+        if self._grp is not None:
+            got["cg_usage"] = int((self._grp / "memory.usage_in_bytes").read_text())
+            for line in (self._grp / "memory.stat").read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k in ("cache", "rss", "dirty", "writeback", "mapped_file"):
+                    got["cg_" + k] = int(v)
+        return got
+
+    def _run(self, every: float) -> None:
+        last = 0.0
+        while not self._stop.wait(every):
+            got = self.sample()
+            ph = self.peak.setdefault(self.phase, {})
+            for k, v in got.items():  # a loop per figure (a dozen)
+                ph[k] = max(ph.get(k, 0), v)
+            if self.phase != "steps" or time.monotonic() - last > 30:
+                last = time.monotonic()
+                print(f"mem {self.phase} " + " ".join(f"{k}={v >> 20}M" for k, v in
+                                                     got.items()), file=sys.stderr, flush=True)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._t.join()
+        return self.peak
+
+
+def _own_cgroup() -> Path | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctl, rel = line.split(":", 2)
+        if "memory" in ctl.split(",") and rel not in ("", "/"):
+            return CGROUP / rel.lstrip("/")
+    return None
+
+
 def _child_embstore(table: str, ids_path: str, fill: int, every: int, steps: int) -> dict:
     import torch
 
@@ -169,6 +218,7 @@ def _child_embstore(table: str, ids_path: str, fill: int, every: int, steps: int
     cache = int(BIG["cache_fraction"] * rows) * (4 * (dim + 1) + 17)
     emb = et.Embedding(t, optimizer="rowwise_adagrad", lr=0.01, row_cache_bytes=cache)
     io0 = _io()
+    mem = _Sampler()
     times, rss, ckpt = [], [], []
     filled_at = None
     for i, b in enumerate(ids):  # a loop per step
@@ -188,7 +238,9 @@ def _child_embstore(table: str, ids_path: str, fill: int, every: int, steps: int
             rss.append(_status())
             if every and len(times) % every == 0 and len(times) < len(ids) - filled_at:
                 c0 = time.perf_counter()
+                mem.phase = f"checkpoint {len(ckpt) + 1}"
                 emb.checkpoint()
+                mem.phase = "steps"
                 ckpt.append(time.perf_counter() - c0)
         if filled_at is None and i % 100 == 0:
             print(f"fill step {i}: {len(emb.trainer.cache)} rows cached", file=sys.stderr,
@@ -211,14 +263,17 @@ def _child_embstore(table: str, ids_path: str, fill: int, every: int, steps: int
     inodes = _chunk_inodes(Path(table))
     print(json.dumps(res), flush=True)  # (the steps' figures, whatever the checkpoint does)
     io2, c0 = _io(), time.perf_counter()
+    mem.phase = "final checkpoint"
     res["version"] = emb.checkpoint()
     res["checkpoint_s"] = ckpt + [time.perf_counter() - c0]
     res["checkpoint_write_bytes"] = _io()["write_bytes"] - io2["write_bytes"]
     after = _chunk_inodes(Path(table))
     res["rewritten_chunks"] = sum(after[k] != inodes.get(k) for k in after)
     res["final"] = _status()
+    mem.phase = "close"
     emb.close()
     t.close()
+    res["memory_peaks"] = mem.stop()
     return res
 
 
@@ -244,8 +299,9 @@ def _evict(path: Path) -> None:
                 os.close(fd)
 
 
-def _run_child(args: list[str], group: Path | None) -> dict:
-    """``python -m benchmarks.scenarios.train --child ...`` (joining ``group`` first)."""
+def _run_child(args: list[str], group: Path | None, log_path: Path) -> dict:
+    """``python -m benchmarks.scenarios.train --child ...`` (joining ``group`` first; its
+    stderr to ``log_path``)."""
     cmd = [sys.executable, "-m", "benchmarks.scenarios.train", "--child", *args]
     pre = None
     if group is not None:
@@ -254,8 +310,10 @@ def _run_child(args: list[str], group: Path | None) -> dict:
         def pre():  # in the child, before exec: torch's memory is charged to the group too
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
-    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pre,
-                       cwd=str(Path(__file__).resolve().parents[2]))
+    with open(log_path, "w") as err:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=pre,
+                           cwd=str(Path(__file__).resolve().parents[2]))
+    r.stderr = Path(log_path).read_text()
     lines = r.stdout.strip().splitlines()
     if r.returncode != 0 and args[0] == "embstore" and lines:  # (the steps done, then
         return {**json.loads(lines[-1]), "end": f"killed ({r.returncode}) in the final "
@@ -268,9 +326,14 @@ def _run_child(args: list[str], group: Path | None) -> dict:
 def larger_than_ram(work: Path, out: Path, cfg: dict) -> dict:
     import embstore
     rows, dim = cfg["rows"], cfg["dim"]
-    base = work / "base.embstore"
-    if not base.exists():
-        embstore.create(base, shape=(rows, dim), init={"kind": "normal", "seed": 1}).close()
+    base = work / f"base-{rows}x{dim}.embstore"
+    if not base.exists():  # rows stored (create(init=) writes none: they would be generated)
+        lazy = work / "lazy.embstore"
+        embstore.create(lazy, shape=(rows, dim), init={"kind": "normal", "seed": 1},
+                        overwrite=True).close()
+        with embstore.open(lazy, cache_bytes=0) as src:
+            embstore.save(base, src, cache_bytes=0).close()
+        shutil.rmtree(lazy)
     table = work / "train.embstore"
     if table.exists():
         shutil.rmtree(table)
@@ -289,16 +352,16 @@ def larger_than_ram(work: Path, out: Path, cfg: dict) -> dict:
         (group / "memory.limit_in_bytes").write_text(str(cfg["limit"]))
         got = {}
         got["torch_a"] = _run_child(["torch", str(work / "ids-torch.npy"), str(rows),
-                                     str(dim)], None)
+                                     str(dim)], None, work / "torch_a.err")
         _evict(table)
         got["embstore"] = _run_child(["embstore", str(table), str(work / "ids.npy"),
                                       str(cfg["fill_steps"]), str(cfg["checkpoint_every"]),
                                       str(cfg["steps"])],
-                                     group)
+                                     group, work / "embstore.err")
         got["cgroup_peak"] = int((group / "memory.max_usage_in_bytes").read_text())
         got["cgroup_failcnt"] = int((group / "memory.failcnt").read_text())
         got["torch_b"] = _run_child(["torch", str(work / "ids-torch.npy"), str(rows),
-                                     str(dim)], None)
+                                     str(dim)], None, work / "torch_b.err")
     finally:
         group.rmdir()
     ok = embstore.verify(table).ok
@@ -324,6 +387,7 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
            "torch_peak_rss": [got[k]["rss"]["VmHWM"] for k in ("torch_a", "torch_b")],
            "step_s_percentiles": np.percentile(ours["step_s"], [50, 90, 99, 100]).tolist(),
            "end": ours.get("end"), "stderr": ours.get("stderr"),
+           "memory_peaks": ours.get("memory_peaks"),
            **{k: ours.get(k) for k in ("touched_chunks", "chunks", "dirty_rows",
                                        "checkpoint_write_bytes", "rewritten_chunks")}}
     out.parent.mkdir(parents=True, exist_ok=True)

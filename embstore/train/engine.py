@@ -32,6 +32,7 @@ from ..optional import require
 from ..store.table import ZarrTable
 from ..table import Table
 from .cache import WriteBackCache
+from .heap import bound_heap
 from .persist import TrainStore
 from .prefetch import Prefetcher
 from .rules import make_rule, segment_sum
@@ -87,6 +88,7 @@ class Trainer:
         self.store: TrainStore | None = None
         state: Table | None = None
         if isinstance(table, ZarrTable):
+            bound_heap()  # (the heap's growth would count against the row cache's bound)
             self.store = TrainStore(table, self.rule.name, self.rule.state_cols, resume)
             state, write_back, self.step = self.store.state, self.store.write_back, \
                 self.store.step
