@@ -263,6 +263,7 @@ def test_compaction_makes_a_base_and_a_stale_writer_rebases_onto_it(s3, rng):
             b.write([9], np.full((1, 8), 3, np.float32))  # b reads version 0: rebased
             R[9] = 3
             assert b.version == v + 1
+            np.testing.assert_array_equal(b.to_numpy(), R)  # (its handle reads the new base)
         with embstore.open(u) as r:
             np.testing.assert_array_equal(r.to_numpy(), R)
             assert r.info()["pending_rows"] == 1

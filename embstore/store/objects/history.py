@@ -72,6 +72,9 @@ class ObjectVersions:
                 return v.source.shape[0]
             vocab = h.vocab() if keys is not None else None
             new, first = commit_rows(v, kind, ids, values, keys, self.deltas, vocab)
+            if new is None:  # (rebased onto a compaction: the version it made, on its base)
+                new = open_version(self.path, first[1], self.options, self.deltas, v)
+                first = first[0]
             h.adopt(new)  # (rows other writers committed: the cache drops them too)
             return first  # (no compaction after it: each commit one version, as locally;
             # `compact_if_due()` / `compact()` fold the deltas, in a commit of their own)

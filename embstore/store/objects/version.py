@@ -201,12 +201,13 @@ def _upload(client, objects: list[tuple[dict, bytes, np.ndarray, np.ndarray]],
 
 
 def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarray,
-                keys: list[str] | None, deltas: DeltaCache, vocab=None) -> tuple[Version, int]:
+                keys: list[str] | None, deltas: DeltaCache, vocab=None):
     """Commit a ``write`` of rows ``ids`` (sorted, unique) or an ``append`` of ``values``
     on version ``v``: one delta object per row array (the stored values: bfloat16 or int8
     codes, int8's row scales beside them) and a merge of the parent's newest deltas, then
     the manifest (rebased on races).  Returns the committed version and the first appended
-    row (an append; else -1)."""
+    row (an append; else -1); or, when it was rebased onto a compaction (another base),
+    ``(None, (first row, version number))``: open that version (:func:`open_version`)."""
     src = v.source
     assert isinstance(src, ObjectVersionSource)
     _writable(src, kind, keys, vocab)
@@ -237,12 +238,15 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
     doc = commit(client, src.doc, change, lambda e: deltas.ids_of(client, e, dim, dt),
                  lambda e: deltas.segment(client, e))
     assert doc is not None  # (only a compaction may come back empty)
+    mine = next(e for e in doc["deltas"] if e["object"] == entries[0]["object"])
+    first = mine["first_row"] if kind == "append" else -1
+    if doc["base"] != src.doc["base"]:
+        return None, (first, doc["version"])
     deltas.load(client, doc["deltas"], dim, dt)  # (the winners' it rebased onto)
     deltas.keep(doc)
-    mine = next(e for e in doc["deltas"] if e["object"] == entries[0]["object"])
     new = _version(doc, _source(src.base, doc, deltas.merged(doc, dim, dt), client),
                    v.attrs, v.objects)
-    return new, mine["first_row"] if kind == "append" else -1
+    return new, first
 
 
 def object_log(url: str, storage_options: dict | None = None) -> list[dict]:
