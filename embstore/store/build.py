@@ -98,8 +98,9 @@ def save(path: PathLike, array_or_table: ArrayLike | Table, keys: KeysLike | Non
         _write(folder, array_or_table, keys, chunk_rows=chunk_rows, shard_rows=shard_rows,
                compression=compression, overwrite=over, dtype=dtype,
                format_version=format_version)
-    remote = {} if storage_options is None else {"storage_options": storage_options}
-    return ZarrTable(path, cache_bytes=cache_bytes, **remote)
+    if storage_options is None:
+        return ZarrTable(path, cache_bytes=cache_bytes)
+    return ZarrTable(path, cache_bytes=cache_bytes, storage_options=storage_options)
 
 
 def _write(path: PathLike, src: ArrayLike | Table, keys: KeysLike | None, *,
