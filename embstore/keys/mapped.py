@@ -178,7 +178,7 @@ def parse_array_meta(meta: dict, where: str, path) -> tuple[int, int, np.dtype, 
     return n, chunk, dtype, attrs if isinstance(attrs, dict) else {}
 
 
-def chunk_pins(attrs: dict, nchunks: int, where: Path | str, path) -> list[int] | None:
+def chunk_pins(attrs: dict, nchunks: int, where: Path, path) -> list[int] | None:
     """The crc32c each chunk file must end in (:data:`CHUNKS_ATTR`), or None for an array
     written before the attribute (its chunks' own crc32c only)."""
     if CHUNKS_ATTR not in attrs:
