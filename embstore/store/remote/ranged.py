@@ -34,7 +34,7 @@ from ...fs.checksum import crc32c
 from ...errors import CorruptStoreError
 from ...keys.hashing import words_from_bytes
 from ...keys.index import DiskVocab
-from ...keys.mapped import chunk_pins, parse_array_meta
+from ...keys.mapped import parse_array_meta
 from ...keys.writer import INDEX_ARRAYS
 
 __all__ = ["BLOCK", "RangeReader", "RangedArray", "RangedVocab", "block_sidecar",
@@ -135,9 +135,6 @@ class RangedArray:
         self._lock = threading.Lock()
         #: an array of the same grid whose blocks a search fetches too (key_order for key_hash)
         self.companion: RangedArray | None = None
-        #: the crc32c each chunk file ends in, as the array's zarr.json records (None: an
-        #: array written before the pins); checked with each chunk's sidecar
-        self._pins = chunk_pins(self.attrs, self.nchunks, self.dir, self.dir)
 
     def prefetch(self, keys: np.ndarray) -> None:
         """Fetch blocks ``keys`` into memory, quietly (a later read raises what fails)."""
@@ -161,7 +158,6 @@ class RangedArray:
         if not todo:
             return
         rels = [sidecar_name(self.name, c) for c in todo]
-        sides: dict[int, tuple] = {}
         for c, rel, raw in zip(todo, rels, self.reader.get_objects(rels)):
             where = self.reader.where(rel)
             if raw is None:
@@ -172,34 +168,7 @@ class RangedArray:
                 raise CorruptStoreError(f"{where}: block size {side[0]}, expected "
                                         f"{self._block}", path=where)
             self._block = side[0]
-            sides[c] = side
-        self._check_pins(todo)  # (a chunk is usable only once both hold)
-        self._side.update(sides)
-
-    def _check_pins(self, chunks: list[int]) -> None:
-        """Each chunk file of ``chunks`` ends in the crc32c its array's zarr.json records
-        (docs/FORMAT.md §4): a chunk file of another array, version or table in its place,
-        with its sidecar, is damage although every block matches that sidecar.  One ranged
-        read of 4 bytes per chunk file on first use (kept in the disk cache)."""
-        if self._pins is None or not chunks:
-            return
-        rels = [f"{self.name}/c/{c}" for c in chunks]
-        tails: list = [self.reader.cached(rel, "tail") for rel in rels]
-        todo = [j for j, t in enumerate(tails) if t is None or len(t) != 4]
-        got = self.reader.get_ranges([(rels[j], self.file_bytes - 4, self.file_bytes)
-                                      for j in todo]) if todo else []
-        for j, data in zip(todo, got):
-            tails[j] = b"" if data is None else bytes(data)
-        for c, rel, tail in zip(chunks, rels, tails):  # a loop per chunk file (a few)
-            stored = int.from_bytes(tail, "little") if len(tail) == 4 else None
-            if stored != self._pins[c]:
-                shown = "missing" if stored is None else f"{stored:#010x}"
-                raise CorruptStoreError(
-                    f"{self.reader.where(rel)}: ends in crc32c {shown}, its array's zarr.json "
-                    f"records {self._pins[c]:#010x} (a chunk file of another array, version "
-                    "or table in its place; run embstore verify)", path=self.dir)
-        for j in todo:
-            self.reader.keep(rels[j], "tail", tails[j])
+            self._side[c] = side
 
     @property
     def _per_chunk(self) -> int:

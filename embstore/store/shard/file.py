@@ -81,11 +81,12 @@ class ShardFile:
         finally:
             os.close(fd)
         data_len = size - len(tail)
-        t = tag_len(n) if pin is not None else 0
-        present, self.offsets, self.nbytes = self._parse_index(tail[t:], data_len, layout)
-        if pin is not None:  # the tag: the index it records, then the chunks it lists
+        if pin is not None:  # the tag first: the index it records, then the chunks it lists
+            t = tag_len(n)
             self.expect = parse_tag(tail[:t], n, memoryview(tail)[t: t + 16 * n], pin,
                                     path)
+            tail = tail[t:]
+        present, self.offsets, self.nbytes = self._parse_index(tail, data_len, layout)
         self._map(mm, size, data_len, present, layout)
 
     def _open(self, root: str | None) -> int | None:
