@@ -84,19 +84,10 @@ class ShardSource(LayoutSource):
             return self.reader.take(ids)
         return super().take(ids)
 
-    def pin_shards(self, pins: dict[int, int]) -> None:
-        """Check each shard ``k`` in ``pins`` against the tag crc32c given (its version's
-        manifest pins it, docs/FORMAT.md §3b) before any of its rows is read."""
-        if self.fast_path:
-            self.reader.pins = dict(pins)
-
     def _rewrite(self, txn: Transaction, k: int, local, values, valid_rows: int) -> None:
         L = self._layout
         dest = txn.file("/".join([self.name, *L.shard_key(k).split(L.separator)]))
-        pin = rewrite_shard(self.reader, k, local, values, valid_rows, dest)
-        pins = self.reader.pins
-        if pins is not None and pin is not None:  # (this handle reads the new file next)
-            txn.after(lambda: pins.__setitem__(k, pin))
+        rewrite_shard(self.reader, k, local, values, valid_rows, dest)
 
     def _local(self) -> None:
         if not self.fast_path:

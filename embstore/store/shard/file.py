@@ -12,7 +12,6 @@ from . import prefetch
 from ...errors import CorruptStoreError, ResourceLimitError
 from ...fs.files import map_file, open_regular
 from ..codecs import ABSENT, Layout, check_chunk
-from .tag import parse_tag, tag_len
 
 __all__ = ["ShardFile", "crcs", "parse_index"]
 
@@ -53,13 +52,9 @@ def parse_index(tail, size: int, layout: Layout, where: str) -> tuple[np.ndarray
 class ShardFile:
     """One shard as read: its index, memory map, and which chunks passed their crc32c."""
 
-    def __init__(self, path: str, layout: Layout, root: str | None = None,
-                 pin: int | None = None):
+    def __init__(self, path: str, layout: Layout, root: str | None = None):
         self.path = path  # root: the table's directory, which the file must not leave
         n = layout.n_inner
-        #: the crc32c each chunk must end in (its shard tag, :mod:`.tag`), when the version
-        #: pins the shard (``pin``: the tag's crc32c its manifest records); else None
-        self.expect: np.ndarray | None = None
         self.mm: np.ndarray | None = None
         self.rowview: np.ndarray | None = None
         self.scan_rows: np.ndarray | None = None  # every row, one-row chunks back to back (embstore.store.scan)
@@ -77,15 +72,10 @@ class ShardFile:
             self.all_verified = True  # an absent shard: every chunk is the fill value
             return
         try:
-            size, tail, mm = self._read_tail(fd, layout, pin is not None)
+            size, tail, mm = self._read_tail(fd, layout)
         finally:
             os.close(fd)
         data_len = size - len(tail)
-        if pin is not None:  # the tag first: the index it records, then the chunks it lists
-            t = tag_len(n)
-            self.expect = parse_tag(tail[:t], n, memoryview(tail)[t: t + 16 * n], pin,
-                                    path)
-            tail = tail[t:]
         present, self.offsets, self.nbytes = self._parse_index(tail, data_len, layout)
         self._map(mm, size, data_len, present, layout)
 
@@ -108,15 +98,13 @@ class ShardFile:
             raise CorruptStoreError(f"shard {path}: cannot open ({exc.strerror or exc})",
                                     path=path) from None
 
-    def _read_tail(self, fd: int, layout: Layout, tag: bool) -> tuple[int, bytes, np.ndarray]:
-        """``(size, index bytes, map)`` of the open file ``fd``: its index (and crc, and
-        its shard tag before them if ``tag``) read from its tail with one pread, the whole
-        file mapped read-only."""
+    def _read_tail(self, fd: int, layout: Layout) -> tuple[int, bytes, np.ndarray]:
+        """``(size, index bytes, map)`` of the open file ``fd``: its index (and crc) read
+        from its tail with one pread, the whole file mapped read-only."""
         path = self.path
         st = os.fstat(fd)
         size, self.ident = st.st_size, (st.st_dev, st.st_ino)
-        index_len = 16 * layout.n_inner + (4 if layout.index_crc else 0) + (
-            tag_len(layout.n_inner) if tag else 0)
+        index_len = 16 * layout.n_inner + (4 if layout.index_crc else 0)
         if size < index_len:
             raise CorruptStoreError(
                 f"shard {path}: {size} bytes, shorter than its {index_len}-byte index "
@@ -185,23 +173,8 @@ class ShardFile:
             payload = buf[:-4]
             if len(buf) < 4 or crc32c(payload) != int.from_bytes(buf[-4:], "little"):
                 check_chunk(buf, f"shard {self.path}, chunk {i}")  # raises, with the reason
-            if self.expect is not None:
-                self.check_pinned(np.array([i]), np.array([int.from_bytes(buf[-4:], "little")]))
             return payload
         return buf
-
-    def check_pinned(self, inner: np.ndarray, stored: np.ndarray) -> None:
-        """Raise CorruptStoreError unless inner chunks ``inner`` end in the crc32c values
-        ``stored`` their shard tag records (a no-op for a shard its version does not pin)."""
-        if self.expect is None:
-            return
-        bad = np.flatnonzero(self.expect[inner] != stored)
-        if bad.size:
-            i = int(inner[bad[0]])
-            raise CorruptStoreError(
-                f"shard {self.path}, chunk {i}: ends in crc32c {int(stored[bad[0]]):#010x}, "
-                f"its shard tag records {int(self.expect[i]):#010x} (a chunk of another "
-                "shard, or re-checksummed, in its place)", path=self.path)
 
     def verify(self, inner: np.ndarray, layout: Layout) -> None:
         for i in inner.tolist():  # a loop per chunk, each checked once per process

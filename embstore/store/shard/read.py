@@ -37,9 +37,6 @@ class ShardReader(ChunkDecoding):
         self.codec = make_codec(layout.compression, layout.dtype.itemsize) if (
             layout.compression != "none") else None
         self._shards: dict[int, ShardFile] = {}
-        #: shard -> the crc32c of its tag the version's manifest records (None: a table read
-        #: without versions, or written before tags: nothing pins its shards)
-        self.pins: dict[int, int] | None = None
         self._lock = threading.RLock()
         renew_after_fork(self, "_lock")  # a thread of the parent may hold it at a fork
         self._jm = None  # JoinedMap of the uncompressed layout (Linux), built on first use
@@ -54,14 +51,9 @@ class ShardReader(ChunkDecoding):
                 sf = self._shards.get(k)
                 if sf is None:
                     sf = ShardFile(os.path.join(self.root, *self.layout.shard_key(k).split(
-                        self.layout.separator)), self.layout, os.path.dirname(self.root),
-                        self.pin_of(k))
+                        self.layout.separator)), self.layout, os.path.dirname(self.root))
                     self._shards[k] = sf
         return sf
-
-    def pin_of(self, k: int) -> int | None:
-        """The tag crc32c the version pins shard ``k`` with, or None."""
-        return None if self.pins is None else self.pins.get(k)
 
     def forget(self, shards=None) -> None:
         """Drop kept indexes and maps (all, or of the given shards) after they changed."""
@@ -182,8 +174,6 @@ class ShardReader(ChunkDecoding):
             else:
                 got = _crcs(mv, po.tolist(), n, 0)
             bad = np.flatnonzero(got != stored)
-            if not bad.size:
-                self._check_pinned(cs[present], stored)
             if bad.size:
                 c = int(cs[present][bad[0]])
                 k, i = divmod(c, L.n_inner)
@@ -200,18 +190,6 @@ class ShardReader(ChunkDecoding):
             k = int(ks[a])
             self.shard(k).verified[cs[a:b] - k * L.n_inner] = True
         jm.all_verified = bool(jm.gver.all())
-
-    def _check_pinned(self, cs: np.ndarray, stored: np.ndarray) -> None:
-        """Global chunks ``cs`` (sorted) end in ``stored``: what their shards' tags record
-        (:meth:`ShardFile.check_pinned`, a loop per shard)."""
-        if self.pins is None:
-            return
-        L = self.layout
-        ks = cs // L.n_inner
-        cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
-        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, cs.size].tolist()):  # per shard
-            k = int(ks[a])
-            self.shard(k).check_pinned(cs[a:b] - k * L.n_inner, stored[a:b])
 
     def _prefetch_joined(self, jm, at, absent, seen, fresh):
         """Start reading, all at once, what the batch needs and is not resident (see
@@ -333,7 +311,7 @@ class ShardReader(ChunkDecoding):
         for k in self.existing_shards():  # absent shards read as zeros: nothing to check
             path = os.path.join(self.root, *L.shard_key(k).split(L.separator))
             try:
-                sf = ShardFile(path, L, os.path.dirname(self.root), self.pin_of(k))
+                sf = ShardFile(path, L, os.path.dirname(self.root))
             except CorruptStoreError as exc:
                 problems.append((path, None, str(exc)))
                 continue

@@ -21,13 +21,13 @@ from ...errors import CorruptStoreError, InvalidOptionError, pin_name
 from ..base import RowSource
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
-from ..source import ShardSource, keeps_versions, open_source, same_array
+from ..source import keeps_versions, open_source, same_array
 from .commit import last_commit, settle
 from .delta import Overlays, OverlaySource
 from .retain import Lease
 from .snapshot import (VersionNotFoundError, list_versions, newest, read_manifest,
                        snapshot_root, version_files)
-from .pinning import OBJECTS, check_pins, shard_pins
+from .pinning import check_pins
 
 __all__ = ["Version", "check_version", "plain", "stored_bytes"]
 
@@ -102,8 +102,7 @@ class Version:
             raise CorruptStoreError(f"{path}: version {n}'s manifest says {manifest.get('rows')}"
                                     f" rows, its vectors/zarr.json {meta['shape'][0]}: the "
                                     "version's files are not its own", path=str(path))
-        wrap = _pinning(overlays.wrap if overlays is not None else same_array,
-                        shard_pins(manifest.get(OBJECTS)) if n is not None else {})
+        wrap = overlays.wrap if overlays is not None else same_array
         checked = attrs.get("format") == 2  # (every row array checksummed, or damage)
         ready = partial(settle, root)  # (a reader finding a page changed waits for the commit)
         source = attach_norms(root, open_source(root, meta, mode, wrap, checked=checked,
@@ -142,20 +141,6 @@ class Version:
         """The lease goes (threads still reading keep the pinned directory, not the lease)."""
         if self.pin is not None:
             self.pin.release()
-
-
-def _pinning(wrap, pins: dict[str, dict[int, int]]):
-    """``wrap`` that first gives each sharded row array the tag pins of its shards in the
-    version's manifest (docs/FORMAT.md §3b: a shard of another version or table in its place
-    is damage before its rows are read)."""
-    if not pins:
-        return wrap
-
-    def pinned(name: str, src: RowSource) -> RowSource:
-        if name in pins and isinstance(src, ShardSource):
-            src.pin_shards(pins[name])
-        return wrap(name, src)
-    return pinned
 
 
 def _check_named(path: Path, n: int, manifest: dict, newest_one: bool) -> None:
