@@ -5,8 +5,8 @@ whatever the table's size.
 
 The walk visits the shards that exist, not every shard the metadata declares: an absent shard
 is all fill value (nothing to check), and a header declaring 10^15 rows must not cost 10^15
-requests or stats (a local folder is listed; object storage is listed when the declared shards
-outnumber one listing page)."""
+requests or stats (a local folder is listed; object storage when the declared shards pass its
+``Place.list_past``, one listing page)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ Problem = tuple[str, int | None, str]
 
 _REQUEST = 8 << 20  # bytes per request
 _GAP = 1 << 16  # a gap between stored chunks read through
-_LIST_PAGE = 1000  # object names a listing request returns
 
 
 def _check(raw, nb: int, L: Layout, codec, at: str, where: str) -> None:
