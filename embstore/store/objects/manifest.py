@@ -15,6 +15,7 @@ import re
 import secrets
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -274,6 +275,7 @@ class DeltaCache:
     def __init__(self) -> None:
         self.parts_of: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.keys: dict[str, KeySegment] = {}  # (rows 0..: placed by first_row)
+        self.base_vocab: dict[tuple, Any] = {}  # the key index of the base last read
 
     def segment(self, client: ObjectClient, e: dict) -> KeySegment:
         """The keys of the key delta ``e`` as rows of its version."""

@@ -124,7 +124,11 @@ def object_vocab(v: Version, deltas: DeltaCache):
     """The key index of version ``v``: its base's, with the version's key deltas."""
     src = v.source
     assert isinstance(src, ObjectVersionSource)
-    base = v.objects.vocab(src.doc["base"]["rows"])
+    b = src.doc["base"]
+    at = (b["prefix"], b.get("write_id"), b["rows"])
+    if at not in deltas.base_vocab:  # (a base's key index never changes: opened once, not
+        deltas.base_vocab = {at: v.objects.vocab(b["rows"])}  # on each version's commit)
+    base = deltas.base_vocab[at]
     segs = [deltas.segment(src.client, e) for e in key_entries(src.doc)]
     if base is not None and not segs and src.rows != len(base):
         raise CorruptStoreError(f"{src.client.where(manifest_name(src.doc['version']))}: "
