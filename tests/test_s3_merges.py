@@ -187,14 +187,14 @@ def _append(t, R, keys, new_keys, value: float):
 
 
 def test_many_keyed_appends_keep_two_key_deltas_and_every_version_finds_its_keys(s3, rng):
-    """30 commits (appends of keys, some with non-ASCII and empty keys, and writes): each
+    """18 commits (appends of keys, some with non-ASCII and empty keys, and writes): each
     version lists at most two key deltas (a merge and the append's own) covering its
     appended rows; every version, read fresh, finds exactly its keys, as the compacted
     table does; verify checks the merged key deltas' hashes."""
     url, E, keys = _keyed(s3, rng)
     R, refs = E.copy(), {}
     with embstore.open(url, mode="r+", cache_bytes=0) as t:
-        for c in range(30):
+        for c in range(18):
             if c % 6 == 5:
                 ids = np.unique(rng.integers(0, len(R), size=3))
                 t.write(ids, np.full((ids.size, 4), c, np.float32))
