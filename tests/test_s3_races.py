@@ -91,6 +91,8 @@ def test_many_writers_and_readers_check_every_read_against_a_replay(s3, rng, tmp
     reads = [r for i in range(READERS) for r in json.loads((tmp_path / f"r{i}.json").read_text())]
     assert len(reads) >= 4 and len({v for v, _, _ in reads}) >= 2  # reads across versions
     torn = [(v, d) for v, d, same in reads if digests.get(v) != d or not same]
+    print(f"race {WRITERS}x{COMMITS}: {len(done)} commits, {len(conflicts)} conflicts, "
+          f"{len(reads)} reads, {len(torn)} torn")  # (shown with -s)
     assert not torn, f"{len(torn)} of {len(reads)} reads match no replayed version"
     newest = max(refs)
     placed = appended_keys(logs)
