@@ -36,12 +36,14 @@ class S3Server:
         self._server = server
         self.endpoint = endpoint
         self.requests: collections.Counter = collections.Counter()
+        self.calls: list[tuple[str, str]] = []  # (method, path) of each request since reset
         self._sent = 0  # bytes of GET response bodies
         self._lock = threading.Lock()
 
-    def count(self, method: str, nbytes: int = 0) -> None:
+    def count(self, method: str, nbytes: int = 0, path: str = "") -> None:
         with self._lock:
             self.requests[method] += 1
+            self.calls.append((method, path))
             self._sent += nbytes
 
     def total(self) -> int:
@@ -56,6 +58,7 @@ class S3Server:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.calls = []
             self._sent = 0
 
     def client(self):
@@ -127,7 +130,7 @@ def _patch_moto() -> None:
                 body = out[2] if isinstance(out, tuple) and len(out) == 3 else b""
                 sent = len(body) if request.method == "GET" and isinstance(
                     body, (bytes, bytearray, memoryview)) else 0
-                _current.count(request.method, sent)
+                _current.count(request.method, sent, getattr(request, "path", ""))
             return out
         return wrapper
 

@@ -109,7 +109,9 @@ class FaultProxy:
                 for k, v in res.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # (a HEAD's length is the object's, as the server said: it has no body)
+                self.send_header("Content-Length", res.getheader("Content-Length", "0")
+                                 if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -156,7 +158,7 @@ WRITER = textwrap.dedent("""
     import embstore
     url, w, nw, commits, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \\
         int(sys.argv[4]), sys.argv[5]
-    hot_every = int(sys.argv[6])
+    hot_every, keyed = int(sys.argv[6]), sys.argv[7] == "keyed"
     rng = np.random.default_rng(w)
     log = []
     with embstore.open(url, mode="r+", cache_bytes=0) as t:
@@ -164,7 +166,8 @@ WRITER = textwrap.dedent("""
             value = float(w * 1000 + c + 1)
             if c % 4 == 3:
                 n = int(rng.integers(1, 4))
-                first = t.append(np.full((n, 4), value, np.float32))
+                keys = [f"a{w}-{c}-{j}" for j in range(n)] if keyed else None
+                first = t.append(np.full((n, 4), value, np.float32), keys=keys)
                 log.append({"v": t.version, "kind": "append", "first": int(first[0]), "n": n,
                             "value": value})
                 continue
@@ -199,11 +202,21 @@ def replay(E0: np.ndarray, logs: list[list[dict]]) -> dict[int, np.ndarray]:
     return out
 
 
+def appended_keys(logs: list[list[dict]]) -> dict[str, int]:
+    """The row of each key the racing writers appended (keyed races: ``a<w>-<c>-<j>``)."""
+    return {f"a{w}-{int(e['value']) - w * 1000 - 1}-{j}": e["first"] + j
+            for w, log in enumerate(logs) for e in log if e["kind"] == "append"
+            for j in range(e["n"])}
+
+
 def race(url: str, tmp_path, writers: int, commits: int, *, hot_every: int = 5,
-         timeout: float = 600) -> list[list[dict]]:
+         timeout: float = 600, keyed: bool = False) -> list[list[dict]]:
+    """``writers`` processes of :data:`WRITER` making ``commits`` each (appends with keys
+    when ``keyed``); their logs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, str(w), str(writers),
-                               str(commits), str(tmp_path / f"w{w}.json"), str(hot_every)],
+                               str(commits), str(tmp_path / f"w{w}.json"), str(hot_every),
+                               "keyed" if keyed else "-"],
                               env=env)
              for w in range(writers)]
     for p in procs:

@@ -14,7 +14,8 @@ import embstore
 from embstore.dtypes import DTYPES
 from embstore.store.objects import merging
 from embstore.store.objects.compact import compact_objects
-from embstore.store.objects.manifest import AREA, manifest_name
+from embstore.keys.hashing import hash_encoded
+from embstore.store.objects.manifest import AREA, encode, key_delta_bytes, manifest_name
 from s3faults import s3, s3_server  # noqa: F401
 
 BUDGET = merging.MERGE_BYTES
@@ -163,3 +164,169 @@ def test_a_compaction_that_loses_to_a_merge_drops_it_and_keeps_the_winners_rows(
         assert r.version == 8 and r.info()["pending_rows"] == 0
         np.testing.assert_array_equal(r.to_numpy(), R)
     assert embstore.verify(url).ok
+
+
+# -- merged key deltas (docs/FORMAT.md §11a, *Merged key deltas*) ------------------------------
+
+def _keyed(s3, rng, rows=100, dim=4):
+    url = f"s3://{s3.bucket}/m.emb"
+    E = rng.standard_normal((rows, dim)).astype(np.float32)
+    keys = [f"w{i}" for i in range(rows)]
+    embstore.save(url, E, keys=keys).close()
+    return url, E, keys
+
+
+def _key_entries(doc: dict) -> list[dict]:
+    return [e for e in doc["deltas"] if e["array"] == "keys"]
+
+
+def _append(t, R, keys, new_keys, value: float):
+    first = t.append(np.full((len(new_keys), R.shape[1]), value, np.float32), keys=new_keys)
+    keys += new_keys
+    return np.vstack([R, np.full((len(new_keys), R.shape[1]), value, np.float32)]), first
+
+
+def test_many_keyed_appends_keep_two_key_deltas_and_every_version_finds_its_keys(s3, rng):
+    """18 commits (appends of keys, some with non-ASCII and empty keys, and writes): each
+    version lists at most two key deltas (a merge and the append's own) covering its
+    appended rows; every version, read fresh, finds exactly its keys, as the compacted
+    table does; verify checks the merged key deltas' hashes."""
+    url, E, keys = _keyed(s3, rng)
+    R, refs = E.copy(), {}
+    with embstore.open(url, mode="r+", cache_bytes=0) as t:
+        for c in range(18):
+            if c % 6 == 5:
+                ids = np.unique(rng.integers(0, len(R), size=3))
+                t.write(ids, np.full((ids.size, 4), c, np.float32))
+                R[ids] = c
+            else:
+                new = [f"k{c}-{j}" for j in range(int(rng.integers(1, 4)))]
+                new += ["ключ-%d" % c] if c % 4 == 0 else []
+                new += [""] if c == 7 else []
+                R, first = _append(t, R, keys, new, float(c))
+                assert first.tolist() == list(range(len(R) - len(new), len(R)))
+            refs[t.version] = (R.copy(), list(keys))
+            doc = _manifest(s3, t.version)
+            kent = _key_entries(doc)
+            assert len(kent) <= 2, (c, kent)
+            assert kent[0]["first_row"] == 100 and \
+                kent[-1]["first_row"] + kent[-1]["rows"] == len(R)
+            if c >= 2 and c % 6 != 5:  # an append from the third commit on merges
+                assert kent[0]["kind"] == "merge" and doc["change"]["merged_keys"] == 2
+            assert t.ids_of(keys).tolist() == list(range(len(R)))
+    for n, (ref, ks) in refs.items():
+        with embstore.open(url, version=n, cache_bytes=0) as r:
+            np.testing.assert_array_equal(r.to_numpy(), ref)
+            assert r.ids_of(ks).tolist() == list(range(len(ks)))
+            assert list(r.keys) == ks
+            assert r.ids_of(["nope"], missing=-1).tolist() == [-1]
+            np.testing.assert_array_equal(r.lookup_keys(ks[-3:]), ref[-3:])
+    assert embstore.verify(url).ok
+    with embstore.open(url, mode="r+") as t:
+        t.compact()
+    with embstore.open(url) as r:  # the compacted table: the same ids for the same keys
+        assert r.info()["pending_rows"] == 0
+        assert r.ids_of(keys).tolist() == list(range(len(keys)))
+        np.testing.assert_array_equal(r.to_numpy(), R)
+
+
+def test_a_key_merge_is_placed_on_a_winner_that_kept_what_it_merged(s3, rng, monkeypatch):
+    """b reads version 2 (two key deltas), merges them in its append, loses to a's version
+    3 (no merge) and rebases: its merge goes where those two were, its keys after a's."""
+    url, E, keys = _keyed(s3, rng)
+    R = E.copy()
+    with embstore.open(url, mode="r+") as a, embstore.open(url, mode="r+") as b:
+        R, _ = _append(a, R, keys, ["a1", "a2"], 1.0)
+        R, _ = _append(a, R, keys, ["a3"], 2.0)
+        b.refresh()
+        monkeypatch.setattr(merging, "MERGE_BYTES", 0)  # (a's own key delta: smaller)
+        R, _ = _append(a, R, keys, ["a4"], 3.0)
+        monkeypatch.setattr(merging, "MERGE_BYTES", BUDGET)
+        R, first = _append(b, R, keys, ["b1", "b2"], 4.0)
+        assert b.version == 4 and first.tolist() == [104, 105]
+        assert b.ids_of(keys).tolist() == list(range(106))
+    two, three, four = (_manifest(s3, n) for n in (2, 3, 4))
+    assert "merged_keys" not in three["change"] and four["change"]["merged_keys"] == 2
+    k4 = _key_entries(four)
+    assert [e["kind"] for e in k4] == ["merge", "append", "append"]
+    assert k4[0]["merged"] == [e["object"] for e in _key_entries(two)]
+    assert (k4[0]["first_row"], k4[0]["rows"]) == (100, 3)
+    assert k4[1] == _key_entries(three)[-1] and k4[2]["first_row"] == 104
+    with embstore.open(url, cache_bytes=0) as r:
+        assert r.ids_of(keys).tolist() == list(range(106))
+        np.testing.assert_array_equal(r.lookup_keys(["a3", "a4", "b2"]), R[[102, 103, 105]])
+    assert embstore.verify(url).ok
+
+
+def test_a_key_merge_is_left_out_when_the_winner_merged_the_same_and_keys_still_conflict(
+        s3, rng):
+    url, E, keys = _keyed(s3, rng)
+    R = E.copy()
+    with embstore.open(url, mode="r+") as a, embstore.open(url, mode="r+") as b:
+        R, _ = _append(a, R, keys, ["x1"], 1.0)
+        R, _ = _append(a, R, keys, ["x2"], 2.0)
+        b.refresh()
+        R, _ = _append(a, R, keys, ["x3", "y"], 3.0)  # version 3: merges 1 and 2
+        with pytest.raises(embstore.ConflictError, match=r"\('y'\) were appended by version 3"):
+            b.append(np.ones((1, 4), np.float32), keys=["y"])  # a merge hides no conflict
+        R, _ = _append(b, R, keys, ["z"], 4.0)  # its merge of 1 and 2 is moot: left out
+        assert b.version == 4
+    three, four = _manifest(s3, 3), _manifest(s3, 4)
+    assert _key_entries(four)[:-1] == _key_entries(three)
+    assert "merged_keys" not in four["change"]
+    with embstore.open(url, mode="r+") as t:
+        t.vacuum(keep=2, cutoff=0)  # (versions 1-2's key deltas and b's merges go)
+    named = {f"m.emb/{e['object']}" for n in (3, 4) for e in _manifest(s3, n)["deltas"]}
+    assert set(_data(s3)) == named
+    with embstore.open(url, cache_bytes=0) as r:
+        assert r.ids_of(keys).tolist() == list(range(len(keys)))
+        np.testing.assert_array_equal(r.to_numpy(), R)
+
+
+def test_a_compaction_that_loses_to_a_key_merge_is_made_again(s3, rng):
+    url, E, keys = _keyed(s3, rng)
+    R = E.copy()
+    with embstore.open(url, mode="r+") as a, embstore.open(url, mode="r+") as c:
+        R, _ = _append(a, R, keys, ["p"], 1.0)
+        R, _ = _append(a, R, keys, ["q"], 2.0)
+        c.refresh()
+        R, _ = _append(a, R, keys, ["r"], 3.0)  # version 3: a key merge of 1 and 2
+        vocab = c._vocab()
+        assert compact_objects(c._v, c._versions.deltas, url, None, vocab.keys_between) is None
+        assert c.compact() == 4
+        assert c.ids_of(keys).tolist() == list(range(103))
+    with embstore.open(url) as r:
+        assert r.info()["pending_rows"] == 0 and r.ids_of(keys).tolist() == list(range(103))
+        np.testing.assert_array_equal(r.to_numpy(), R)
+    assert embstore.verify(url).ok
+
+
+def test_key_deltas_out_of_row_order_or_hashed_wrong_are_damage(s3, rng):
+    url, E, keys = _keyed(s3, rng)
+    R = E.copy()
+    with embstore.open(url, mode="r+") as t:
+        for c in range(3):
+            R, _ = _append(t, R, keys, [f"d{c}"], float(c))
+    doc = _manifest(s3, 3)
+    merge_obj = _key_entries(doc)[0]
+    assert merge_obj["kind"] == "merge"
+    # the merged key delta's keys hashed under another key: same size, a valid crc32c
+    with embstore.open(url) as r:
+        segment = r._versions.deltas.segment(r._v.source.client, merge_obj)
+        enc, _ = merging.merged_keys([segment])
+    bad = key_delta_bytes(enc, hash_encoded(enc, (1, 2)))
+    assert len(bad) == merge_obj["bytes"]
+    s3.client().put_object(Bucket=s3.bucket, Key=f"m.emb/{merge_obj['object']}", Body=bad)
+    report = embstore.verify(url)
+    assert not report.ok and any("hashes disagree with the keys" in d.message
+                                 for d in report.damaged)
+    # a manifest whose key deltas skip rows
+    body = {k: v for k, v in doc.items() if k != "crc32c"}
+    at = [i for i, e in enumerate(body["deltas"]) if e["array"] == "keys"]
+    d = body["deltas"]
+    d[at[0]], d[at[1]] = d[at[1]], d[at[0]]
+    s3.client().put_object(Bucket=s3.bucket, Key=f"m.emb/{manifest_name(4)}",
+                           Body=encode(dict(body, version=4, parent=3)))
+    with pytest.raises(embstore.CorruptStoreError, match="key delta .* from row 102, "
+                       "expected 100: the manifest is damaged"):
+        embstore.open(url)

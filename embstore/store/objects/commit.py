@@ -41,8 +41,9 @@ class Change:
     """What a commit adds: ``kind`` ``write``, ``append`` or ``compact``; ``entries`` its
     own deltas (uploaded already); ``ids`` the rows a write sets (sorted); ``appended`` the
     rows an append adds; ``merge`` the entries of a merge of the parent's newest deltas it
-    uploaded (docs/FORMAT.md §11a, *Merged deltas*); a compaction's new ``base`` and the
-    delta objects it folded (``folded``)."""
+    uploaded (docs/FORMAT.md §11a, *Merged deltas*), ``key_merge`` the entry of a merge of
+    its newest key deltas (or none); a compaction's new ``base`` and the delta objects it
+    folded (``folded``)."""
 
     kind: str
     write_id: str
@@ -55,6 +56,7 @@ class Change:
     keys: list[str] | None = None  # an append's keys, encoded and hashed (``coded``)
     coded: Any = None
     merge: list[dict] = field(default_factory=list)
+    key_merge: list[dict] = field(default_factory=list)
     dropped: set[str] | None = None  # (a compaction's: folded, then the merges of them)
 
 
@@ -77,6 +79,9 @@ def build(parent: dict, change: Change, now: float) -> dict | None:
         earlier, merged = place(parent["deltas"], change.merge)
         if merged:
             summary = dict(summary, merged=len(change.merge[0]["merged"]))
+        earlier, merged = place(earlier, change.key_merge)
+        if merged:
+            summary = dict(summary, merged_keys=len(change.key_merge[0]["merged"]))
         deltas = earlier + [dict(e, first_row=parent["rows"]) if e["kind"] == "append"
                             else e for e in change.entries]
     return {"embstore_objects": 1, "version": parent["version"] + 1,
@@ -113,8 +118,10 @@ def _key_conflict(change: Change, parent: dict, winner: dict, segment_of, url: s
     enc, h = change.coded
     seen = {e["object"] for e in parent["deltas"]}
     found = np.full(len(change.keys), -1, np.int64)
+    # the winner's own appends of keys (not its merges: keys of its parent, which this
+    # append was checked against already)
     for e in winner["deltas"]:  # a loop per key delta of the winner's own
-        if e["object"] not in seen and e["array"] == "keys":
+        if e["object"] not in seen and e["array"] == "keys" and e["kind"] == "append":
             miss = np.flatnonzero(found < 0)
             found[miss] = segment_of(e).find(enc.subset(miss), h[miss])
     both = [change.keys[i] for i in np.flatnonzero(found >= 0)]

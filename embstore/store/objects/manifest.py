@@ -15,6 +15,7 @@ import re
 import secrets
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from ..versions.snapshot import VersionNotFoundError, manifest_crc
 
 __all__ = ["AREA", "HINT", "manifest_name", "data_name", "new_write_id", "encode",
            "read_manifest", "need_manifest", "newest_version", "list_versions", "initial", "DeltaCache",
-           "delta_bytes", "key_delta_bytes", "rows_entries", "key_entries", "array_specs",
+           "delta_bytes", "key_delta_bytes", "key_segment", "rows_entries", "key_entries", "array_specs",
            "commit_groups", "merge"]
 
 AREA = "vectors/.embstore/commits/"
@@ -38,8 +39,9 @@ _DATA = re.compile(r"^vectors/\.embstore/commits/data/[0-9a-f]{32}\.[A-Za-z0-9_]
 _BASE = re.compile(r"^vectors/\.embstore/commits/base-[0-9a-f]{32}$")
 _KINDS = ("write", "append", "merge")
 #: (array, kind) of a delta entry: rows of ``vectors`` or of a side array (int8's row scales)
-#: written or appended, keys appended
-_ENTRIES = {(a, k) for a in ("vectors",) + SIDE_ARRAYS for k in _KINDS} | {("keys", "append")}
+#: written, appended or merged; keys appended or merged
+_ENTRIES = {(a, k) for a in ("vectors",) + SIDE_ARRAYS for k in _KINDS} | {
+    ("keys", "append"), ("keys", "merge")}
 
 
 def manifest_name(n: int) -> str:
@@ -89,19 +91,42 @@ def _check(doc, n: int, where: str) -> dict:
                 and e.get("kind") in _KINDS and type(e.get("first_row")) is int
                 and (e.get("array"), e["kind"]) in _ENTRIES
                 and type(e.get("rows")) is int and type(e.get("bytes")) is int
-                and 0 <= e["first_row"] and e["first_row"] + (e["rows"] if e["kind"] ==
-                                                              "append" else 0) <= doc["rows"]
+                and 0 <= e["first_row"] and 0 <= e["rows"]
+                and e["first_row"] + (e["rows"] if _placed(e) else 0) <= doc["rows"]
                 and (e["kind"] != "merge" or _merged_ok(e))):
             raise bad(f"delta entry {e!r}")
+    gap = _key_gap(doc)
+    if gap is not None:
+        raise bad(gap)
     return doc
 
 
+def _key_gap(doc: dict) -> str | None:
+    """Why the key entries of ``doc`` (if any) do not cover its rows from its base's on,
+    one after another in manifest order (None: they do)."""
+    at = doc["base"]["rows"]
+    keys = [e for e in doc["deltas"] if e["array"] == "keys"]
+    for e in keys:  # a loop per key delta (a few: merges keep them few)
+        if e["first_row"] != at:
+            return f"key delta {e['object']} from row {e['first_row']}, expected {at}"
+        at += e["rows"]
+    if keys and at != doc["rows"]:
+        return f"key deltas up to row {at}, the version has {doc['rows']} rows"
+    return None
+
+
+def _placed(e: dict) -> bool:
+    """Whether entry ``e``'s ids are ``0 .. rows-1`` placed at ``first_row`` (appends, key
+    deltas), not rows of the version (writes, merges of rows)."""
+    return e["kind"] == "append" or e["array"] == "keys"
+
+
 def _merged_ok(e: dict) -> bool:
-    """A merge entry's own fields: ``first_row`` 0 and ``merged`` the names of two or more
-    delta objects it replaces."""
+    """A merge entry's own fields: ``first_row`` 0 (a merge of rows: its ids are rows of
+    the version) and ``merged`` the names of two or more delta objects it replaces."""
     names = e.get("merged")
-    return (e["first_row"] == 0 and isinstance(names, list) and len(names) >= 2
-            and all(isinstance(x, str) and _DATA.match(x) for x in names))
+    return ((e["first_row"] == 0 or e["array"] == "keys") and isinstance(names, list)
+            and len(names) >= 2 and all(isinstance(x, str) and _DATA.match(x) for x in names))
 
 
 def read_manifest(client: ObjectClient, n: int) -> dict | None:
@@ -187,6 +212,18 @@ def key_delta_bytes(enc, hashes: np.ndarray) -> bytes:
         return path.read_bytes()
 
 
+def key_segment(enc, hashes: np.ndarray, where: str) -> KeySegment:
+    """The segment a reader reads from :func:`key_delta_bytes` ``(enc, hashes)``: rows
+    ``0..`` (a writer keeps it for the key delta it uploads instead of reading it back)."""
+    order = np.argsort(hashes, kind="stable").astype(np.int64)
+    offsets = np.zeros(len(enc) + 1, np.int64)
+    np.cumsum(enc.lengths, out=offsets[1:])
+    nb = int(offsets[-1])
+    utf8 = np.zeros(nb + 8 + (-(nb + 8) % 8), np.uint8)
+    utf8[:nb] = enc.buf[:nb]
+    return KeySegment(0, hashes[order].astype(np.uint64), order, offsets, utf8, where)
+
+
 def merge(parts: list[tuple[np.ndarray, ...]], specs: list[tuple[int, np.dtype]]
           ) -> tuple[np.ndarray, ...]:
     """One sorted ``(ids, values, ...)`` of deltas given oldest first (the newest row of an
@@ -238,6 +275,7 @@ class DeltaCache:
     def __init__(self) -> None:
         self.parts_of: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.keys: dict[str, KeySegment] = {}  # (rows 0..: placed by first_row)
+        self.base_vocab: dict[tuple, Any] = {}  # the key index of the base last read
 
     def segment(self, client: ObjectClient, e: dict) -> KeySegment:
         """The keys of the key delta ``e`` as rows of its version."""
@@ -267,6 +305,10 @@ class DeltaCache:
 
     def put(self, entry: dict, ids: np.ndarray, values: np.ndarray) -> None:
         self.parts_of[entry["object"]] = (ids, values)
+
+    def put_keys(self, entry: dict, seg: KeySegment) -> None:
+        """The keys of the key delta ``entry`` a writer uploaded (rows ``0..``)."""
+        self.keys[entry["object"]] = seg
 
     def ids_of(self, client: ObjectClient, entry: dict, dim: int, dtype) -> np.ndarray:
         self.load(client, [entry], dim, dtype)

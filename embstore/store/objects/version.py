@@ -17,12 +17,12 @@ from ..versions.version import Version
 from .commit import Change, commit, put_data
 from ...ids import refuse_existing
 from ...keys.index import DiskVocab
-from ...keys.segments import SegmentedVocab
+from ...keys.segments import KeySegment, SegmentedVocab
 from ..versions.keydelta import encoded_new_keys
 from .manifest import (AREA, HINT, DeltaCache, array_specs, data_name, delta_bytes, initial,
-                       key_delta_bytes, key_entries, list_versions, manifest_name, merge,
-                       need_manifest, new_write_id, newest_version)
-from .merging import plan
+                       key_delta_bytes, key_entries, key_segment, list_versions,
+                       manifest_name, merge, need_manifest, new_write_id, newest_version)
+from .merging import merged_keys, plan, plan_keys
 from .source import ObjectVersionSource
 
 __all__ = ["open_version", "commit_rows", "object_vocab", "object_log", "vacuum_objects", "VACUUM_CUTOFF"]
@@ -124,8 +124,16 @@ def object_vocab(v: Version, deltas: DeltaCache):
     """The key index of version ``v``: its base's, with the version's key deltas."""
     src = v.source
     assert isinstance(src, ObjectVersionSource)
-    base = v.objects.vocab(src.doc["base"]["rows"])
+    b = src.doc["base"]
+    at = (b["prefix"], b.get("write_id"), b["rows"])
+    if at not in deltas.base_vocab:  # (a base's key index never changes: opened once, not
+        deltas.base_vocab = {at: v.objects.vocab(b["rows"])}  # on each version's commit)
+    base = deltas.base_vocab[at]
     segs = [deltas.segment(src.client, e) for e in key_entries(src.doc)]
+    if base is not None and not segs and src.rows != len(base):
+        raise CorruptStoreError(f"{src.client.where(manifest_name(src.doc['version']))}: "
+                                f"{src.rows - len(base)} rows appended without their keys: "
+                                "the manifest is damaged", path=src.client.url)
     if base is None or not segs:
         return base
     if not isinstance(base, DiskVocab):
@@ -134,16 +142,35 @@ def object_vocab(v: Version, deltas: DeltaCache):
     return SegmentedVocab(base, segs)
 
 
-def _key_entry(client, w: str, vocab, keys: list[str], n0: int) -> tuple[dict, Any]:
-    """Upload the key delta of an append of ``keys`` (checked new): its entry and the
-    encoded keys with their hashes (for conflict checks)."""
-    enc, h = encoded_new_keys(vocab, keys, n0)
-    refuse_existing(vocab.probe_hashed(enc, h), keys)
+def _key_object(client, w: str, kind: str, enc, h: np.ndarray, first: int,
+                merged: list[str] | None = None) -> tuple[dict, bytes, KeySegment]:
+    """The key delta object of the keys ``enc`` (hashes ``h``): its manifest entry, bytes
+    and segment (``merged``: the key deltas a merge replaces)."""
     data = key_delta_bytes(enc, h)
     name = data_name(w, "keys")
-    put_data(client, name, data)
-    return ({"object": name, "array": "keys", "kind": "append", "first_row": 0,
-             "rows": len(keys), "bytes": len(data)}, (enc, h))
+    entry = {"object": name, "array": "keys", "kind": kind, "first_row": first,
+             "rows": len(enc), "bytes": len(data)}
+    if merged is not None:
+        entry["merged"] = merged
+    return entry, data, key_segment(enc, h, client.where(name))
+
+
+def _key_objects(src: ObjectVersionSource, w: str, vocab, keys: list[str],
+                 deltas: DeltaCache) -> tuple[list[tuple[dict, bytes, KeySegment]], Any]:
+    """The key delta of an append of ``keys`` (checked new) and a merge of the parent's
+    newest key deltas (docs/FORMAT.md §11a, *Merged key deltas*; none when fewer than two
+    fit :func:`~.merging.plan_keys`), and the encoded keys with their hashes (for conflict
+    checks)."""
+    enc, h = encoded_new_keys(vocab, keys, src.rows)
+    refuse_existing(vocab.probe_hashed(enc, h), keys)
+    own = _key_object(src.client, w, "append", enc, h, 0)
+    out = [own]
+    group = plan_keys(src.doc, own[0]["bytes"])
+    if group:
+        menc, mh = merged_keys([deltas.segment(src.client, e) for e in group])
+        out.append(_key_object(src.client, new_write_id(), "merge", menc, mh,
+                               group[0]["first_row"], [e["object"] for e in group]))
+    return out, (enc, h)
 
 
 def _encode(src: ObjectVersionSource, values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -191,13 +218,16 @@ def _merge_objects(src: ObjectVersionSource, own_bytes: int, deltas: DeltaCache
                           [[g[k]["object"] for g in groups] for k in range(len(specs))])
 
 
-def _upload(client, objects: list[tuple[dict, bytes, np.ndarray, np.ndarray]],
-            deltas: DeltaCache) -> None:
-    """Upload ``objects`` together (new names: no reader reads them before the commit);
-    their rows stay in the handle's delta cache."""
+def _upload(client, objects: list[tuple], deltas: DeltaCache) -> None:
+    """Upload ``objects`` (``(entry, bytes, ids, rows)`` of row deltas, ``(entry, bytes,
+    segment)`` of key deltas) together (new names: no reader reads them before the
+    commit); their rows and keys stay in the handle's delta cache."""
     client.map(lambda job: put_data(client, job[0]["object"], job[1]), objects)
-    for entry, _, ids, vals in objects:
-        deltas.put(entry, ids, vals)
+    for entry, _, *part in objects:
+        if entry["array"] == "keys":
+            deltas.put_keys(entry, part[0])
+        else:
+            deltas.put(entry, part[0], part[1])
 
 
 def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarray,
@@ -223,18 +253,16 @@ def commit_rows(v: Version, kind: str, ids: np.ndarray | None, values: np.ndarra
     client = src.client
     own = _delta_objects(w, kind, rel, arrays)
     merged = _merge_objects(src, sum(len(job[1]) for job in own), deltas)
-    _upload(client, own + merged, deltas)
-    entries = [job[0] for job in own]
+    keyed, coded = _key_objects(src, w, vocab, keys, deltas) if keys is not None else ([], None)
+    _upload(client, own + merged + keyed, deltas)
     dim, dt = src.shape[1], src.doc["dtype"]
+    entries = [job[0] for job in own] + [job[0] for job in keyed[:1]]
     change = Change(kind, w, entries, ids=ids if kind == "write" else None,
                     appended=n if kind == "append" else 0,
                     summary={"kind": kind, "rows": n, **({"keys": keys is not None}
                                                           if kind == "append" else {})},
-                    merge=[job[0] for job in merged])
-    if keys is not None:
-        kentry, change.coded = _key_entry(client, w, vocab, keys, src.rows)
-        change.entries.append(kentry)
-        change.keys = keys
+                    merge=[job[0] for job in merged], keys=keys, coded=coded,
+                    key_merge=[job[0] for job in keyed[1:]])
     doc = commit(client, src.doc, change, lambda e: deltas.ids_of(client, e, dim, dt),
                  lambda e: deltas.segment(client, e))
     assert doc is not None  # (only a compaction may come back empty)
