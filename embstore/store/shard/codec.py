@@ -137,9 +137,11 @@ class ChunkDecoding:
                         at.tolist(), m.tolist())), dtype=np.int64, count=new.size)
                     u4 = np.ndarray(shape=(max(0, sf.mm.size - 3),), dtype="<u4", buffer=sf.mm,
                                     strides=(1,))
-                    bad = np.flatnonzero(got != u4[at + m])
+                    stored = u4[at + m]
+                    bad = np.flatnonzero(got != stored)
                     if bad.size:
                         self._bad_chunk(files, which, chunks, idx[new[bad[:1]]])
+                    sf.check_pinned(chunks[idx[new]] % L.n_inner, stored)
             seg = np.empty((idx.size, 2), dtype=np.uint64)
             seg[:, 0] = off
             seg[:, 1] = size[idx]
