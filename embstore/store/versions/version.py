@@ -62,6 +62,9 @@ class Version:
         self.versioned, self.signature, self.objects = versioned, signature, objects
         self.vocab: Any = None
         self.subwords: Any = None
+        #: ``{array: {shard: tag crc32c}}`` its manifest pins (docs/FORMAT.md §3b), for the
+        #: sharded arrays opened later from ``root`` (the n-grams)
+        self.shard_pins: dict[str, dict[int, int]] = {}
 
     @classmethod
     def open(cls, path: Path, want: int | None, mode: str, current: int = 0) -> Version:
@@ -103,8 +106,8 @@ class Version:
                                     f" rows, its vectors/zarr.json {meta['shape'][0]}: the "
                                     "version's files are not its own", path=str(path))
         wrap = overlays.wrap if overlays is not None else same_array
-        if n is not None:  # (root: version n's snapshot, whose manifest pins its shards)
-            wrap = _pinning(wrap, shard_pins(manifest.get(OBJECTS)))
+        pins = shard_pins(manifest.get(OBJECTS)) if n is not None else {}
+        wrap = _pinning(wrap, pins)  # (root: version n's snapshot, whose manifest pins them)
         checked = attrs.get("format") == 2  # (every row array checksummed, or damage)
         ready = partial(settle, root)  # (a reader finding a page changed waits for the commit)
         source = attach_norms(root, open_source(root, meta, mode, wrap, checked=checked,
@@ -118,10 +121,12 @@ class Version:
                                                                    settle=ready))
         if pin is not None:
             hold(source, pin)
-        return cls(root=root, number=n or 0, source=source, attrs=attrs,
-                   has_keys=bool(attrs.get("has_keys", (root / "keys").is_dir())),
-                   overlays=overlays, commit=seen, pin=pin, versioned=versioned,
-                   signature=sig if n is None else None)
+        v = cls(root=root, number=n or 0, source=source, attrs=attrs,
+                has_keys=bool(attrs.get("has_keys", (root / "keys").is_dir())),
+                overlays=overlays, commit=seen, pin=pin, versioned=versioned,
+                signature=sig if n is None else None)
+        v.shard_pins = pins
+        return v
 
     def is_current(self, path: Path) -> bool:
         """Whether this is still the newest version of the local table at ``path``
