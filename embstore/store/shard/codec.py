@@ -162,6 +162,23 @@ class ChunkDecoding:
         for f in [pool().submit(run, p) for p in parts]:
             f.result()
 
+    def decode_check(self, payload, where: str) -> None:
+        """Raise CorruptStoreError naming ``where`` unless the stored chunk ``payload``
+        (its crc32c left off) decodes to one chunk (bounded: never more than its size)."""
+        L = self.layout
+        try:
+            if L.compression == "zstd":
+                size = len(zstandard.ZstdDecompressor().decompress(
+                    payload, max_output_size=L.chunk_bytes))
+            else:
+                size = memoryview(self.codec.decode(
+                    payload, out=np.empty(L.chunk_bytes, np.uint8))).nbytes
+        except Exception as exc:  # noqa: BLE001 - each codec fails with its own type
+            raise CorruptStoreError(f"{where}: cannot decode ({exc})", path=where) from None
+        if size != L.chunk_bytes:
+            raise CorruptStoreError(f"{where}: cannot decode ({size} bytes, expected "
+                                    f"{L.chunk_bytes})", path=where)
+
     def _bad_chunk(self, files, which, chunks, idx) -> NoReturn:
         """Raise CorruptStoreError for the first of chunks ``chunks[idx]`` that fails its
         crc32c or does not decode to one chunk (an error path: a loop per chunk)."""

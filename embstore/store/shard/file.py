@@ -4,6 +4,8 @@ memory map that keeps no descriptor, and which chunks passed their crc32c (see d
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from ...fs.checksum import as_bytes_array, crc32c, value as crc_value
@@ -60,6 +62,10 @@ class ShardFile:
         #: the crc32c each chunk must end in, as the shard's tag records (:mod:`.tag`:
         #: checked against ``pin``, the tag crc32c the version's manifest records), or None
         self.expect: np.ndarray | None = None
+        #: ``decode_check(payload, where)`` raises CorruptStoreError if a stored chunk does
+        #: not decode (set by a reader of a compressed layout): a re-checksummed chunk
+        #: that does not decode keeps that message, more precise than its tag's mismatch
+        self.decode_check: Callable[[Any, str], None] | None = None
         self.mm: np.ndarray | None = None
         self.rowview: np.ndarray | None = None
         self.scan_rows: np.ndarray | None = None  # every row, one-row chunks back to back (embstore.store.scan)
@@ -198,6 +204,9 @@ class ShardFile:
         bad = np.flatnonzero(self.expect[inner] != stored)
         if bad.size:
             i = int(inner[bad[0]])
+            if self.decode_check is not None and self.offsets[i] >= 0:
+                off, nb = int(self.offsets[i]), int(self.nbytes[i])
+                self.decode_check(self.buf[off: off + nb - 4], f"shard {self.path}, chunk {i}")
             raise CorruptStoreError(
                 f"shard {self.path}, chunk {i}: ends in crc32c {int(stored[bad[0]]):#010x}, "
                 f"its shard tag records {int(self.expect[i]):#010x} (a chunk of another "

@@ -58,6 +58,8 @@ class ShardReader(ChunkDecoding):
                     sf = ShardFile(os.path.join(self.root, *self.layout.shard_key(k).split(
                         self.layout.separator)), self.layout, os.path.dirname(self.root),
                         self.pin_of(k))
+                    if self.codec is not None:
+                        sf.decode_check = self.decode_check
                     self._shards[k] = sf
         return sf
 
