@@ -65,8 +65,7 @@ def chunk_crcs(parts: list) -> np.ndarray:
 
 def _stored_end(off: np.ndarray, nb: np.ndarray) -> int:
     """The end of the last stored chunk (0: none stored)."""
-    present = off >= 0
-    return int((off[present] + nb[present]).max()) if present.any() else 0
+    return int(np.max(np.where(off >= 0, off + nb, 0), initial=0))
 
 
 def find_tag(tail, index_len: int, off: np.ndarray, nb: np.ndarray, data_len: int,
@@ -107,7 +106,7 @@ def find_tag(tail, index_len: int, off: np.ndarray, nb: np.ndarray, data_len: in
         raise CorruptStoreError(
             f"shard {where}: its index is not the one its shard tag records (re-indexed or "
             "re-checksummed)", path=where)
-    return np.frombuffer(bytes(tag[16:-4]), dtype="<u4")
+    return np.frombuffer(tag[16:-4], dtype="<u4")  # (a view of ``tail``: kept with it)
 
 
 def tag_pin(path, layout: Layout) -> int | None:
