@@ -5,14 +5,20 @@ cache, an in-memory NumPy backend with the same contract, the operations of a
 model's embedding layer, import/export of the common formats and offline batch
 lookup jobs.
 
-Every public name is an attribute of the package, but a subpackage is imported
-the first time one of its names is asked for: ``import embstore`` costs what the
-error classes cost, and a command line that only prints its help never loads
-NumPy.
+Every public name is an attribute of the package, and a subpackage is imported the
+first time one of its names is asked for. ``import embstore`` in a program loads the
+read path of a local table (``embstore.store.table``: NumPy, the row sources, the
+local place) so that ``embstore.open(path)`` and its first lookup take milliseconds,
+not the imports. The ``embstore`` command line loads only what its command runs (its
+help never loads NumPy); ``EMBSTORE_IMPORT=lazy`` gives a program the same (and
+``EMBSTORE_IMPORT=eager`` gives the command line the library's).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from ._version import __version__
@@ -65,3 +71,18 @@ _LAZY = {
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
+
+
+def _loads_read_path() -> bool:
+    """Whether ``import embstore`` loads the read path now: yes in a program, no in the
+    ``embstore`` command (the console script: ``sys.argv[0]`` is its path), unless
+    ``EMBSTORE_IMPORT`` says ``eager`` or ``lazy``."""
+    how = os.environ.get("EMBSTORE_IMPORT", "").strip().lower()
+    if how in ("eager", "lazy"):
+        return how == "eager"
+    argv = getattr(sys, "argv", None) or [""]
+    return os.path.basename(str(argv[0])) not in ("embstore", "embstore.exe")
+
+
+if _loads_read_path():
+    importlib.import_module(".store.table", __name__)

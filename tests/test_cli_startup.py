@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 
@@ -18,10 +19,15 @@ HEAVY = ("numpy", "embstore.batch", "embstore.store", "embstore.search", "embsto
          "embstore.convert", "embstore.layer", "embstore.keys", "zarr")
 
 
-def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json\n"
+def _modules_after(code: str, command: bool = True, env: dict | None = None) -> set[str]:
+    """The modules loaded after ``code`` in a fresh interpreter: started as the ``embstore``
+    console script starts (its ``sys.argv[0]`` is the script's path) unless ``command`` is
+    false (a program)."""
+    start = "import sys\nsys.argv = ['/usr/local/bin/embstore']\n" if command else ""
+    out = subprocess.run([sys.executable, "-c", start + code + "\nimport sys, json\n"
                           "print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+                         capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, "EMBSTORE_IMPORT": "", **(env or {})}).stdout
     return set(json.loads(out.splitlines()[-1]))
 
 
@@ -68,7 +74,7 @@ def test_one_store_module_loads_no_other_part_of_the_store():
     """``store/__init__`` is lazy: the object-storage client or the metadata reader alone
     loads neither the table, nor the writers, nor verify; the public names still resolve."""
     for module in ("embstore.store.place.objstore", "embstore.store.meta"):
-        loaded = _modules_after(f"import {module}")
+        loaded = _modules_after(f"import {module}", env={"EMBSTORE_IMPORT": "lazy"})
         assert not {"embstore.store.table", "embstore.store.build",
                     "embstore.store.verify"} & loaded, module
     import embstore.store as store
@@ -179,3 +185,30 @@ def test_a_url_still_opens_through_object_storage_versions():
     assert history.OBJECT_VERSIONS not in loaded
     versions_cls = importlib.import_module(history.OBJECT_VERSIONS).ObjectVersions
     assert versions_cls.__module__ == history.OBJECT_VERSIONS
+
+
+def test_a_program_gets_the_read_path_with_import_embstore(tmp_path):
+    """``import embstore`` in a program loads the local read path, so that ``open`` and
+    the first lookup load nothing more of embstore (they take milliseconds, not imports);
+    the console script and ``EMBSTORE_IMPORT=lazy`` load none of it."""
+    import numpy as np
+    path = tmp_path / "t.emb"
+    E = np.arange(40, dtype=np.float32).reshape(10, 4)
+    embstore.save(path, E).close()
+    code = ("import sys, json, numpy as np\nimport embstore\nbefore = set(sys.modules)\n"
+            f"t = embstore.open({str(path)!r})\nrows = t[np.array([3, 7])]\n"
+            "print(json.dumps([sorted(m for m in set(sys.modules) - before "
+            "if m.startswith('embstore')), rows.tolist()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True,
+                         env={**os.environ, "EMBSTORE_IMPORT": ""}).stdout
+    new, rows = json.loads(out.splitlines()[-1])
+    assert rows == E[[3, 7]].tolist()
+    assert new == []
+    assert "embstore.store.table" in _modules_after("import embstore", command=False)
+    for lazy in (_modules_after("import embstore"),
+                 _modules_after("import embstore", command=False,
+                                env={"EMBSTORE_IMPORT": "lazy"})):
+        assert "embstore.store.table" not in lazy and "numpy" not in lazy
+    assert "embstore.store.table" in _modules_after("import embstore",
+                                                    env={"EMBSTORE_IMPORT": "eager"})

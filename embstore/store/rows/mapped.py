@@ -9,6 +9,7 @@ import os
 import threading
 
 import numpy as np
+import numpy.ctypeslib  # (numpy loads it on first use: at open, not in the first lookup)
 
 from ..shard import arena
 from .layout import PAGE, RowLayout, open_chunk
