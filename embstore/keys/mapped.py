@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # zarr is imported only to write or verify: reading needs no 
     import zarr
 
 __all__ = ["MappedArray", "Head", "write_mapped", "concat_reader", "CHUNK_BYTES", "CHUNKS_ATTR",
-           "parse_array_meta", "stage_keys_array"]
+           "parse_array_meta", "stage_keys_array", "chunk_pins"]
 
 CHUNK_BYTES = 64 << 20  # tests lower it to exercise several chunks
 #: an array's attribute listing the crc32c each of its chunk files ends in (docs/FORMAT.md
@@ -178,7 +178,7 @@ def parse_array_meta(meta: dict, where: str, path) -> tuple[int, int, np.dtype, 
     return n, chunk, dtype, attrs if isinstance(attrs, dict) else {}
 
 
-def _chunk_pins(attrs: dict, nchunks: int, where: Path, path) -> list[int] | None:
+def chunk_pins(attrs: dict, nchunks: int, where: Path | str, path) -> list[int] | None:
     """The crc32c each chunk file must end in (:data:`CHUNKS_ATTR`), or None for an array
     written before the attribute (its chunks' own crc32c only)."""
     if CHUNKS_ATTR not in attrs:
@@ -229,7 +229,7 @@ class MappedArray:
         self._ok = np.zeros(self.nchunks, dtype=bool)  # crc32c checked (once, on first use)
         self._fences: np.ndarray | None = None
         self._final = False
-        self._pins = _chunk_pins(self.attrs, self.nchunks, self.dir, path)
+        self._pins = chunk_pins(self.attrs, self.nchunks, self.dir, path)
 
     def _map_chunk(self, i: int, dir_fd: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(valid elements, whole file as bytes)`` of chunk ``i``, from one open file."""

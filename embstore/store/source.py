@@ -84,6 +84,14 @@ class ShardSource(LayoutSource):
             return self.reader.take(ids)
         return super().take(ids)
 
+    def pin_shards(self, pins: dict[int, int]) -> None:
+        """Check each shard ``k`` in ``pins`` against the tag crc32c given (the manifest of
+        the version whose files this source reads pins it, docs/FORMAT.md §3b) before any
+        of its rows is read.  Called once, at open: the pins and the files they pin come
+        from one snapshot."""
+        if self.fast_path:
+            self.reader.pins = dict(pins)
+
     def _rewrite(self, txn: Transaction, k: int, local, values, valid_rows: int) -> None:
         L = self._layout
         dest = txn.file("/".join([self.name, *L.shard_key(k).split(L.separator)]))

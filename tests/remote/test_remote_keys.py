@@ -118,6 +118,27 @@ def test_a_damaged_sidecar_is_detected(s3):
             t.ids_of(["k1"])
 
 
+@pytest.mark.parametrize("array", ["key_utf8", "key_hash", "key_order"])  # (key_offsets:
+def test_a_key_chunk_of_another_table_with_its_sidecar_is_detected(s3, array):
+    """The chunk pins of each key array's zarr.json are checked on S3 as on a local disk: a
+    chunk file swapped, with its block sidecar, for another table's of the same size (every
+    block matches that sidecar) is damage, not other ids."""
+    keys = [f"key{i:04d}" for i in range(300)]
+    c = s3.client()
+    # the same for keys of the same lengths)
+    for name, ks in (("d.emb", keys), ("e.emb", [f"kez{i:04d}" for i in range(300)])):
+        embstore.save(f"s3://{s3.bucket}/{name}", np.zeros((300, 2), np.float32),
+                      keys=ks).close()
+    for rel in (f"{array}/c/0", sidecar_name(array, 0)):
+        body = c.get_object(Bucket=s3.bucket, Key=f"e.emb/{rel}")["Body"].read()
+        assert body != c.get_object(Bucket=s3.bucket, Key=f"d.emb/{rel}")["Body"].read()
+        c.put_object(Bucket=s3.bucket, Key=f"d.emb/{rel}", Body=body)
+    with embstore.open(f"s3://{s3.bucket}/d.emb") as t:
+        with pytest.raises(CorruptStoreError, match=rf"d.emb/{array}/c/0: ends in crc32c "
+                           r"0x[0-9a-f]{8}, its array's zarr.json records"):
+            t.ids_of(keys)
+
+
 def test_tables_without_sidecars_still_look_keys_up(s3):
     """A table uploaded by embstore 0.2.0 (no <array>/blocks/): the key arrays are downloaded."""
     url = f"s3://{s3.bucket}/old.emb"

@@ -34,8 +34,9 @@ from ...fs.checksum import crc32c
 from ...errors import CorruptStoreError
 from ...keys.hashing import words_from_bytes
 from ...keys.index import DiskVocab
-from ...keys.mapped import parse_array_meta
+from ...keys.mapped import chunk_pins, parse_array_meta
 from ...keys.writer import INDEX_ARRAYS
+from .pins import check_chunk_pins
 
 __all__ = ["BLOCK", "RangeReader", "RangedArray", "RangedVocab", "block_sidecar",
            "sidecar_name", "is_sidecar"]
@@ -135,6 +136,9 @@ class RangedArray:
         self._lock = threading.Lock()
         #: an array of the same grid whose blocks a search fetches too (key_order for key_hash)
         self.companion: RangedArray | None = None
+        #: the crc32c each chunk file ends in, as the array's zarr.json records (None: an
+        #: array written before the pins), checked before a chunk's sidecar is used
+        self._pins = chunk_pins(self.attrs, self.nchunks, self.dir, self.dir)
 
     def prefetch(self, keys: np.ndarray) -> None:
         """Fetch blocks ``keys`` into memory, quietly (a later read raises what fails)."""
@@ -158,6 +162,7 @@ class RangedArray:
         if not todo:
             return
         rels = [sidecar_name(self.name, c) for c in todo]
+        sides: dict[int, tuple] = {}
         for c, rel, raw in zip(todo, rels, self.reader.get_objects(rels)):
             where = self.reader.where(rel)
             if raw is None:
@@ -168,7 +173,9 @@ class RangedArray:
                 raise CorruptStoreError(f"{where}: block size {side[0]}, expected "
                                         f"{self._block}", path=where)
             self._block = side[0]
-            self._side[c] = side
+            sides[c] = side
+        check_chunk_pins(self.reader, self.name, self._pins, self.file_bytes, todo, self.dir)
+        self._side.update(sides)  # (a chunk is usable once both its sidecar and pin hold)
 
     @property
     def _per_chunk(self) -> int:

@@ -25,6 +25,7 @@ import numpy as np
 from ...fs.files import open_regular
 from ...fs.forksafe import renew_after_fork
 from . import prefetch
+from .tag import tag_len, tagged
 
 __all__ = ["JoinedMap", "available", "reserve", "map_fixed", "release"]
 
@@ -113,7 +114,8 @@ class JoinedMap:
 def stride_for(layout) -> int:
     """Bytes reserved per shard: the largest shard this layout writes, in whole pages."""
     n = layout.n_inner
-    size = n * (layout.chunk_bytes + (4 if layout.has_crc else 0)) + 16 * n + 4
+    size = n * (layout.chunk_bytes + (4 if layout.has_crc else 0)) + 16 * n + 4 + (
+        tag_len(n) if tagged(layout) else 0)
     page = mmap.PAGESIZE
     return -(-size // page) * page
 

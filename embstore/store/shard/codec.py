@@ -137,9 +137,11 @@ class ChunkDecoding:
                         at.tolist(), m.tolist())), dtype=np.int64, count=new.size)
                     u4 = np.ndarray(shape=(max(0, sf.mm.size - 3),), dtype="<u4", buffer=sf.mm,
                                     strides=(1,))
-                    bad = np.flatnonzero(got != u4[at + m])
+                    stored = u4[at + m]
+                    bad = np.flatnonzero(got != stored)
                     if bad.size:
                         self._bad_chunk(files, which, chunks, idx[new[bad[:1]]])
+                    sf.check_pinned(chunks[idx[new]] % L.n_inner, stored)
             seg = np.empty((idx.size, 2), dtype=np.uint64)
             seg[:, 0] = off
             seg[:, 1] = size[idx]
@@ -159,6 +161,23 @@ class ChunkDecoding:
             return
         for f in [pool().submit(run, p) for p in parts]:
             f.result()
+
+    def decode_check(self, payload, where: str) -> None:
+        """Raise CorruptStoreError naming ``where`` unless the stored chunk ``payload``
+        (its crc32c left off) decodes to one chunk (bounded: never more than its size)."""
+        L = self.layout
+        try:
+            if L.compression == "zstd":
+                size = len(zstandard.ZstdDecompressor().decompress(
+                    payload, max_output_size=L.chunk_bytes))
+            else:
+                size = memoryview(self.codec.decode(
+                    payload, out=np.empty(L.chunk_bytes, np.uint8))).nbytes
+        except Exception as exc:  # noqa: BLE001 - each codec fails with its own type
+            raise CorruptStoreError(f"{where}: cannot decode ({exc})", path=where) from None
+        if size != L.chunk_bytes:
+            raise CorruptStoreError(f"{where}: cannot decode ({size} bytes, expected "
+                                    f"{L.chunk_bytes})", path=where)
 
     def _bad_chunk(self, files, which, chunks, idx) -> NoReturn:
         """Raise CorruptStoreError for the first of chunks ``chunks[idx]`` that fails its

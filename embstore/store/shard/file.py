@@ -4,6 +4,8 @@ memory map that keeps no descriptor, and which chunks passed their crc32c (see d
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from ...fs.checksum import as_bytes_array, crc32c, value as crc_value
@@ -12,6 +14,7 @@ from . import prefetch
 from ...errors import CorruptStoreError, ResourceLimitError
 from ...fs.files import map_file, open_regular
 from ..codecs import ABSENT, Layout, check_chunk
+from .tag import find_tag, tag_len, tagged
 
 __all__ = ["ShardFile", "crcs", "parse_index"]
 
@@ -52,9 +55,17 @@ def parse_index(tail, size: int, layout: Layout, where: str) -> tuple[np.ndarray
 class ShardFile:
     """One shard as read: its index, memory map, and which chunks passed their crc32c."""
 
-    def __init__(self, path: str, layout: Layout, root: str | None = None):
+    def __init__(self, path: str, layout: Layout, root: str | None = None,
+                 pin: int | None = None):
         self.path = path  # root: the table's directory, which the file must not leave
         n = layout.n_inner
+        #: the crc32c each chunk must end in, as the shard's tag records (:mod:`.tag`:
+        #: checked against ``pin``, the tag crc32c the version's manifest records), or None
+        self.expect: np.ndarray | None = None
+        #: ``decode_check(payload, where)`` raises CorruptStoreError if a stored chunk does
+        #: not decode (set by a reader of a compressed layout): a re-checksummed chunk
+        #: that does not decode keeps that message, more precise than its tag's mismatch
+        self.decode_check: Callable[[Any, str], None] | None = None
         self.mm: np.ndarray | None = None
         self.rowview: np.ndarray | None = None
         self.scan_rows: np.ndarray | None = None  # every row, one-row chunks back to back (embstore.store.scan)
@@ -75,8 +86,13 @@ class ShardFile:
             size, tail, mm = self._read_tail(fd, layout)
         finally:
             os.close(fd)
-        data_len = size - len(tail)
-        present, self.offsets, self.nbytes = self._parse_index(tail, data_len, layout)
+        index_len = 16 * n + (4 if layout.index_crc else 0)
+        data_len = size - index_len
+        # the index first (its damage keeps its own message), then the tag it must match
+        present, self.offsets, self.nbytes = self._parse_index(tail[len(tail) - index_len:],
+                                                               data_len, layout)
+        self.expect = find_tag(tail, index_len, self.offsets, self.nbytes, data_len, layout,
+                               pin, path)
         self._map(mm, size, data_len, present, layout)
 
     def _open(self, root: str | None) -> int | None:
@@ -99,8 +115,9 @@ class ShardFile:
                                     path=path) from None
 
     def _read_tail(self, fd: int, layout: Layout) -> tuple[int, bytes, np.ndarray]:
-        """``(size, index bytes, map)`` of the open file ``fd``: its index (and crc) read
-        from its tail with one pread, the whole file mapped read-only."""
+        """``(size, tail bytes, map)`` of the open file ``fd``: its index (and crc), and the
+        bytes of a shard tag before it, read from its tail with one pread, the whole file
+        mapped read-only."""
         path = self.path
         st = os.fstat(fd)
         size, self.ident = st.st_size, (st.st_dev, st.st_ino)
@@ -111,8 +128,9 @@ class ShardFile:
                 "(truncated?)", path=path)
         # the index with one read (a fault on the map would read ahead megabytes around
         # it, or with MADV_RANDOM fault its pages in one at a time)
-        tail = os.pread(fd, index_len, size - index_len)
-        if len(tail) != index_len:
+        want = min(size, index_len + (tag_len(layout.n_inner) if tagged(layout) else 0))
+        tail = os.pread(fd, want, size - want)
+        if len(tail) != want:
             raise CorruptStoreError(f"shard {path}: index truncated while reading",
                                     path=path)
         return size, tail, map_file(fd, size, f"shard {path}")
@@ -173,8 +191,26 @@ class ShardFile:
             payload = buf[:-4]
             if len(buf) < 4 or crc32c(payload) != int.from_bytes(buf[-4:], "little"):
                 check_chunk(buf, f"shard {self.path}, chunk {i}")  # raises, with the reason
+            if self.expect is not None:
+                self.check_pinned(np.array([i]), np.array([int.from_bytes(buf[-4:], "little")]))
             return payload
         return buf
+
+    def check_pinned(self, inner: np.ndarray, stored: np.ndarray) -> None:
+        """Raise CorruptStoreError unless inner chunks ``inner`` end in the crc32c values
+        ``stored`` their shard tag records (a no-op for a shard without a tag)."""
+        if self.expect is None:
+            return
+        bad = np.flatnonzero(self.expect[inner] != stored)
+        if bad.size:
+            i = int(inner[bad[0]])
+            if self.decode_check is not None and self.offsets[i] >= 0:
+                off, nb = int(self.offsets[i]), int(self.nbytes[i])
+                self.decode_check(self.buf[off: off + nb - 4], f"shard {self.path}, chunk {i}")
+            raise CorruptStoreError(
+                f"shard {self.path}, chunk {i}: ends in crc32c {int(stored[bad[0]]):#010x}, "
+                f"its shard tag records {int(self.expect[i]):#010x} (a chunk of another "
+                "shard, or re-checksummed, in its place)", path=self.path)
 
     def verify(self, inner: np.ndarray, layout: Layout) -> None:
         for i in inner.tolist():  # a loop per chunk, each checked once per process

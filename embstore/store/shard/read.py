@@ -37,6 +37,11 @@ class ShardReader(ChunkDecoding):
         self.codec = make_codec(layout.compression, layout.dtype.itemsize) if (
             layout.compression != "none") else None
         self._shards: dict[int, ShardFile] = {}
+        #: shard -> the crc32c of its tag the manifest of the version this reader's root
+        #: is records (docs/FORMAT.md §3b; None: a table read without versions).  Set once,
+        #: before any shard is read, and never changed: a reader over another version's
+        #: files is another reader (a commit's handle moves to a new Version)
+        self.pins: dict[int, int] | None = None
         self._lock = threading.RLock()
         renew_after_fork(self, "_lock")  # a thread of the parent may hold it at a fork
         self._jm = None  # JoinedMap of the uncompressed layout (Linux), built on first use
@@ -51,9 +56,16 @@ class ShardReader(ChunkDecoding):
                 sf = self._shards.get(k)
                 if sf is None:
                     sf = ShardFile(os.path.join(self.root, *self.layout.shard_key(k).split(
-                        self.layout.separator)), self.layout, os.path.dirname(self.root))
+                        self.layout.separator)), self.layout, os.path.dirname(self.root),
+                        self.pin_of(k))
+                    if self.codec is not None:
+                        sf.decode_check = self.decode_check
                     self._shards[k] = sf
         return sf
+
+    def pin_of(self, k: int) -> int | None:
+        """The tag crc32c the version pins shard ``k`` with, or None."""
+        return None if self.pins is None else self.pins.get(k)
 
     def forget(self, shards=None) -> None:
         """Drop kept indexes and maps (all, or of the given shards) after they changed."""
@@ -183,9 +195,16 @@ class ShardReader(ChunkDecoding):
                 check_chunk(jm.raw[o: o + int(sf.nbytes[i])], where)  # raises, with the reason
                 raise CorruptStoreError(f"{where}: crc32c mismatch (stored bytes are damaged)",
                                         path=sf.path)
-        jm.gver[cs] = True
         ks = cs // L.n_inner
         cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        if L.has_crc and present.any():  # each chunk against its shard's tag (if it has one)
+            pcs = cs[present]
+            pk = pcs // L.n_inner
+            pcuts = np.flatnonzero(pk[1:] != pk[:-1]) + 1
+            for a, b in zip(np.r_[0, pcuts].tolist(), np.r_[pcuts, pcs.size].tolist()):
+                k = int(pk[a])  # (a loop per shard)
+                self.shard(k).check_pinned(pcs[a:b] - k * L.n_inner, stored[a:b])
+        jm.gver[cs] = True
         for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, cs.size].tolist()):  # per shard
             k = int(ks[a])
             self.shard(k).verified[cs[a:b] - k * L.n_inner] = True
@@ -311,7 +330,7 @@ class ShardReader(ChunkDecoding):
         for k in self.existing_shards():  # absent shards read as zeros: nothing to check
             path = os.path.join(self.root, *L.shard_key(k).split(L.separator))
             try:
-                sf = ShardFile(path, L, os.path.dirname(self.root))
+                sf = ShardFile(path, L, os.path.dirname(self.root), self.pin_of(k))
             except CorruptStoreError as exc:
                 problems.append((path, None, str(exc)))
                 continue

@@ -20,6 +20,7 @@ from ..codecs import Layout, check_chunk, make_codec
 from ..place.base import Place
 from .file import parse_index
 from .ranged import regions
+from .tag import find_tag, tag_len, tagged
 
 __all__ = ["verify_shards"]
 
@@ -29,10 +30,15 @@ _REQUEST = 8 << 20  # bytes per request
 _GAP = 1 << 16  # a gap between stored chunks read through
 
 
-def _check(raw, nb: int, L: Layout, codec, at: str, where: str) -> None:
+def _check(raw, nb: int, L: Layout, codec, at: str, where: str, tag: int | None) -> None:
     if len(raw) != nb:
         raise CorruptStoreError(f"{at}: truncated ({len(raw)} of {nb} bytes)", path=where)
     payload = check_chunk(raw, at) if L.has_crc else raw
+    if tag is not None and int.from_bytes(raw[-4:], "little") != tag:
+        raise CorruptStoreError(f"{at}: ends in crc32c "
+                                f"{int.from_bytes(raw[-4:], 'little'):#010x}, its shard tag "
+                                f"records {tag:#010x} (a chunk of another shard in its place)",
+                                path=where)
     if codec is not None:
         size = memoryview(codec.decode(payload)).nbytes
         if size != L.chunk_bytes:
@@ -44,11 +50,13 @@ def _shard(place: Place, name: str, L: Layout, k: int, codec) -> tuple[int, list
     rel = f"{name}/{L.shard_key(k)}"
     where = place.where(rel)
     index_len = 16 * L.n_inner + (4 if L.index_crc else 0)
-    try:
-        got = place.get_tail(rel, index_len)
+    try:  # the index, and the shard tag before it (its own crc32c: no byte unchecked)
+        got = place.get_tail(rel, index_len + (tag_len(L.n_inner) if tagged(L) else 0))
         if got is None:
             return 0, []  # an absent shard: every chunk the fill value
-        off, nb = parse_index(got[0], got[1], L, where)
+        tail, size = memoryview(got[0]).cast("B"), got[1]
+        off, nb = parse_index(tail[max(0, len(tail) - index_len):], size, L, where)
+        expect = find_tag(tail, index_len, off, nb, size - index_len, L, None, where)
     except CorruptStoreError as exc:
         return 0, [(where, None, str(exc))]
     present = np.flatnonzero(off >= 0)
@@ -66,7 +74,8 @@ def _shard(place: Place, name: str, L: Layout, k: int, codec) -> tuple[int, list
             at = f"shard {where}, chunk {i}"
             a = int(off[i]) - start
             try:
-                _check(buf[a: a + int(nb[i])], int(nb[i]), L, codec, at, where)
+                _check(buf[a: a + int(nb[i])], int(nb[i]), L, codec, at, where,
+                       None if expect is None else int(expect[i]))
             except CorruptStoreError as exc:
                 bad.append((where, i, str(exc)))
             except Exception as exc:  # noqa: BLE001 - a codec's own error type

@@ -17,6 +17,7 @@ from ...fs.checksum import crc32c
 
 from ..codecs import ABSENT, Layout, encode_chunks
 from .read import ShardReader
+from .tag import chunk_crcs, make_tag, tagged
 
 __all__ = ["RowStream", "ShardStream", "BackgroundSync", "rewrite_shard"]
 
@@ -31,28 +32,41 @@ class ShardStream:
         self.f = open(path, "wb")
         self.layout, self.codec = layout, codec
         self.index = np.full((layout.n_inner, 2), ABSENT, dtype="<u8")
+        self.crcs = np.zeros(layout.n_inner, dtype="<u4")  # (the shard tag's entries)
         self.pos = 0
         self.chunks = 0
 
     def write(self, rows: np.ndarray) -> None:
         """Rows for the next whole chunks (the last chunk of the table may be partial)."""
-        for part in encode_chunks(rows, self.layout, self.codec):
+        parts = encode_chunks(rows, self.layout, self.codec)
+        if tagged(self.layout):
+            self.crcs[self.chunks: self.chunks + len(parts)] = chunk_crcs(parts)
+        for part in parts:  # a loop per chunk
             self.f.write(part)
             self.index[self.chunks] = (self.pos, len(part))
             self.pos += len(part)
             self.chunks += 1
 
     def close(self, sync: BackgroundSync | None = None) -> None:
-        """Write the index and close; the file is fsynced (by ``sync``'s thread if given)."""
-        body = self.index.tobytes()
-        self.f.write(body)
-        if self.layout.index_crc:
-            self.f.write(crc32c(body).to_bytes(4, "little"))
+        """Write the shard tag and the index and close; the file is fsynced (by ``sync``'s
+        thread if given)."""
+        _write_tail(self.f, self.index, self.crcs, self.layout)
         self.f.flush()
         if sync is not None:
             sync.submit(self.f)
         else:
             _sync_close(self.f)
+
+
+def _write_tail(f, index: np.ndarray, crcs: np.ndarray, layout: Layout) -> None:
+    """The end of a shard file: its tag (checksummed layouts, :mod:`.tag`), its index and
+    the index's crc32c."""
+    body = index.tobytes()
+    if tagged(layout):
+        f.write(make_tag(body, crcs))
+    f.write(body)
+    if layout.index_crc:
+        f.write(crc32c(body).to_bytes(4, "little"))
 
 
 def _sync_close(f) -> None:
@@ -177,6 +191,26 @@ class RowStream:
                 pass
 
 
+def _kept_crcs(old, n_valid: int, L: Layout) -> np.ndarray:
+    """The tag entries of the chunks a rewrite copies from shard ``old`` (0 where absent, or
+    past ``n_valid``): its tag's where it has one (a chunk of another shard in its place
+    stays damage in the new file), else the crc32c each stored chunk ends in (read from the
+    map: those pages are copied anyway)."""
+    crcs = np.zeros(L.n_inner, dtype="<u4")
+    if not tagged(L) or old.mm is None:
+        return crcs
+    if old.expect is not None:
+        crcs[:n_valid] = old.expect[:n_valid]
+        return crcs
+    off, nb = old.offsets[:n_valid], old.nbytes[:n_valid]
+    at = np.flatnonzero(off >= 0)
+    if at.size:
+        u4 = np.ndarray(shape=(max(0, old.mm.size - 3),), dtype="<u4", buffer=old.mm,
+                        strides=(1,))
+        crcs[at] = u4[off[at] + nb[at] - 4]
+    return crcs
+
+
 def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.ndarray,
                   valid_rows: int, dest) -> None:
     """Write shard ``k`` with rows ``local`` (shard-relative, distinct) set to ``values`` to
@@ -207,6 +241,9 @@ def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.nda
     starts = np.flatnonzero(~joined).tolist() + [n_valid]
     slot_of = {int(c): j for j, c in enumerate(touched.tolist())}
     index = np.full((L.n_inner, 2), ABSENT, dtype="<u8")
+    crcs = _kept_crcs(old, n_valid, L)
+    if tagged(L):
+        crcs[touched] = chunk_crcs(fresh)
     with open(dest, "wb") as f:
         pos = 0
         for a, b in zip(starts[:-1], starts[1:]):  # a loop per segment
@@ -222,9 +259,6 @@ def rewrite_shard(reader: ShardReader, k: int, local: np.ndarray, values: np.nda
                 index[a:b, 0] = pos + (offs[a:b] - lo)
                 index[a:b, 1] = nbs[a:b]
                 pos += hi - lo
-        body = index.tobytes()
-        f.write(body)
-        if L.index_crc:
-            f.write(crc32c(body).to_bytes(4, "little"))
+        _write_tail(f, index, crcs, L)
         f.flush()
         os.fsync(f.fileno())

@@ -27,7 +27,8 @@ from ...keys.mapped import read_array_meta
 from ...keys.segments import SegmentedVocab
 from ..base import Handle
 from ..place.lock import writer_lock
-from ..subword.ngrams import Subwords
+from ..source import ShardSource
+from ..subword.ngrams import NGRAMS, Subwords
 from .commit import Transaction, last_commit, recover, settle
 from .keydelta import (KEYS, encoded_new_keys, fold_keys, key_entries, open_vocab,
                        stage_keys)
@@ -101,7 +102,10 @@ class LocalVersions:
                               settle=lambda: settle(self.path, self.lock_timeout))
 
     def open_ngrams(self, v: Version, info: dict, dim: int, mode: str) -> Subwords:
-        return Subwords(v.root, info, dim, mode)
+        sub = Subwords(v.root, info, dim, mode)
+        if isinstance(sub.source, ShardSource) and NGRAMS in v.shard_pins:
+            sub.source.pin_shards(v.shard_pins[NGRAMS])  # (the version's, as its rows')
+        return sub
 
     def stored_bytes(self, v: Version) -> tuple[int, int]:
         """As du counts: every file once (versions share files: hard links), holes free."""

@@ -40,10 +40,12 @@ from pathlib import Path
 from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
 from ...fs.files import open_regular, read_small
+from ..codecs import Layout
+from ..shard.tag import tag_pin
 
 __all__ = ["OBJECTS", "FILES", "SEED", "CRC", "check_names", "in_place", "journal_crc",
            "last_problems", "manifest_sha256", "file_sum", "size_and_tail",
-           "object_sums",
+           "object_sums", "shard_tag", "shard_pins",
            "last_doc", "check_pins", "verify_objects"]
 
 OBJECTS = "objects"
@@ -145,8 +147,10 @@ def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str], *,
     entries of ``old`` (the parent's) kept for the files not in ``fresh`` (written now).
     Every file never changed in place is pinned: the deltas and metadata files always
     (small), the others when written now (``first``: every file, version 1) or pinned by
-    the parent, so a commit checksums only what it wrote."""
-    out = {}
+    the parent, so a commit checksums only what it wrote.  A shard with a shard tag gets
+    the tag's crc32c as a 4th element (:func:`shard_tag`)."""
+    out: dict = {}
+    layouts: dict = {}
     for rel in sorted(rels):  # a loop per file of the version (a checksum per new one)
         if in_place(snap, rel):
             continue  # (pinned by their page checksums: see the module doc)
@@ -155,6 +159,49 @@ def object_sums(snap: Path, rels: list[str], old: dict, fresh: set[str], *,
             out[rel] = list(kept)
         elif first or rel in fresh or rel.startswith("deltas/") or rel.endswith("zarr.json"):
             out[rel] = file_sum(snap / rel)
+            tag = shard_tag(snap, rel, layouts)
+            if tag is not None:
+                out[rel].append(tag)
+    return out
+
+
+def _shard_number(rel: str) -> tuple[str, int] | None:
+    """``(array, k)`` of a shard file's relative name ``<array>/c/<k>/0``, else None."""
+    parts = rel.split("/")
+    if len(parts) == 4 and parts[1] == "c" and parts[3] == "0" and parts[2].isdigit() and \
+            parts[0] != "deltas":
+        return parts[0], int(parts[2])
+    return None
+
+
+def shard_tag(snap: Path, rel: str, layouts: dict) -> int | None:
+    """The crc32c of the shard tag of file ``rel`` of the snapshot ``snap`` (docs/FORMAT.md
+    §3b), or None: not a shard of a checksummed sharded array, or a shard without a tag
+    (written before tags).  ``layouts`` caches each array's layout."""
+    got = _shard_number(rel)
+    if got is None:
+        return None
+    name = got[0]
+    if name not in layouts:
+        try:
+            layouts[name] = Layout.from_metadata(json.loads((snap / name / "zarr.json")
+                                                            .read_text("utf-8")))
+        except (OSError, ValueError, CorruptStoreError):
+            layouts[name] = None
+    L = layouts[name]
+    return None if L is None else tag_pin(snap / rel, L)
+
+
+def shard_pins(objects) -> dict[str, dict[int, int]]:
+    """``{array: {k: tag crc32c}}`` of the shards a version's ``objects`` pins by tag."""
+    out: dict[str, dict[int, int]] = {}
+    if not isinstance(objects, dict):
+        return out
+    for rel, entry in objects.items():  # a loop per pinned file
+        got = _shard_number(rel) if isinstance(rel, str) else None
+        if got is not None and isinstance(entry, list) and len(entry) == 4 and \
+                type(entry[3]) is int and 0 <= entry[3] < 1 << 32:
+            out.setdefault(got[0], {})[got[1]] = entry[3]
     return out
 
 
@@ -290,6 +337,7 @@ def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[s
     if not isinstance(objects, dict):
         return [] if objects is None else [(str(snap / "manifest.json"), "objects: not an object")]
     out = []
+    layouts: dict = {}
     named = {rel for rel in objects if _relative(rel)}  # (others: reported by check_pins)
     for rel in sorted({f for f in files if f.startswith("deltas/")} | named):  # per object
         if rel not in named:
@@ -298,8 +346,10 @@ def verify_objects(snap: Path, manifest: dict, files: list[str]) -> list[tuple[s
             continue
         try:
             want = objects[rel]
-            got = file_sum(snap / rel, legacy=isinstance(want, list) and len(want) == 3
+            got = file_sum(snap / rel, legacy=isinstance(want, list) and len(want) >= 3
                            and type(want[1]) is int)
+            if isinstance(want, list) and len(want) == 4:  # a shard pinned by its tag too
+                got.append(shard_tag(snap, rel, layouts))
         except FileNotFoundError:
             out.append((str(snap / rel), f"{snap / rel}: missing (the version's manifest "
                                          f"names it: {objects[rel]})"))

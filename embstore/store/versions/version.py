@@ -21,13 +21,13 @@ from ...errors import CorruptStoreError, InvalidOptionError, pin_name
 from ..base import RowSource
 from ..meta import read_table_meta
 from ..norms.source import attach_norms
-from ..source import keeps_versions, open_source, same_array
+from ..source import ShardSource, keeps_versions, open_source, same_array
 from .commit import last_commit, settle
 from .delta import Overlays, OverlaySource
 from .retain import Lease
 from .snapshot import (VersionNotFoundError, list_versions, newest, read_manifest,
                        snapshot_root, version_files)
-from .pinning import check_pins
+from .pinning import OBJECTS, check_pins, shard_pins
 
 __all__ = ["Version", "check_version", "plain", "stored_bytes"]
 
@@ -62,6 +62,9 @@ class Version:
         self.versioned, self.signature, self.objects = versioned, signature, objects
         self.vocab: Any = None
         self.subwords: Any = None
+        #: ``{array: {shard: tag crc32c}}`` its manifest pins (docs/FORMAT.md §3b), for the
+        #: sharded arrays opened later from ``root`` (the n-grams)
+        self.shard_pins: dict[str, dict[int, int]] = {}
 
     @classmethod
     def open(cls, path: Path, want: int | None, mode: str, current: int = 0) -> Version:
@@ -103,6 +106,8 @@ class Version:
                                     f" rows, its vectors/zarr.json {meta['shape'][0]}: the "
                                     "version's files are not its own", path=str(path))
         wrap = overlays.wrap if overlays is not None else same_array
+        pins = shard_pins(manifest.get(OBJECTS)) if n is not None else {}
+        wrap = _pinning(wrap, pins)  # (root: version n's snapshot, whose manifest pins them)
         checked = attrs.get("format") == 2  # (every row array checksummed, or damage)
         ready = partial(settle, root)  # (a reader finding a page changed waits for the commit)
         source = attach_norms(root, open_source(root, meta, mode, wrap, checked=checked,
@@ -116,10 +121,12 @@ class Version:
                                                                    settle=ready))
         if pin is not None:
             hold(source, pin)
-        return cls(root=root, number=n or 0, source=source, attrs=attrs,
-                   has_keys=bool(attrs.get("has_keys", (root / "keys").is_dir())),
-                   overlays=overlays, commit=seen, pin=pin, versioned=versioned,
-                   signature=sig if n is None else None)
+        v = cls(root=root, number=n or 0, source=source, attrs=attrs,
+                has_keys=bool(attrs.get("has_keys", (root / "keys").is_dir())),
+                overlays=overlays, commit=seen, pin=pin, versioned=versioned,
+                signature=sig if n is None else None)
+        v.shard_pins = pins
+        return v
 
     def is_current(self, path: Path) -> bool:
         """Whether this is still the newest version of the local table at ``path``
@@ -141,6 +148,20 @@ class Version:
         """The lease goes (threads still reading keep the pinned directory, not the lease)."""
         if self.pin is not None:
             self.pin.release()
+
+
+def _pinning(wrap, pins: dict[str, dict[int, int]]):
+    """``wrap`` that first gives each sharded row array the tag pins of its shards in the
+    manifest of the version it reads (docs/FORMAT.md §3b: a shard of another version or
+    table in its place is damage before its rows are read)."""
+    if not pins:
+        return wrap
+
+    def pinned(name: str, src: RowSource) -> RowSource:
+        if name in pins and isinstance(src, ShardSource):
+            src.pin_shards(pins[name])
+        return wrap(name, src)
+    return pinned
 
 
 def _check_named(path: Path, n: int, manifest: dict, newest_one: bool) -> None:
