@@ -10,14 +10,9 @@ covers."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import forked
-
-REPO = Path(__file__).resolve().parents[1]
 
 _HEADER = r"""
 import os, signal, sys
@@ -45,12 +40,6 @@ def child_script(change: str) -> str:
     """The child's code: ``change`` (lines indented by 4, using ``t``, ``op`` and ``np``)
     runs on the table opened ``r+`` with the kill wrapper in place."""
     return _HEADER + change.strip("\n") + "\nprint(calls[0])\n"
-
-
-def child_args(script: str, path, op: str, kill_at: int) -> tuple[list[str], dict]:
-    """The command line and environment that run ``script`` on ``path``."""
-    return ([sys.executable, "-c", script, str(path), op, str(kill_at)],
-            {**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def run_child(script: str, path, op: str, kill_at: int) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ import embstore
 import forked
 from embstore import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from embstore.cli import cli
+from killchild import child_script, run_child
 from refreshing import MixCounter, hammer
 
 V, D = 3000, 16
@@ -482,8 +483,6 @@ def test_a_damaged_delta_is_found(t2):
 def test_a_compaction_killed_at_every_step_changes_no_row(tmp_path, E):
     """SIGKILL at each step of a compaction (and of the write before it): the table always
     opens with the written rows, verifies, and every version reads what it held."""
-    from killchild import child_script, run_child
-
     script = child_script(r"""
     t.write(np.arange(0, 3000, 997), np.full((4, 16), 8, np.float32))
     t.compact()
