@@ -9,12 +9,15 @@ session fixture is paid by the first test that needs it, so sum per file).  Then
     python tests/cputimes.py DIR [--top N]
 
 prints the totals, the files by CPU and the N costliest tests.  Children count once waited
-(``RUSAGE_CHILDREN``): a subprocess a test kills and reaps is charged to that test.
+(``RUSAGE_CHILDREN``): a subprocess a test kills and reaps is charged to that test; so is
+a child forked from tests/forked.py's fork server (the server's CPU, its waited children's
+included, is read from ``/proc``).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing.forkserver
 import os
 import resource
 import sys
@@ -30,7 +33,23 @@ _STATE: dict = {"tests": {}}
 def _cpu() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + _fork_server_cpu()
+
+
+def _fork_server_cpu() -> float:
+    """The CPU seconds of tests/forked.py's fork server while it runs, its children's
+    included (it waits for each as it exits): /proc/PID/stat's utime, stime, cutime and
+    cstime.  (Once the server is stopped and waited for, at exit, it counts in
+    RUSAGE_CHILDREN instead.)"""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def _phase(item, name: str):

@@ -10,14 +10,9 @@ covers."""
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import forked
 
 _HEADER = r"""
 import os, signal, sys
@@ -47,79 +42,8 @@ def child_script(change: str) -> str:
     return _HEADER + change.strip("\n") + "\nprint(calls[0])\n"
 
 
-def child_args(script: str, path, op: str, kill_at: int) -> tuple[list[str], dict]:
-    """The command line and environment that run ``script`` on ``path``."""
-    return ([sys.executable, "-c", script, str(path), op, str(kill_at)],
-            {**os.environ, "PYTHONPATH": str(REPO)})
-
-
-# A fork server: one process imports numpy and embstore once, then forks a child per kill
-# point (a child that starts Python and imports them costs ~1 s; a fork ~10 ms: the
-# kill-at-every-step tests start a few hundred).  Requests and replies are JSON lines on
-# its stdin/stdout; a child's output goes to files the server reads after waiting for it.
-_SERVER = r"""
-import json, os, sys, tempfile, traceback
-import numpy as np
-import embstore
-with tempfile.TemporaryDirectory() as d:  # what the children use, imported here once
-    for dtype in ("float32", "int8"):
-        w = os.path.join(d, dtype)
-        embstore.save(w, np.arange(8, dtype=np.float32).reshape(4, 2), keys=list("abcd"),
-                      dtype=dtype).close()
-        with embstore.open(w, mode="r+") as t:
-            t.append(np.ones((2, 2), np.float32), keys=["e", "f"])
-            t.write([0], np.ones((1, 2), np.float32))
-reply = os.fdopen(os.dup(1), "w")
-for line in sys.stdin:
-    req = json.loads(line)
-    with tempfile.TemporaryDirectory() as d:
-        names = os.path.join(d, "out"), os.path.join(d, "err")
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                for fd, name in zip((1, 2), names):
-                    os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT, 0o600), fd)
-                sys.stdout = open(1, "w", closefd=False)
-                sys.stderr = open(2, "w", closefd=False)
-                sys.argv = req["argv"]
-                exec(compile(req["script"], "<child>", "exec"), {"__name__": "__main__"})
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        out, err = (open(n, errors="replace").read() for n in names)
-    reply.write(json.dumps({"rc": rc, "out": out, "err": err}) + "\n")
-    reply.flush()
-"""
-_server: subprocess.Popen | None = None
-
-
-def _fork_server() -> subprocess.Popen:
-    global _server
-    if _server is None or _server.poll() is not None:
-        _server = subprocess.Popen([sys.executable, "-c", _SERVER], text=True,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(REPO))
-        atexit.register(_server.kill)
-    return _server
-
-
 def run_child(script: str, path, op: str, kill_at: int) -> subprocess.CompletedProcess:
-    """Run the child (forked from the server) to its end or its kill."""
-    argv, _ = child_args(script, path, op, kill_at)
-    server = _fork_server()
-    assert server.stdin is not None and server.stdout is not None
-    server.stdin.write(json.dumps({"argv": argv[2:], "script": script}) + "\n")
-    server.stdin.flush()
-    line = server.stdout.readline()
-    if not line:
-        raise RuntimeError(f"the fork server died (exit {server.wait()})")
-    got = json.loads(line)
-    return subprocess.CompletedProcess(argv, got["rc"], got["out"], got["err"])
+    """Run the child to its end or its kill, forked from tests/forked.py's server (which has
+    imported numpy and embstore and used a table: a child that starts Python and imports
+    them costs ~1 s; a fork ~10 ms, and the kill-at-every-step tests start a few hundred)."""
+    return forked.run(script, path, op, kill_at, timeout=300)

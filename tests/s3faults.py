@@ -14,11 +14,9 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import os
 import random
 import socket
 import socketserver
-import subprocess
 import sys
 import textwrap
 import threading
@@ -32,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import forked  # noqa: E402
 from benchmarks import s3server  # noqa: E402
 
 _buckets = itertools.count()
@@ -211,14 +210,11 @@ def appended_keys(logs: list[list[dict]]) -> dict[str, int]:
 
 def race(url: str, tmp_path, writers: int, commits: int, *, hot_every: int = 5,
          timeout: float = 600, keyed: bool = False) -> list[list[dict]]:
-    """``writers`` processes of :data:`WRITER` making ``commits`` each (appends with keys
-    when ``keyed``); their logs."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, str(w), str(writers),
-                               str(commits), str(tmp_path / f"w{w}.json"), str(hot_every),
-                               "keyed" if keyed else "-"],
-                              env=env)
+    """``writers`` processes (forked from tests/forked.py's server: no start-up each) commit
+    ``commits`` times each (appends with keys when ``keyed``); their logs."""
+    procs = [forked.start(WRITER, url, w, writers, commits, tmp_path / f"w{w}.json", hot_every,
+                          "keyed" if keyed else "-")
              for w in range(writers)]
     for p in procs:
-        assert p.wait(timeout=timeout) == 0
+        assert p.wait(timeout=timeout) == 0, p.stderr.read()[-3000:]
     return [json.loads((tmp_path / f"w{w}.json").read_text()) for w in range(writers)]

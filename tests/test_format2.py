@@ -5,6 +5,7 @@ the bytes on disk; damage found by lookups and ``verify``; writes, appends and `
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from google_crc32c import value as crc32c
 
 import embstore
+import forked
 from embstore import CorruptStoreError, InvalidOptionError
 from embstore.cli import cli
 from embstore.dtypes import DTYPES
@@ -208,16 +210,12 @@ def test_refresh_under_readers_and_a_writer_never_breaks_a_lookup(tmp_path, E):
     """Three threads look rows up on one handle while a fourth refreshes it and another
     process appends: every lookup returns the right rows (refresh used to unmap the range a
     gather was reading: a segmentation fault)."""
-    import subprocess
-    import sys
-    import threading
-
     embstore.save(tmp_path / "t", E, format_version=2, chunk_rows=1024).close()
     code = ("import numpy as np, embstore\n"
             f"t = embstore.open({str(tmp_path / 't')!r}, mode='r+')\n"
             "for i in range(25):\n"
             "    t.append(np.full((40, 48), i, np.float32))\n")
-    writer = subprocess.Popen([sys.executable, "-c", code])
+    writer = forked.start(code)  # (a process of its own, forked: tests/forked.py)
     errors: list[str] = []
     with embstore.open(tmp_path / "t") as t:
         def read(seed: int, done: threading.Event) -> None:
@@ -241,9 +239,6 @@ def test_four_writer_processes_at_once(tmp_path, E):
     """Four processes append and write to one format-2 table at the same time (the writer
     lock serialises them): every append's rows land whole at the ids it was given, every
     write's rows read back, and the table verifies."""
-    import subprocess
-    import sys
-
     embstore.save(tmp_path / "t", E, format_version=2, chunk_rows=1024).close()
     code = ("import sys, numpy as np, embstore\n"
             "w = int(sys.argv[1]); out = []\n"
@@ -253,8 +248,7 @@ def test_four_writer_processes_at_once(tmp_path, E):
             "    out.append(f'{int(ids[0])} {1000 * w + i}')\n"
             "    t.write([w * 100 + i], np.full((1, 48), -(1000 * w + i), np.float32))\n"
             "print(' '.join(out))\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(w)], stdout=subprocess.PIPE,
-                              text=True) for w in (1, 2, 3, 4)]
+    procs = [forked.start(code, w) for w in (1, 2, 3, 4)]
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0]
     with embstore.open(tmp_path / "t") as t:

@@ -7,8 +7,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -16,10 +14,11 @@ import numpy as np
 import pytest
 
 import embstore
+import forked
 from embstore.store.objects.manifest import AREA, list_versions, need_manifest
 from embstore.store.place.objstore import ObjectClient
 from embstore.store.objects.version import object_log
-from s3faults import ROOT, appended_keys, race, replay, s3, s3_server  # noqa: F401
+from s3faults import appended_keys, race, replay, s3, s3_server  # noqa: F401
 
 pytest.importorskip("moto")
 pytest.importorskip("obstore")
@@ -70,10 +69,8 @@ def test_many_writers_and_readers_check_every_read_against_a_replay(s3, rng, tmp
     url = f"s3://{s3.bucket}/t.emb"
     E = rng.standard_normal((200, 4)).astype(np.float32)
     embstore.save(url, E, keys=[f"k{i}" for i in range(200)]).close()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     stop = tmp_path / "stop"
-    readers = [subprocess.Popen([sys.executable, "-c", _READER, url, str(stop),
-                                 str(tmp_path / f"r{i}.json")], env=env)
+    readers = [forked.start(_READER, url, stop, tmp_path / f"r{i}.json")
                for i in range(READERS)]
     try:
         logs = race(url, tmp_path, writers=WRITERS, commits=COMMITS, hot_every=7,
@@ -152,13 +149,11 @@ def test_killed_writers_lose_no_committed_row_and_vacuum_clears_their_leftovers(
     E = rng.standard_normal((200, 4)).astype(np.float32)
     keys = [f"k{i}" for i in range(200)]
     embstore.save(url, E, keys=keys).close()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     R = E.copy()
     for trial in range(TRIALS):  # a loop per killed writer
         out = tmp_path / f"k{trial}.log"
-        p = subprocess.Popen([sys.executable, "-c", _KILLED, url, str(out), str(trial + 1)],
-                             env=env)
-        while not out.exists() or out.stat().st_size == 0:  # (started: importing takes long)
+        p = forked.start(_KILLED, url, out, trial + 1)  # (a real process, forked: no start-up)
+        while not out.exists() or out.stat().st_size == 0:  # (started: it has opened the table)
             time.sleep(0.05)
         time.sleep(float(rng.uniform(0.0, 1.5)))
         p.send_signal(signal.SIGKILL)

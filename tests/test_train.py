@@ -4,6 +4,10 @@ prefetching."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+
 import numpy as np
 import pytest
 
@@ -11,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 import embstore  # noqa: E402
 import embstore.torch as et  # noqa: E402
+import trainchild  # noqa: E402
 from embstore.train.persist import TrainerBusyError, read_checkpoints  # noqa: E402
 
 V, D = 60, 8
@@ -360,8 +365,6 @@ def _final(path):
 def _forked(fn) -> int:
     """Run ``fn()`` (returning an int) in a forked child (torch already imported: no start
     up); returns its result, or -9 if it was SIGKILLed."""
-    import os
-    import signal
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
@@ -383,26 +386,41 @@ def _forked(fn) -> int:
     return int(out)
 
 
-def _crash_trials(tmp_path, trials: int, seed: int, total: int = 40, every: int = 5) -> None:
-    """``trials`` times: a training run of a fresh copy of the table SIGKILLed at a random
-    moment (a random one of the calls that make a change durable or visible), the table
-    opened and verified, the run resumed from its last checkpoint to the end: rows and
-    optimizer state equal an uninterrupted run's."""
-    import shutil
+_CRASH_REFS: dict = {}
 
-    import trainchild
-    w = np.random.default_rng(5).standard_normal((trainchild.V, trainchild.D)) \
-        .astype(np.float32)
-    for name in ("ref", "count", "base"):
-        embstore.save(tmp_path / name, w).close()
-    trainchild.train(tmp_path / "ref", total, every)
-    step_a, rows_a, state_a = _final(tmp_path / "ref")
-    n_calls = _forked(lambda: trainchild.run(tmp_path / "count", total, every, 0))
+
+@pytest.fixture(scope="session")
+def crash_ref(tmp_path_factory):
+    """``ref(total, every)``: the folder holding the untouched table, the uninterrupted
+    run's final step, rows and optimizer state, and how many durable calls a whole run
+    makes; made once per test process for each (total, every), shared by the pieces."""
+    def ref(total: int, every: int):
+        if (total, every) not in _CRASH_REFS:
+            d = tmp_path_factory.mktemp(f"crash-ref-{total}-{every}")
+            w = np.random.default_rng(5).standard_normal((trainchild.V, trainchild.D)) \
+                .astype(np.float32)
+            for name in ("ref", "count", "base"):
+                embstore.save(d / name, w).close()
+            trainchild.train(d / "ref", total, every)
+            n_calls = _forked(lambda: trainchild.run(d / "count", total, every, 0))
+            _CRASH_REFS[total, every] = (d / "base", _final(d / "ref"), n_calls)
+        return _CRASH_REFS[total, every]
+    return ref
+
+
+def _crash_trials(tmp_path, ref, trials: int, seed: int, total: int = 40, every: int = 5,
+                  piece: slice = slice(None)) -> None:
+    """``trials`` times (or the ``piece`` of them): a training run of a fresh copy of the
+    table SIGKILLed at a random moment (a random one of the calls that make a change
+    durable or visible), the table opened and verified, the run resumed from its last
+    checkpoint to the end: rows and optimizer state equal an uninterrupted run's."""
+    base, (step_a, rows_a, state_a), n_calls = ref(total, every)
     kills = 0
-    for kill_at in np.random.default_rng(seed).integers(1, n_calls, size=trials):  # per trial
+    points = np.random.default_rng(seed).integers(1, n_calls, size=trials)[piece]
+    for kill_at in points:  # a loop per trial
         crash = tmp_path / "crash"
         shutil.rmtree(crash, ignore_errors=True)
-        shutil.copytree(tmp_path / "base", crash, symlinks=True)
+        shutil.copytree(base, crash, symlinks=True)
         kills += _forked(lambda: trainchild.run(crash, total, every, int(kill_at))) == -9
         with embstore.open(crash):
             pass
@@ -415,16 +433,23 @@ def _crash_trials(tmp_path, trials: int, seed: int, total: int = 40, every: int 
         assert embstore.verify(crash).ok
         assert embstore.verify(crash / "vectors" / ".embstore" / "train" /
                                "state-rowwise_adagrad").ok
-    assert kills >= trials * 0.9
+    assert kills >= len(points) * 0.9
 
 
-def test_sigkill_a_few_times_then_resume_equals_an_uninterrupted_run(tmp_path):
-    _crash_trials(tmp_path, 2, seed=0, total=10, every=5)
+def test_sigkill_a_few_times_then_resume_equals_an_uninterrupted_run(tmp_path, crash_ref):
+    _crash_trials(tmp_path, crash_ref, 2, seed=0, total=10, every=5)
+
+
+#: the 50 random moments in 5 pieces of 10 (the same 50 kill points as one test had: a test
+#: of ~90 CPU-s was the suite's longest tail on 2 workers; pieces balance across them)
+_PIECES = 5
 
 
 @pytest.mark.slow
-def test_sigkill_at_50_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
-    _crash_trials(tmp_path, 50, seed=1)
+@pytest.mark.parametrize("piece", range(_PIECES), ids=lambda k: f"trials-{10 * k}-{10 * k + 9}")
+def test_sigkill_at_50_random_moments_then_resume_equals_an_uninterrupted_run(
+        tmp_path, crash_ref, piece):
+    _crash_trials(tmp_path, crash_ref, 50, seed=1, piece=slice(10 * piece, 10 * piece + 10))
 
 
 @pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,8 +16,10 @@ import zarr
 from click.testing import CliRunner
 
 import embstore
+import forked
 from embstore import CorruptStoreError, InvalidOptionError, ReadOnlyError
 from embstore.cli import cli
+from killchild import child_script, run_child
 from refreshing import MixCounter, hammer
 
 V, D = 3000, 16
@@ -251,7 +251,7 @@ def test_a_refresh_with_nothing_new_keeps_the_row_cache(t2, E):
 
 def test_a_killed_readers_lease_does_not_hold_its_version(t2):
     code = (f"import os, embstore; t = embstore.open({str(t2)!r}); os.kill(os.getpid(), 9)")
-    subprocess.run([sys.executable, "-c", code])
+    assert forked.run(code).returncode == -9
     with embstore.open(t2, "r+") as t:
         t.write([0], np.ones((1, D), np.float32))
         assert t.vacuum(keep=1) == [1]
@@ -396,14 +396,11 @@ def test_readers_never_see_part_of_a_commit(tmp_path, layout):
     p = tmp_path / "t"
     embstore.save(p, np.zeros((ROWS, COLS), np.float32), keys=[f"r{i}" for i in range(ROWS)],
                   **TORN_LAYOUTS[layout]).close()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = tmp_path / "done"
-    readers = [subprocess.Popen([sys.executable, "-c", READER, str(p), str(done), str(s)],
-                                env=env, stdout=subprocess.PIPE, text=True) for s in range(4)]
-    writer = subprocess.run([sys.executable, "-c", WRITER, str(p)], env=env,
-                            timeout=300 + COMMITS * (1 + PAUSE))
+    readers = [forked.start(READER, p, done, s) for s in range(4)]  # (processes: forked.py)
+    writer = forked.run(WRITER, p, timeout=300 + COMMITS * (1 + PAUSE))
     done.touch()
-    assert writer.returncode == 0
+    assert writer.returncode == 0, writer.stderr[-3000:]
     outs = [r.communicate(timeout=300)[0].split() for r in readers]
     assert [r.returncode for r in readers] == [0] * 4
     reads, torn, errors = (sum(int(o[j]) for o in outs) for j in range(3))
@@ -424,7 +421,7 @@ def test_a_row_cache_never_mixes_versions_under_a_refreshing_handle(tmp_path):
             f"t = embstore.open({str(p)!r}, mode='r+')\n"
             "for k in range(1, 61):\n"
             f"    t.write(np.arange({n}), np.full(({n}, {d}), k, np.float32))\n")
-    writer = subprocess.Popen([sys.executable, "-c", code])
+    writer = forked.start(code)
     with embstore.open(p, cache_bytes="16MB") as t:
         count = MixCounter(t, n, 64)
         hammer(t, count.read, lambda: writer.wait(timeout=300))
@@ -490,8 +487,6 @@ def test_a_damaged_delta_is_found(t2):
 def test_a_compaction_killed_at_every_step_changes_no_row(tmp_path, E):
     """SIGKILL at each step of a compaction (and of the write before it): the table always
     opens with the written rows, verifies, and every version reads what it held."""
-    from killchild import child_script, run_child
-
     script = child_script(r"""
     t.write(np.arange(0, 3000, 997), np.full((4, 16), 8, np.float32))
     t.compact()

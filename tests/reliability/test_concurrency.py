@@ -11,15 +11,13 @@ they see name their rows.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from relhelpers import REPO, TRIED
+from relhelpers import TRIED
 
 import embstore
+import forked
 
 ROWS, DIM, VERSIONS, APPEND = 3000, 8, 12, 64
 
@@ -71,10 +69,9 @@ print(json.dumps({"reads": reads, "rows": rows, "refreshes": refreshes, "keys": 
 """
 
 
-def _spawn(code: str, args: list) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _spawn(code: str, args: list) -> forked.Child:
+    """``python -c code args`` as a process forked from tests/forked.py's server."""
+    return forked.start(code, *args)
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from killchild import child_args, child_script, run_child
+from killchild import child_script, run_child
 from relhelpers import KILL_POINTS, TRIED
 
 import embstore
+import forked
 
 ROWS, DIM, SHARD = 1000, 8, 128
 
@@ -139,9 +140,8 @@ def test_killed_at_steps(tmp_path, base, op, every):
 def test_killed_at_random_moments(tmp_path, base, op):
     probe = tmp_path / "probe"
     shutil.copytree(base, probe)
-    argv, env = child_args(CHILD, probe, op, 0)
-    t0 = time.monotonic()  # a whole child, started as the killed ones are (not forked)
-    assert subprocess.run(argv, env=env, capture_output=True, timeout=120).returncode == 0
+    t0 = time.monotonic()  # a whole child, started as the killed ones are (forked.py)
+    assert forked.run(CHILD, probe, op, 0, timeout=120).returncode == 0
     horizon = time.monotonic() - t0
     old, new = _contents(base), _contents(probe)
     rng = random.Random(op)
@@ -151,9 +151,7 @@ def test_killed_at_random_moments(tmp_path, base, op):
     for i in range(KILL_POINTS * 2):
         path = tmp_path / f"r{i}"
         shutil.copytree(base, path)
-        argv, env = child_args(CHILD, path, op, 0)
-        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+        p = forked.start(CHILD, path, op, 0)
         time.sleep(rng.uniform(0.3 * horizon, 1.0 * horizon))
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=60)

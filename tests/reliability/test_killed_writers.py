@@ -12,16 +12,15 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from relhelpers import KILL_POINTS, REPO, TRIED
+from relhelpers import KILL_POINTS, TRIED
 
 import embstore
+import forked
 from embstore.errors import EmbstoreError
 
 ROWS, DIM = 6000, 16
@@ -52,10 +51,10 @@ def sources(tmp_path_factory) -> dict:
     return out
 
 
-def _spawn(code: str, args: list) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _spawn(code: str, args: list) -> forked.Child:
+    """``python -c code args`` as a process forked from tests/forked.py's server (numpy and
+    embstore imported: the random moments fall in the writer's work, not its imports)."""
+    return forked.start(code, *args)
 
 
 _CLI = "import sys; from embstore.cli import cli; cli(sys.argv[1:], prog_name='embstore')"
@@ -87,9 +86,9 @@ def _leftovers(d: Path, dest: Path) -> list[str]:
                   n.startswith("." + dest.name))
 
 
-def _kill_at_random(proc: subprocess.Popen, rng: random.Random, horizon: float) -> bool:
-    """SIGKILL after a random delay in [0.2, 1.05) x horizon (the interpreter's start-up
-    takes the first part); True if it was still running."""
+def _kill_at_random(proc: forked.Child, rng: random.Random, horizon: float) -> bool:
+    """SIGKILL after a random delay in [0.2, 1.05) x horizon (the run's whole time);
+    True if it was still running."""
     time.sleep(rng.uniform(0.2 * horizon, 1.05 * horizon))
     alive = proc.poll() is None
     if alive:
@@ -102,7 +101,7 @@ def _horizon(code: str, args: list) -> float:
     t0 = time.monotonic()
     p = _spawn(code, args)
     p.wait(timeout=120)
-    assert p.returncode == 0, p.stderr.read().decode()
+    assert p.returncode == 0, p.stderr.read()
     return time.monotonic() - t0
 
 
@@ -125,7 +124,7 @@ def test_import_killed_fresh_dest(tmp_path, sources, fmt):
             embstore_rm(dest)
     # the leftovers of killed runs do not stop a fresh import to the same DEST
     p = _spawn(_CLI, ["import", src, dest, "-q"])
-    assert p.wait(timeout=120) == 0, p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0, p.stderr.read()
     assert _state(dest) == 2
 
 
@@ -175,7 +174,7 @@ def test_overwrite_killed_keeps_old_or_new(tmp_path, sources, writer):
                     pass
     # a later import to the same DEST works despite leftovers
     p = _spawn(_CLI, ["import", v2_npy, dest, "-q", "--overwrite"])
-    assert p.wait(timeout=120) == 0, p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0, p.stderr.read()
     assert _state(dest) == 2
     assert seen[1] + seen[2] + seen[None] == KILL_POINTS * 2
 

@@ -4,7 +4,6 @@ waiter's ticket never blocks the queue."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import embstore
+import forked  # (processes forked from a server that has imported embstore)
 from embstore.store.place.lock import QUEUE, writer_lock
 
 DIM = 4
@@ -46,7 +46,7 @@ def _lock_loop(path: str, started, stop) -> None:
 
 
 def _waited(path, loop) -> float:
-    ctx = mp.get_context("spawn")
+    ctx = forked.context()
     started, stop, counts = ctx.Event(), ctx.Event(), ctx.Queue()
     args = (str(path), started, stop, counts) if loop is _append_loop else (str(path), started, stop)
     proc = ctx.Process(target=loop, args=args)
@@ -100,7 +100,7 @@ def _ticket_then_hang(path: str, ready) -> None:
 def test_a_killed_waiters_ticket_does_not_block_the_queue(tmp_path):
     path = tmp_path / "t"
     _base(path)
-    ctx = mp.get_context("spawn")
+    ctx = forked.context()
     ready = ctx.Event()
     proc = ctx.Process(target=_ticket_then_hang, args=(str(path), ready))
     proc.start()
@@ -128,7 +128,7 @@ def _take_in_turn(path: str, me: int, order) -> None:
 def test_waiting_writers_are_served_in_the_order_they_came(tmp_path):
     path = tmp_path / "t"
     _base(path)
-    ctx = mp.get_context("spawn")
+    ctx = forked.context()
     order = ctx.Queue()
     qdir = path.joinpath(*QUEUE)
     with writer_lock(path):

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import shutil
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from relhelpers import assert_clean_error, invoke
 
 import embstore
+import forked  # (processes forked from a server that has imported embstore)
 from embstore.errors import CorruptStoreError
 from embstore.fs.beside import owned_prefix
 
@@ -46,7 +46,7 @@ def _start_and_die(dest: str) -> None:
 
 def test_killed_saves_are_swept_by_the_next_writer_only_when_dead(tmp_path):
     dest = tmp_path / "dest"
-    p = mp.get_context("spawn").Process(target=_start_and_die, args=(str(dest),))
+    p = forked.context().Process(target=_start_and_die, args=(str(dest),))
     p.start()
     p.join(60)
     dead = [n for n in os.listdir(tmp_path) if n.lstrip(".").startswith("dest.tmp-")]
@@ -57,7 +57,7 @@ def test_killed_saves_are_swept_by_the_next_writer_only_when_dead(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["dest", mine.name]
     shutil.rmtree(mine)
     # the same through repair, after a second killed save
-    p = mp.get_context("spawn").Process(target=_start_and_die, args=(str(dest),))
+    p = forked.context().Process(target=_start_and_die, args=(str(dest),))
     p.start()
     p.join(60)
     res = invoke(["repair", dest])

@@ -9,7 +9,6 @@ row is lost or zeroed.  Also: stale handles, the lock timeout, readers during a 
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
 
@@ -18,6 +17,7 @@ import pytest
 from relhelpers import TRIED
 
 import embstore
+import forked  # (processes forked from a server that has imported embstore)
 from embstore.errors import LockTimeoutError, ShapeMismatchError
 from embstore.store.place.lock import writer_lock
 
@@ -42,7 +42,7 @@ def _worker(path: str, w: int, batches: int, per: int, writers: int, q) -> None:
 
 
 def _run_writers(path, writers: int, batches: int, per: int) -> dict:
-    ctx = mp.get_context("spawn")
+    ctx = forked.context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(str(path), w, batches, per, writers, q))
              for w in range(writers)]
@@ -130,7 +130,7 @@ def _hold_lock(path: str, ready, release) -> None:
 def test_second_writer_waits_then_times_out_and_readers_never_wait(tmp_path):
     path = tmp_path / "t"
     _base(path)
-    ctx = mp.get_context("spawn")
+    ctx = forked.context()
     ready, release = ctx.Event(), ctx.Event()
     holder = ctx.Process(target=_hold_lock, args=(str(path), ready, release))
     holder.start()
@@ -156,7 +156,7 @@ def test_a_write_waits_for_the_other_writer(tmp_path):
     waits for it (it does not fail), then writes on top of its rows."""
     path = tmp_path / "t"
     _base(path)
-    ctx = mp.get_context("spawn")
+    ctx = forked.context()
     ready, release = ctx.Event(), ctx.Event()
     with embstore.open(path, mode="r+") as t:
         holder = ctx.Process(target=_hold_lock, args=(str(path), ready, release))
