@@ -428,34 +428,48 @@ def test_sigkill_at_50_random_moments_then_resume_equals_an_uninterrupted_run(tm
 
 
 @pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
-def test_steady_state_allocates_nothing_of_the_batch_size():
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_steady_state_allocates_nothing_of_the_batch_size(tmp_path, where):
     """tracemalloc over 100 steps (NumPy's buffers are traced): no growth, and no
-    allocation near the size of the batch's rows (the output and the gradient sums
-    live in reused buffers)."""
+    allocation near the size of the batch's rows (the output, the gradient sums, the rows a
+    batch misses and those read ahead live in reused buffers).  ``disk``: an on-disk table
+    with the next batch prefetched, its rows missed by the row cache all along (uniform ids
+    over 8x the rows a step touches)."""
     import gc
     import tracemalloc
-    rows, dim = 5000, 128
+    rows, dim = (5000, 128) if where == "memory" else (40_000, 128)
     w = np.random.default_rng(1).standard_normal((rows, dim)).astype(np.float32)
-    emb = et.Embedding(embstore.MemoryTable(w), optimizer="rowwise_adagrad", lr=0.01)
+    table = embstore.MemoryTable(w) if where == "memory" else embstore.save(
+        tmp_path / "t", w)
+    if where == "disk":
+        table.close()
+        table = embstore.open(tmp_path / "t", mode="r+")
+    emb = et.Embedding(table, optimizer="rowwise_adagrad", lr=0.01)
     rng = np.random.default_rng(2)
-    batches = [torch.from_numpy(rng.integers(0, rows, size=(64, 32))) for _ in range(110)]
+    batches = [torch.from_numpy(rng.integers(0, rows, size=(64, 32))) for _ in range(111)]
     batch_bytes = 64 * 32 * dim * 4
 
-    def step(ids):
-        out = emb(ids)
+    def step(i):
+        out = emb(batches[i])
+        if where == "disk":
+            emb.prefetch(batches[i + 1])
         out.pow(2).sum().backward()
-    for ids in batches[:10]:
-        step(ids)
+    for i in range(10):
+        step(i)
+    misses = emb.trainer.cache.stats["misses"]
     gc.collect()
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        for ids in batches[10:]:
-            step(ids)
+        for i in range(10, 110):
+            step(i)
         gc.collect()  # (autograd leaves a few small reference cycles a step)
         cur, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    if where == "disk":  # (rows were read from the table in the steps measured)
+        assert emb.trainer.cache.stats["misses"] - misses > 20 * 64 * 32 // 8
+    emb.close()
     assert cur - base < 64 << 10
     # the peak: O(batch) ids (8 bytes each), never the rows (512 bytes each)
     assert peak - base < batch_bytes // 4, (peak - base, batch_bytes)

@@ -81,6 +81,8 @@ class WriteBackCache:
         self.clock = 0
         self.flushes = 0  # bumped by every write to the table (prefetches check it)
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "written": 0}
+        self._miss_rows = np.empty((0, d), np.float32)
+        self._miss_state = np.empty((0, self.state_cols), np.float32)
         #: called before anything is written to the tables (a prefetch in flight ends)
         self.before_write: Callable[[], None] | None = None
 
@@ -149,12 +151,21 @@ class WriteBackCache:
                 todo = ~have
         if todo.any():
             rest, rs = ids[todo], slots[todo]
-            self.rows[rs] = self.table.lookup(rest)
+            rows, state = self._miss_buffers(rest.size)
+            self.rows[rs] = self.table.lookup(rest, out=rows)
             if self.state_table is not None:
-                self.state[rs] = self.state_table.lookup(rest)
+                self.state[rs] = self.state_table.lookup(rest, out=state)
         self.slot_of[ids] = slots
         self.id_of[slots] = ids
         self.dirty[slots] = False
+
+    def _miss_buffers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Buffers the missing rows (and state) of a batch are read into: grown to the most
+        a batch missed, then reused (no allocation of the rows a step)."""
+        if self._miss_rows.shape[0] < n:
+            self._miss_rows = np.empty((n, self.rows.shape[1]), np.float32)
+            self._miss_state = np.empty((n, self.state_cols), np.float32)
+        return self._miss_rows[:n], self._miss_state[:n]
 
     def _write(self, slots: np.ndarray) -> None:
         if not slots.size:
