@@ -257,3 +257,16 @@ def test_a_checkpoint_holds_a_bounded_block_of_rows_whatever_the_table(tmp_path,
                                   ref.optimizer_state(np.arange(rows)))
     emb.close()
     assert embstore.verify(tmp_path / "t").ok
+
+
+def test_sorted_union_equals_numpy():
+    """The folds' union of sorted unique ids (two arrays placed, more sorted) against
+    np.unique of their concatenation, empty and overlapping ones included."""
+    from embstore.store.versions.deltafile import sorted_union
+    rng = np.random.default_rng(10)
+    for _ in range(200):  # a loop per case
+        parts = [np.unique(rng.integers(0, 80, size=rng.integers(0, 40)))
+                 for _ in range(rng.integers(1, 4))]
+        got = sorted_union(*parts)
+        np.testing.assert_array_equal(got, np.unique(np.concatenate(parts)))
+        assert got.dtype == np.int64

@@ -49,7 +49,7 @@ __all__ = ["TrainStore", "train_dir", "read_checkpoints", "TrainerBusyError"]
 PRIVATE = ("vectors", ".embstore", "train")
 RECORDS = "checkpoints.json"
 KEEP_RECORDS = 64
-RESTORE_BLOCK = 1 << 20  # rows put back per commit when resuming
+SCAN_BLOCK_BYTES = 4 << 20  # rows compared at a time when resuming from an older checkpoint
 
 
 class TrainerBusyError(EmbstoreError):
@@ -196,24 +196,25 @@ class TrainStore:
         """Ids whose rows differ between ``version`` and the newest (a full scan, by
         blocks: resuming from a checkpoint older than the newest)."""
         out = []
+        step = max(1, SCAN_BLOCK_BYTES // (4 * self.table.dim))
         with open_table(self.table.path, version=version, cache_bytes=0) as old:
-            for a in range(0, self.table.vocab_size, 65536):  # a loop per block of rows
-                b = min(a + 65536, self.table.vocab_size)
+            for a in range(0, self.table.vocab_size, step):  # a loop per block of rows
+                b = min(a + step, self.table.vocab_size)
                 diff = (old[a:b] != self.table[a:b]).any(axis=1)
                 out.append(np.flatnonzero(diff) + a)
         return np.concatenate(out) if out else np.empty(0, np.int64)
 
     @staticmethod
     def _restore(handle: ZarrTable, version: int, ids: np.ndarray) -> bool:
-        """Put rows ``ids`` of ``handle`` back to their values at ``version`` (commits of
-        at most RESTORE_BLOCK rows; idempotent: a crash in between is resumed again)."""
+        """Put rows ``ids`` of ``handle`` back to their values at ``version``: one commit,
+        the rows read a block at a time (``write_blocks``: a roll-back of a checkpoint's
+        flush of a large row cache holds a block of them, not all); idempotent: a crash in
+        it is resumed again."""
         handle.refresh()
         if handle.version == version or not ids.size:
             return False
         with open_table(handle.path, version=version, cache_bytes=0) as old:
-            for a in range(0, ids.size, RESTORE_BLOCK):  # a loop per block of rows
-                blk = ids[a: a + RESTORE_BLOCK]
-                handle.write(blk, old.lookup(blk))
+            handle.write_blocks(ids, lambda pos: old.lookup(ids[pos]))
         return True
 
     # -- write-backs and checkpoints ---------------------------------------------------
