@@ -543,16 +543,16 @@ def test_a_failure_between_the_state_and_the_rows_commits_is_rolled_back(tmp_pat
     v5 = emb.checkpoint()
     state5 = emb.optimizer_state(np.arange(V))
     store = emb.trainer.store
-    real = store.table.write
+    real = store.table.write, store.table.write_blocks
 
     def fail(ids, rows):  # the state is committed, the rows are not
         raise OSError("disk full")
-    store.table.write = fail
+    store.table.write = store.table.write_blocks = fail  # (a flush: write_blocks)
     for ids, c in _batches(3, seed=4):
         _loss(emb(ids), c).backward()
     with pytest.raises(OSError):
         emb.flush()
-    store.table.write = real
+    store.table.write, store.table.write_blocks = real
     emb.trainer.close(checkpoint=False)
     assert isinstance(store, TrainStore)
     again = et.Embedding(tmp_path / "t", optimizer="rowwise_adagrad", lr=LR)

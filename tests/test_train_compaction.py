@@ -262,7 +262,7 @@ def test_a_checkpoint_holds_a_bounded_block_of_rows_whatever_the_table(tmp_path,
 def test_sorted_union_equals_numpy():
     """The folds' union of sorted unique ids (two arrays placed, more sorted) against
     np.unique of their concatenation, empty and overlapping ones included."""
-    from embstore.store.versions.deltafile import sorted_union
+    from embstore.store.versions.framed import sorted_union
     rng = np.random.default_rng(10)
     for _ in range(200):  # a loop per case
         parts = [np.unique(rng.integers(0, 80, size=rng.integers(0, 40)))

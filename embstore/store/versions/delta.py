@@ -3,7 +3,7 @@
 
 A ``write`` on a format-2 table does not rewrite the chunks its rows lie in: each row array
 it changes (``vectors``, and ``row_scale`` / ``norms`` where the table has them) gets one
-delta file (:mod:`.deltafile`: the sorted unique ids and their rows as stored).
+delta file (:mod:`.framed`: the sorted unique ids and their rows as stored).
 
 :class:`OverlaySource` reads a row array with its version's deltas on top: the deltas'
 ids are merged once at open (newest wins) into one sorted array, and a gather finds its
@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import CorruptStoreError
 from ..base import RowsAt, RowSource, Transaction
-from .deltafile import (MAGIC, check_delta, read_delta, read_framed, sorted_union,
+from .framed import (MAGIC, check_delta, read_delta, read_framed, sorted_union,
                         write_delta, write_framed)
 from .snapshot import DELTAS
 

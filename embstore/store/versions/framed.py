@@ -1,5 +1,6 @@
-"""Delta files (docs/FORMAT.md §6c): the rows a ``write`` on a format-2 table changes,
-``deltas/<N>.<array>`` of the version N it makes, holding the sorted unique ids and their
+"""Framed files: delta files (docs/FORMAT.md §6c) and the frame they share with key delta
+files.  A delta file holds the rows a ``write`` on a format-2 table changes:
+``deltas/<N>.<array>`` of the version N it makes, the sorted unique ids and their
 rows as stored (codes).  A delta file is::
 
     b"EMBDELTA" | uint32 header length | header (JSON: array, rows, cols, dtype) |
