@@ -434,7 +434,8 @@ def test_steady_state_allocates_nothing_of_the_batch_size(tmp_path, where):
     allocation near the size of the batch's rows (the output, the gradient sums, the rows a
     batch misses and those read ahead live in reused buffers).  ``disk``: an on-disk table
     with the next batch prefetched, its rows missed by the row cache all along (uniform ids
-    over 8x the rows a step touches)."""
+    over 8x the rows a step touches); its pages checked beforehand (the store checks each
+    page's crc32c the first time a process reads it, with arrays of the pages' size)."""
     import gc
     import tracemalloc
     rows, dim = (5000, 128) if where == "memory" else (40_000, 128)
@@ -444,6 +445,7 @@ def test_steady_state_allocates_nothing_of_the_batch_size(tmp_path, where):
     if where == "disk":
         table.close()
         table = embstore.open(tmp_path / "t", mode="r+")
+        table.lookup(np.arange(rows))  # (each page checked once a process: done first)
     emb = et.Embedding(table, optimizer="rowwise_adagrad", lr=0.01)
     rng = np.random.default_rng(2)
     batches = [torch.from_numpy(rng.integers(0, rows, size=(64, 32))) for _ in range(111)]

@@ -144,10 +144,13 @@ class WriteBackCache:
             sid, srows, sstate = staged
             pos = np.minimum(np.searchsorted(sid, ids), sid.size - 1)
             have = sid[pos] == ids
-            if have.any():
-                self.rows[slots[have]] = srows[pos[have]]
+            if have.any():  # (through the reused buffers: no allocation of the rows)
+                at = pos[have]
+                rows, state = self._miss_buffers(at.size)
+                self.rows[slots[have]] = np.take(srows, at, axis=0, out=rows, mode="clip")
                 if self.state_cols:
-                    self.state[slots[have]] = sstate[pos[have]]
+                    self.state[slots[have]] = np.take(sstate, at, axis=0, out=state,
+                                                      mode="clip")
                 todo = ~have
         if todo.any():
             rest, rs = ids[todo], slots[todo]
