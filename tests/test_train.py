@@ -453,34 +453,50 @@ def test_sigkill_at_50_random_moments_then_resume_equals_an_uninterrupted_run(
 
 
 @pytest.mark.slow  # 10-60 s under load on 2 cores (2026-12-02 timings)
-def test_steady_state_allocates_nothing_of_the_batch_size():
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_steady_state_allocates_nothing_of_the_batch_size(tmp_path, where):
     """tracemalloc over 100 steps (NumPy's buffers are traced): no growth, and no
-    allocation near the size of the batch's rows (the output and the gradient sums
-    live in reused buffers)."""
+    allocation near the size of the batch's rows (the output, the gradient sums, the rows a
+    batch misses and those read ahead live in reused buffers).  ``disk``: an on-disk table
+    with the next batch prefetched, its rows missed by the row cache all along (uniform ids
+    over 8x the rows a step touches); its pages checked beforehand (the store checks each
+    page's crc32c the first time a process reads it, with arrays of the pages' size)."""
     import gc
     import tracemalloc
-    rows, dim = 5000, 128
+    rows, dim = (5000, 128) if where == "memory" else (40_000, 128)
     w = np.random.default_rng(1).standard_normal((rows, dim)).astype(np.float32)
-    emb = et.Embedding(embstore.MemoryTable(w), optimizer="rowwise_adagrad", lr=0.01)
+    table = embstore.MemoryTable(w) if where == "memory" else embstore.save(
+        tmp_path / "t", w)
+    if where == "disk":
+        table.close()
+        table = embstore.open(tmp_path / "t", mode="r+")
+        table.lookup(np.arange(rows))  # (each page checked once a process: done first)
+    emb = et.Embedding(table, optimizer="rowwise_adagrad", lr=0.01)
     rng = np.random.default_rng(2)
-    batches = [torch.from_numpy(rng.integers(0, rows, size=(64, 32))) for _ in range(110)]
+    batches = [torch.from_numpy(rng.integers(0, rows, size=(64, 32))) for _ in range(111)]
     batch_bytes = 64 * 32 * dim * 4
 
-    def step(ids):
-        out = emb(ids)
+    def step(i):
+        out = emb(batches[i])
+        if where == "disk":
+            emb.prefetch(batches[i + 1])
         out.pow(2).sum().backward()
-    for ids in batches[:10]:
-        step(ids)
+    for i in range(10):
+        step(i)
+    misses = emb.trainer.cache.stats["misses"]
     gc.collect()
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        for ids in batches[10:]:
-            step(ids)
+        for i in range(10, 110):
+            step(i)
         gc.collect()  # (autograd leaves a few small reference cycles a step)
         cur, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    if where == "disk":  # (rows were read from the table in the steps measured)
+        assert emb.trainer.cache.stats["misses"] - misses > 20 * 64 * 32 // 8
+    emb.close()
     assert cur - base < 64 << 10
     # the peak: O(batch) ids (8 bytes each), never the rows (512 bytes each)
     assert peak - base < batch_bytes // 4, (peak - base, batch_bytes)
@@ -554,16 +570,16 @@ def test_a_failure_between_the_state_and_the_rows_commits_is_rolled_back(tmp_pat
     v5 = emb.checkpoint()
     state5 = emb.optimizer_state(np.arange(V))
     store = emb.trainer.store
-    real = store.table.write
+    real = store.table.write, store.table.write_blocks
 
     def fail(ids, rows):  # the state is committed, the rows are not
         raise OSError("disk full")
-    store.table.write = fail
+    store.table.write = store.table.write_blocks = fail  # (a flush: write_blocks)
     for ids, c in _batches(3, seed=4):
         _loss(emb(ids), c).backward()
     with pytest.raises(OSError):
         emb.flush()
-    store.table.write = real
+    store.table.write, store.table.write_blocks = real
     emb.trainer.close(checkpoint=False)
     assert isinstance(store, TrainStore)
     again = et.Embedding(tmp_path / "t", optimizer="rowwise_adagrad", lr=LR)

@@ -125,7 +125,7 @@ def test_a_trainers_write_backs_defer_compaction_to_the_checkpoint(path):
     assert not any(e["change"].get("folded") == "chunks" for e in between)
     assert sum(e["change"]["kind"] == "write" for e in between) > 5
     assert after[-1]["version"] == v and after[-1]["deltas"] == 0
-    assert after[-1]["change"].get("folded") == "chunks"
+    assert after[-1]["change"].get("folded") == "dense"  # (the flush's one commit)
     with embstore.open(path.parent / "small", version=v) as a, \
             embstore.open(path.parent / "big", version=runs["big"][2]) as b:
         np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
@@ -200,3 +200,73 @@ def test_a_checkpoint_rewrites_only_the_dense_chunks(tmp_path):
     assert embstore.verify(path).ok
     with embstore.open(path) as r:
         np.testing.assert_array_equal(r.to_numpy(), ref)
+
+
+def test_a_checkpoint_holds_a_bounded_block_of_rows_whatever_the_table(tmp_path, monkeypatch):
+    """A checkpoint's flush and fold (every row dirty, evicted rows pending in deltas, a
+    dense fold) allocate at most a few blocks of rows (the blocks made small here) and a few
+    dozen bytes per id, never a chunk's rows, a write-back's or the dirty set's: measured
+    with tracemalloc (NumPy's buffers are traced; the mapped chunk and delta files, the
+    page cache's, are not).  Before (2026-12-02): 20-42 MiB for a table of 8 MiB of rows
+    (write-backs of 32,768 rows each folding every pending row again, blocks of 65,536
+    merged rows, a 16 MiB read per file checksum).  The rows equal those trained in memory."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import tracemalloc
+
+    import embstore.torch as et
+    from embstore.store.norms import source as norms_source
+    from embstore.store.rows import stage
+    from embstore.store.versions import delta
+    block = 128 << 10
+    for mod, name in ((delta, "FOLD_BLOCK_BYTES"), (stage, "BLOCK_BYTES"),
+                      (norms_source, "NORM_BLOCK_BYTES")):
+        monkeypatch.setattr(mod, name, block)
+    rows, dim = 32_768, 64  # 8 MiB of rows, 64 chunks of 128 KiB
+    w = np.random.default_rng(8).standard_normal((rows, dim)).astype(np.float32)
+    embstore.save(tmp_path / "t", w, format_version=2, chunk_rows=512).close()
+    rng = np.random.default_rng(9)
+    batches = [torch.from_numpy(rng.permutation(rows)[: rows // 2]) for _ in range(6)]
+    ref = et.Embedding(embstore.MemoryTable(w.copy()), optimizer="rowwise_adagrad", lr=0.05)
+    emb = et.Embedding(tmp_path / "t", optimizer="rowwise_adagrad", lr=0.05)
+    for i, ids in enumerate(batches):  # a loop per step
+        for m in (emb, ref):
+            m(ids).pow(2).sum().backward()
+        if i == 2:
+            emb.flush()  # (rows written back as deltas, pending: as evictions leave them)
+    t = emb.table
+    pending = t.info()["pending_rows"]
+    dirty = int(emb.trainer.cache.dirty.sum())
+    assert pending > rows // 8 and dirty > rows // 2
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        version = emb.checkpoint()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    bound = 8 * block + 40 * (dirty + pending)  # (the ids: 8 bytes each, a few copies)
+    assert peak < bound, (peak, bound)
+    assert peak < rows * dim * 4 // 3  # (a third of the table's rows: not O(table))
+    log = _log(tmp_path / "t")
+    assert log[-1]["version"] == version and log[-1]["change"].get("folded") == "dense"
+    ref.checkpoint()
+    np.testing.assert_array_equal(t.to_numpy(), ref.table.to_numpy())
+    np.testing.assert_array_equal(emb.optimizer_state(np.arange(rows)),
+                                  ref.optimizer_state(np.arange(rows)))
+    emb.close()
+    assert embstore.verify(tmp_path / "t").ok
+
+
+def test_sorted_union_equals_numpy():
+    """The folds' union of sorted unique ids (two arrays placed, more sorted) against
+    np.unique of their concatenation, empty and overlapping ones included."""
+    from embstore.store.versions.framed import sorted_union
+    rng = np.random.default_rng(10)
+    for _ in range(200):  # a loop per case
+        parts = [np.unique(rng.integers(0, 80, size=rng.integers(0, 40)))
+                 for _ in range(rng.integers(1, 4))]
+        got = sorted_union(*parts)
+        np.testing.assert_array_equal(got, np.unique(np.concatenate(parts)))
+        assert got.dtype == np.int64

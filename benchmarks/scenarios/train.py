@@ -348,6 +348,7 @@ def larger_than_ram(work: Path, out: Path, cfg: dict) -> dict:
     table_bytes = sum(size for _, size in files)
     group = CGROUP / f"embstore-train-{os.getpid()}"
     group.mkdir()
+    load = [os.getloadavg()]
     try:
         (group / "memory.limit_in_bytes").write_text(str(cfg["limit"]))
         got = {}
@@ -360,11 +361,13 @@ def larger_than_ram(work: Path, out: Path, cfg: dict) -> dict:
                                      group, work / "embstore.err")
         got["cgroup_peak"] = int((group / "memory.max_usage_in_bytes").read_text())
         got["cgroup_failcnt"] = int((group / "memory.failcnt").read_text())
+        load.append(os.getloadavg())
         got["torch_b"] = _run_child(["torch", str(work / "ids-torch.npy"), str(rows),
                                      str(dim)], None, work / "torch_b.err")
     finally:
         group.rmdir()
     ok = embstore.verify(table).ok
+    got["load"] = load + [os.getloadavg()]
     return _report(cfg, got, table_bytes, ok, out)
 
 
@@ -387,7 +390,7 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
            "torch_peak_rss": [got[k]["rss"]["VmHWM"] for k in ("torch_a", "torch_b")],
            "step_s_percentiles": np.percentile(ours["step_s"], [50, 90, 99, 100]).tolist(),
            "end": ours.get("end"), "stderr": ours.get("stderr"),
-           "memory_peaks": ours.get("memory_peaks"),
+           "memory_peaks": ours.get("memory_peaks"), "load": got.get("load"),
            **{k: ours.get(k) for k in ("touched_chunks", "chunks", "dirty_rows",
                                        "checkpoint_write_bytes", "rewritten_chunks")}}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -422,6 +425,19 @@ def _report(cfg: dict, got: dict, table_bytes: int, verified: bool, out: Path) -
            f"{ours['checkpoint_write_bytes'] / mib:,.0f} MiB written, "
            f"{ours['rewritten_chunks']} of the {ours['touched_chunks']} touched chunks "
            f"rewritten (of {ours['chunks']})") + "."]
+    ck = (ours.get("memory_peaks") or {}).get("final checkpoint") or {}
+    if ck:
+        lines.append(
+            f"\nIn the final checkpoint: peak RssAnon {ck.get('RssAnon', 0) / mib:,.0f} MiB, "
+            f"VmRSS {ck.get('VmRSS', 0) / mib:,.0f} MiB, cgroup usage "
+            f"{ck.get('cg_usage', 0) / mib:,.0f} MiB (dirty {ck.get('cg_dirty', 0) / mib:,.0f}, "
+            f"writeback {ck.get('cg_writeback', 0) / mib:,.0f} MiB); during the timed steps "
+            f"RssAnon peaked at {anon / mib:,.0f} MiB (row cache {ours['cache_bytes'] / mib:,.0f}"
+            " MiB).")
+    if got.get("load"):
+        lines.append("\nLoad average (1, 5, 15 min) at the start, after the embstore run and "
+                     "at the end: " + "; ".join(", ".join(f"{x:.1f}" for x in la)
+                                              for la in got["load"]) + " (2 cores).")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return res
 

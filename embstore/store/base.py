@@ -21,7 +21,12 @@ import numpy as np
 
 from .codecs import Layout
 
-__all__ = ["RowSource", "LayoutSource", "Transaction", "Handle", "Versions"]
+__all__ = ["RowSource", "LayoutSource", "Transaction", "Handle", "Versions", "unit_blocks",
+           "RowsAt"]
+
+#: ``rows_at(pos)``: the values of rows ``ids[pos]`` of a write given a block at a time
+#: (``pos``: ascending positions in its ids)
+RowsAt = Callable[[np.ndarray], np.ndarray]
 
 
 class Transaction(Protocol):
@@ -94,6 +99,9 @@ class Versions(Protocol):
 
     def write(self, h: Handle, ids: Any, values: Any) -> None: ...
 
+    def write_blocks(self, h: Handle, ids: Any, rows_at: Callable[[Any], Any]) -> None:
+        """As :meth:`write`, the values of ``ids[pos]`` given by ``rows_at(pos)``."""
+
     def append(self, h: Handle, values: Any, keys: list[str] | None) -> int: ...
 
     def compact(self, h: Handle) -> int: ...
@@ -157,6 +165,16 @@ class RowSource(abc.ABC):
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Transaction) -> None:
         """Set rows ``ids`` (distinct, ascending) to ``values`` when ``txn`` commits."""
 
+    def write_blocks(self, ids: np.ndarray, rows_at: RowsAt, txn: Transaction,
+                     block_rows: int = 1 << 16) -> None:
+        """As :meth:`write`, the values of ``ids[pos]`` given by ``rows_at(pos)`` (``pos``
+        ascending positions), asked for a block at a time so that a layout can write them
+        without holding them all (a fold of pending rows, a trainer's flush:
+        :class:`LayoutSource`, :class:`~.versions.delta.OverlaySource`, the norms).  Here:
+        all at once, then one :meth:`write` (sources above the layout that need the rows
+        whole)."""
+        self.write(ids, rows_at(np.arange(ids.size)), txn)
+
     @abc.abstractmethod
     def append(self, values: np.ndarray, txn: Transaction) -> None:
         """Store rows after the last one when ``txn`` commits (with :meth:`publish_rows`)."""
@@ -170,6 +188,17 @@ class RowSource(abc.ABC):
 
     def close(self) -> None:
         """Release maps and files (reads in flight finish first)."""
+
+
+def unit_blocks(ids: np.ndarray, layout: dict, block_rows: int) -> list[tuple[int, int]]:
+    """Bounds ``(a, b)`` over ``ids`` (ascending) of blocks of about ``block_rows`` rows,
+    cut only where a shard (or a chunk) of ``layout`` begins."""
+    unit = int(layout.get("shard_rows") or layout.get("chunk_rows") or 0)
+    if not unit or ids.size <= block_rows:
+        return [(0, int(ids.size))]
+    firsts = ids[::block_rows] // unit * unit  # (the first row of the unit of every n-th)
+    cuts = sorted({0, *np.unique(np.searchsorted(ids, firsts)).tolist(), int(ids.size)})
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 class LayoutSource(RowSource):
@@ -186,6 +215,14 @@ class LayoutSource(RowSource):
     @property
     def shape(self) -> tuple[int, int]:
         return (self._layout.rows, self._layout.dim)
+
+    def write_blocks(self, ids: np.ndarray, rows_at: RowsAt, txn: Transaction,
+                     block_rows: int = 1 << 16) -> None:
+        """Blocks of about ``block_rows`` rows, cut only where a unit (shard, chunk) of the
+        layout begins, each one :meth:`write` (which rewrites whole units); a layout that
+        patches a unit in parts asks for less (:class:`~.rows.source.PagedSource`)."""
+        for a, b in unit_blocks(ids, self.layout, block_rows):  # a loop per block
+            self.write(ids[a:b], rows_at(np.arange(a, b)), txn)
 
     @property
     def dtype(self) -> np.dtype:

@@ -77,7 +77,8 @@ class ZarrTable(Table):
         self._closed = False
         #: when a write folds the deltas into the chunks (in its own commit): "auto" past
         #: COMPACT_FRACTION or COMPACT_BYTES; "deferred" (a trainer's write-backs) never
-        #: (delta files are merged past MAX_DELTA_FILES)
+        #: (delta files are merged past MAX_DELTA_FILES); "dense" (a trainer's checkpoint)
+        #: past them, only the chunks dense in pending rows
         self.compaction = "auto"
         # the versions where the table lives (its place: a folder, object storage); a
         # handle opened r+ finishes or clears interrupted writes there first
@@ -267,8 +268,23 @@ class ZarrTable(Table):
 
     def _write_rows(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         self._check_open()
-        uniq, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
-        self._versions.write(self._handle, uniq, vectors[::-1][last])
+        if ids.size > 1 and not (ids[1:] > ids[:-1]).all():  # (sorted, unique: as given;
+            uniq, last = np.unique(ids[::-1], return_index=True)  # a trainer's write-backs)
+            ids, vectors = uniq, vectors[::-1][last]  # the last write of an id wins
+        self._versions.write(self._handle, ids, vectors)
+
+    def write_blocks(self, ids: np.ndarray, rows_at) -> None:
+        """Rows ``ids`` (1-D int64, sorted, unique, in range) set to ``rows_at(pos)`` (the
+        vectors of ``ids[pos]``, ``pos`` ascending positions, a few MiB of rows at a
+        time): one commit, as :meth:`write`, without ever holding all the vectors (a
+        trainer's flush of its row cache)."""
+        self._check_writable()
+        self._check_open()
+        ids = as_ids(ids, self.vocab_size).reshape(-1)
+        if ids.size > 1 and not (ids[1:] > ids[:-1]).all():
+            raise InvalidOptionError("write_blocks: ids must be sorted and unique")
+        self._versions.write_blocks(self._handle, ids, lambda pos: self._check_vectors(
+            rows_at(pos), (pos.size,), "write_blocks"))
 
     def _append_rows(self, vectors: np.ndarray, keys: list[str] | None) -> int:
         """Returns the id of the first new row (rows other writers appended come first)."""

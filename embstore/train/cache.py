@@ -13,8 +13,10 @@ batch's unique ids (no Python loop per id):
   when none are free it evicts the least recently used eighth of the cache (at most
   WRITE_BACK_ROWS; never a row of the batch being resolved) and hands the dirty ones
   among them to ``write_back`` (one commit of many rows).
-- :meth:`flush` writes every dirty row back (the rows stay cached, clean), in
-  write-backs of WRITE_BACK_ROWS rows: the memory a write-back takes is bounded.
+- :meth:`flush` writes every dirty row back (the rows stay cached, clean): in one
+  ``flush_back`` that asks for them a block at a time (an on-disk table: one commit of
+  rows and one of state), else in write-backs of WRITE_BACK_ROWS rows: the memory a
+  flush takes is bounded.
 
 A row is never served older than its newest update: a cached row is the newest value
 (updates go to the cache only), and a row leaves the cache only after it was written.
@@ -29,10 +31,15 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..table import Table
 
-__all__ = ["WriteBackCache", "WriteBack", "Staged", "StagedFor", "CacheTooSmallError"]
+__all__ = ["WriteBackCache", "WriteBack", "FlushBack", "Staged", "StagedFor",
+           "CacheTooSmallError"]
 
 #: ``write_back(ids, rows, state)``: persist rows (sorted unique ids) and their state
 WriteBack = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+#: ``flush_back(ids, rows_at, state_at)``: persist rows (sorted unique ids) given a block at
+#: a time (``rows_at(pos)``, ``state_at(pos)``: those of ``ids[pos]``), one commit each
+FlushBack = Callable[[np.ndarray, Callable[[np.ndarray], np.ndarray],
+                      Callable[[np.ndarray], np.ndarray]], None]
 #: rows read ahead: ``(sorted unique ids, rows, state)``
 Staged = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: ``staged_for(missing ids)``: rows read ahead for some of them (checked first), or None
@@ -53,8 +60,10 @@ class WriteBackCache:
     cached for training, within ``capacity_bytes``; see the module doc."""
 
     def __init__(self, table: Table, state: Table | None, capacity_bytes: int,
-                 write_back: WriteBack, *, evict_fraction: float = 0.125):
+                 write_back: WriteBack, *, evict_fraction: float = 0.125,
+                 flush_back: FlushBack | None = None):
         self.table, self.state_table, self._write_back = table, state, write_back
+        self._flush_back = flush_back
         v, d = table.vocab_size, table.dim
         self.state_cols = 0 if state is None else state.dim
         self.row_bytes = 4 * (d + self.state_cols) + 8 + 8 + 1  # rows, state, id, tick, dirty
@@ -72,6 +81,8 @@ class WriteBackCache:
         self.clock = 0
         self.flushes = 0  # bumped by every write to the table (prefetches check it)
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "written": 0}
+        self._miss_rows = np.empty((0, d), np.float32)
+        self._miss_state = np.empty((0, self.state_cols), np.float32)
         #: called before anything is written to the tables (a prefetch in flight ends)
         self.before_write: Callable[[], None] | None = None
 
@@ -133,19 +144,31 @@ class WriteBackCache:
             sid, srows, sstate = staged
             pos = np.minimum(np.searchsorted(sid, ids), sid.size - 1)
             have = sid[pos] == ids
-            if have.any():
-                self.rows[slots[have]] = srows[pos[have]]
+            if have.any():  # (through the reused buffers: no allocation of the rows)
+                at = pos[have]
+                rows, state = self._miss_buffers(at.size)
+                self.rows[slots[have]] = np.take(srows, at, axis=0, out=rows, mode="clip")
                 if self.state_cols:
-                    self.state[slots[have]] = sstate[pos[have]]
+                    self.state[slots[have]] = np.take(sstate, at, axis=0, out=state,
+                                                      mode="clip")
                 todo = ~have
         if todo.any():
             rest, rs = ids[todo], slots[todo]
-            self.rows[rs] = self.table.lookup(rest)
+            rows, state = self._miss_buffers(rest.size)
+            self.rows[rs] = self.table.lookup(rest, out=rows)
             if self.state_table is not None:
-                self.state[rs] = self.state_table.lookup(rest)
+                self.state[rs] = self.state_table.lookup(rest, out=state)
         self.slot_of[ids] = slots
         self.id_of[slots] = ids
         self.dirty[slots] = False
+
+    def _miss_buffers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Buffers the missing rows (and state) of a batch are read into: grown to the most
+        a batch missed, then reused (no allocation of the rows a step)."""
+        if self._miss_rows.shape[0] < n:
+            self._miss_rows = np.empty((n, self.rows.shape[1]), np.float32)
+            self._miss_state = np.empty((n, self.state_cols), np.float32)
+        return self._miss_rows[:n], self._miss_state[:n]
 
     def _write(self, slots: np.ndarray) -> None:
         if not slots.size:
@@ -161,12 +184,28 @@ class WriteBackCache:
         self.stats["written"] += int(slots.size)
 
     def flush(self) -> int:
-        """Write every dirty row back (a ``write_back`` per WRITE_BACK_ROWS of them);
-        returns how many."""
-        slots = np.flatnonzero(self.dirty)
-        for a in range(0, slots.size, WRITE_BACK_ROWS):  # a loop per write-back
-            self._write(slots[a: a + WRITE_BACK_ROWS])
-        return int(slots.size)
+        """Write every dirty row back: one ``flush_back`` (which asks for the rows a block
+        at a time), or a ``write_back`` per WRITE_BACK_ROWS of them; returns how many.
+        Besides the blocks, it holds 12 bytes a dirty row (their ids, sorted in place, and
+        slots)."""
+        if self._flush_back is None:
+            slots = np.flatnonzero(self.dirty)
+            for a in range(0, slots.size, WRITE_BACK_ROWS):  # a loop per write-back
+                self._write(slots[a: a + WRITE_BACK_ROWS])
+            return int(slots.size)
+        ids = self.id_of[self.dirty]
+        if not ids.size:
+            return 0
+        ids.sort()
+        at = self.slot_of[ids]
+        if self.before_write is not None:
+            self.before_write()
+        self.flushes += 1
+        self._flush_back(ids, lambda pos: self.rows[at[pos]],
+                         lambda pos: self.state[at[pos]])
+        self.dirty[at] = False
+        self.stats["written"] += int(ids.size)
+        return int(ids.size)
 
     def peek(self, ids: np.ndarray, *, state: bool = False) -> np.ndarray:
         """The newest rows (or state) of ``ids`` (1-D), leaving the cache as it is: read

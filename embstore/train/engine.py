@@ -102,7 +102,8 @@ class Trainer:
         try:
             cap = (min(AUTO_CACHE_BYTES, row_bytes * table.vocab_size)
                    if row_cache_bytes == "auto" else parse_bytes(row_cache_bytes))
-            self.cache = WriteBackCache(table, state, cap, write_back)
+            self.cache = WriteBackCache(table, state, cap, write_back, flush_back=None if
+                                        self.store is None else self.store.flush_back)
         except BaseException:
             if self.store is not None:  # (its lock and leases)
                 self.store.close()

@@ -49,7 +49,7 @@ __all__ = ["TrainStore", "train_dir", "read_checkpoints", "TrainerBusyError"]
 PRIVATE = ("vectors", ".embstore", "train")
 RECORDS = "checkpoints.json"
 KEEP_RECORDS = 64
-RESTORE_BLOCK = 1 << 20  # rows put back per commit when resuming
+SCAN_BLOCK_BYTES = 4 << 20  # rows compared at a time when resuming from an older checkpoint
 
 
 class TrainerBusyError(EmbstoreError):
@@ -82,12 +82,17 @@ def _crc(recs: list) -> int:
 
 
 def _append_ids(path: Path, ids: np.ndarray) -> None:
-    """One record of ``pending-<id>.log``: count, crc32c, int64 ids; fsynced."""
-    body = np.ascontiguousarray(ids, dtype="<i8").tobytes()
+    """One record of ``pending-<id>.log``: count, crc32c, int64 ids; fsynced (the ids
+    written from the array itself: no copy of them)."""
+    body = np.ascontiguousarray(ids, dtype="<i8").data.cast("B")
     head = struct.pack("<II", ids.size, crc32c(body, crc32c(struct.pack("<I", ids.size))))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, head + body)
+        done, want = 0, len(head) + len(body)
+        while done < want:  # a loop per system call (one, but for short writes)
+            parts: list[bytes | memoryview] = (
+                [head[done:], body] if done < len(head) else [body[done - len(head):]])
+            done += os.writev(fd, parts)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -191,24 +196,25 @@ class TrainStore:
         """Ids whose rows differ between ``version`` and the newest (a full scan, by
         blocks: resuming from a checkpoint older than the newest)."""
         out = []
+        step = max(1, SCAN_BLOCK_BYTES // (4 * self.table.dim))
         with open_table(self.table.path, version=version, cache_bytes=0) as old:
-            for a in range(0, self.table.vocab_size, 65536):  # a loop per block of rows
-                b = min(a + 65536, self.table.vocab_size)
+            for a in range(0, self.table.vocab_size, step):  # a loop per block of rows
+                b = min(a + step, self.table.vocab_size)
                 diff = (old[a:b] != self.table[a:b]).any(axis=1)
                 out.append(np.flatnonzero(diff) + a)
         return np.concatenate(out) if out else np.empty(0, np.int64)
 
     @staticmethod
     def _restore(handle: ZarrTable, version: int, ids: np.ndarray) -> bool:
-        """Put rows ``ids`` of ``handle`` back to their values at ``version`` (commits of
-        at most RESTORE_BLOCK rows; idempotent: a crash in between is resumed again)."""
+        """Put rows ``ids`` of ``handle`` back to their values at ``version``: one commit,
+        the rows read a block at a time (``write_blocks``: a roll-back of a checkpoint's
+        flush of a large row cache holds a block of them, not all); idempotent: a crash in
+        it is resumed again."""
         handle.refresh()
         if handle.version == version or not ids.size:
             return False
         with open_table(handle.path, version=version, cache_bytes=0) as old:
-            for a in range(0, ids.size, RESTORE_BLOCK):  # a loop per block of rows
-                blk = ids[a: a + RESTORE_BLOCK]
-                handle.write(blk, old.lookup(blk))
+            handle.write_blocks(ids, lambda pos: old.lookup(ids[pos]))
         return True
 
     # -- write-backs and checkpoints ---------------------------------------------------
@@ -220,20 +226,32 @@ class TrainStore:
             self.state.write(ids, state)
         self.table.write(ids, rows)
 
+    def flush_back(self, ids: np.ndarray, rows_at: Callable[[np.ndarray], np.ndarray],
+                   state_at: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Persist rows (sorted unique ``ids``) given a block at a time (a flush of the row
+        cache): logged first, then the state committed, then the rows, one commit each."""
+        _append_ids(self.dir / f"pending-{self._current['id']}.log", ids)
+        if self.state is not None:
+            self.state.write_blocks(ids, state_at)
+        self.table.write_blocks(ids, rows_at)
+
     def checkpoint(self, step: int, flush: Callable[[], int]) -> int:
-        """A checkpoint: ``flush`` (the row cache's: every dirty row written back) with
-        the deltas compacted where they are past the threshold (in the flush's commits;
-        a compaction of its own when nothing was left to flush), then the current
-        versions of rows and state recorded; returns the rows' version.  Between
-        checkpoints write-backs only add deltas (see :meth:`_defer`)."""
-        handles = self._handles()
-        for h in handles:
-            h.compaction = "auto"
+        """A checkpoint: ``flush`` (the row cache's: every dirty row written back, one
+        commit of state and one of rows, :meth:`flush_back`), each commit folding the
+        pending rows when they pass the threshold, only into the chunks dense in them
+        (the handles' ``compaction`` is "dense" meanwhile: :func:`compact_dense`), then
+        the current versions of rows and state recorded; returns the rows' version.
+        (Before: the cache written back 32,768 rows a commit, each past the threshold
+        folding every pending row into every chunk it touched: the table rewritten several
+        times a checkpoint.)  Between checkpoints write-backs only add deltas
+        (:meth:`_defer`)."""
+        for h in self._handles():  # (a loop per table: rows, state)
+            h.compaction = "dense"
         try:
             flush()
         finally:
             self._defer()
-        for h in handles:  # (a loop per table: rows, state)
+        for h in self._handles():  # (nothing was left to flush: the deltas alone)
             compact_dense(h)
         self._record(step)
         return int(self._current["rows"])

@@ -31,6 +31,10 @@ __all__ = ["NormsSource", "attach_norms", "has_norms", "norms_source", "norms_me
            "mismatch", "format1_norms"]
 
 
+#: rows a write in blocks gathers at a time to compute their norms
+NORM_BLOCK_BYTES = 4 << 20
+
+
 class NormsSource(RowSource):
     """The rows of ``rows`` and their stored norms (``norms``: a ``(V, 1)`` source)."""
 
@@ -75,6 +79,21 @@ class NormsSource(RowSource):
     def write(self, ids: np.ndarray, values: np.ndarray, txn: Staging) -> None:
         self.norms.write(ids, self._norms_of(values), txn)
         self.rows.write(ids, values, txn)
+
+    def write_blocks(self, ids: np.ndarray, rows_at: Callable[[np.ndarray], np.ndarray],
+                     txn: Staging, block_rows: int = 1 << 16) -> None:
+        """The norms of each block of rows, then the rows (``rows_at`` asked twice a
+        block; for the norms, :data:`NORM_BLOCK_BYTES` of rows at a time, however many
+        norms the norms' block holds)."""
+        step = max(1, NORM_BLOCK_BYTES // (self.shape[1] * self.dtype.itemsize))
+
+        def norms_at(pos: np.ndarray) -> np.ndarray:
+            out = np.empty((pos.size, 1), self.norms.dtype)
+            for a in range(0, pos.size, step):  # a loop per block of rows
+                out[a: a + step] = self._norms_of(rows_at(pos[a: a + step]))
+            return out
+        self.norms.write_blocks(ids, norms_at, txn, block_rows)
+        self.rows.write_blocks(ids, rows_at, txn, block_rows)
 
     def append(self, values: np.ndarray, txn: Staging) -> None:
         self.norms.append(self._norms_of(values), txn)

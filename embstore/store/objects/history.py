@@ -91,6 +91,10 @@ class ObjectVersions:
     def write(self, h: Handle, ids: np.ndarray, values: np.ndarray) -> None:
         self._commit(h, "write", ids, values)
 
+    def write_blocks(self, h: Handle, ids: np.ndarray, rows_at) -> None:
+        """The rows gathered whole, then one write (an upload holds its delta anyway)."""
+        self.write(h, ids, rows_at(np.arange(ids.size)))
+
     def append(self, h: Handle, values: np.ndarray, keys: list[str] | None) -> int:
         return self._commit(h, "append", None, values, keys)
 

@@ -38,6 +38,10 @@ from .ranged import RangedRows
 
 __all__ = ["PagedSource"]
 
+def _shifted(rows_at, a: int, c: int, d: int) -> np.ndarray:
+    return rows_at(np.arange(a + c, a + d))
+
+
 def _chunk_file(array: Path, k: int) -> str:
     return str(array / "c" / str(k) / "0")  # (RowLayout.from_metadata: separator "/" only)
 
@@ -353,7 +357,7 @@ class PagedSource(LayoutSource):
     def _stage_chunk(self, txn: Transaction, k: int, local: np.ndarray, values: np.ndarray,
                      rows_after: int) -> None:
         """Stage chunk ``k`` with rows ``local`` set to ``values`` (:mod:`.stage`)."""
-        stage_chunk(self, txn, k, local, values, rows_after)
+        stage_chunk(self, txn, k, local, lambda a, b: values[a:b], rows_after)
 
     def _local(self) -> None:
         if self._ranged is not None:
@@ -368,6 +372,23 @@ class PagedSource(LayoutSource):
         for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ids.size].tolist()):  # per chunk
             k = int(ks[a])
             self._stage_chunk(txn, k, ids[a:b] - k * L.chunk_rows, values[a:b], L.rows)
+        txn.after(self.refresh)
+
+    def write_blocks(self, ids: np.ndarray, rows_at, txn: Transaction,
+                     block_rows: int = 0) -> None:
+        """Each touched chunk staged a block of rows at a time (:mod:`.stage`), ``rows_at``
+        asked for the new rows of each block: no chunk-sized array, whatever
+        ``block_rows``."""
+        self._local()
+        L = self._rl
+        if not ids.size:
+            return
+        k0, cr = int(ids[0]) // L.chunk_rows, L.chunk_rows  # (where each chunk's ids begin:
+        at = np.searchsorted(ids, np.arange(k0, int(ids[-1]) // cr + 2) * cr)  # no id temp)
+        for k in (np.flatnonzero(np.diff(at)) + k0).tolist():  # a loop per chunk written
+            a, b = int(at[k - k0]), int(at[k - k0 + 1])
+            stage_chunk(self, txn, k, ids[a:b] - k * L.chunk_rows,
+                        partial(_shifted, rows_at, a), L.rows)
         txn.after(self.refresh)
 
     def append(self, values: np.ndarray, txn: Transaction) -> None:

@@ -25,7 +25,7 @@ from ...keys.index import DiskVocab, MemoryKeyIndex
 from ...keys.mapped import stage_keys_array
 from ...keys.segments import KeySegment, SegmentedVocab
 from .commit import Transaction
-from .delta import read_framed, write_framed
+from .framed import read_framed, write_framed
 from .snapshot import DELTAS
 
 __all__ = ["write_key_delta", "read_key_delta", "check_key_delta", "open_vocab", "KEYS",

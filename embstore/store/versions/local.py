@@ -44,7 +44,8 @@ _log = logging.getLogger("embstore")
 #: more bytes than COMPACT_BYTES), in its own commit: lookups overlay deltas; every reader
 #: holds 16 bytes a pending row (the rows stay in the mapped delta files).  A handle whose
 #: ``compaction`` is "deferred" (a trainer's) only merges delta files (MAX_DELTA_FILES):
-#: it folds when told (``compact_if_due()``, ``compact()``).
+#: it folds when told (``compact_if_due()``, ``compact()``); "dense" (a trainer's
+#: checkpoint) folds only the units dense in pending rows.
 COMPACT_FRACTION = 0.05
 COMPACT_BYTES = 128 << 20
 #: more delta files than this in a version (many small writes) are merged into one per array
@@ -134,6 +135,15 @@ class LocalVersions:
 
     def write(self, h: Handle, ids: np.ndarray, values: np.ndarray) -> None:
         """Rows ``ids`` (sorted, unique) of the table set to ``values``: one commit."""
+        self._write(h, ids, lambda src, txn: src.write(ids, values, txn))
+
+    def write_blocks(self, h: Handle, ids: np.ndarray, rows_at) -> None:
+        """Rows ``ids`` (sorted, unique) set to ``rows_at(pos)`` (those of ``ids[pos]``,
+        asked for a block at a time: a trainer's flush never holds them all): one
+        commit."""
+        self._write(h, ids, lambda src, txn: src.write_blocks(ids, rows_at, txn))
+
+    def _write(self, h: Handle, ids: np.ndarray, stage) -> None:
         with self.writing(h) as v:
             how = self._fold_plan(h, v, ids.size, 0, 0)
             txn = self._transaction(v, {"kind": "write", "rows": int(ids.size),
@@ -141,7 +151,7 @@ class LocalVersions:
                                     clear_deltas=how is not None)
             try:
                 with self._folding(h, v, how, txn):
-                    v.source.write(ids, values, txn)  # (a delta of each row array)
+                    stage(v.source, txn)  # (a delta of each row array)
             except BaseException:
                 txn.abort()
                 raise
@@ -228,9 +238,7 @@ class LocalVersions:
         (``change``: ``{"kind": "compact", "folded": "dense"}``; the lock is held)."""
         ov = v.overlays
         assert ov is not None
-        n = max(1, v.source.shape[0])
-        row_bytes = 8 + v.source.shape[1] * v.source.dtype.itemsize
-        keep = min(int(COMPACT_FRACTION * n) // 2, (COMPACT_BYTES // 2) // row_bytes)
+        keep = _dense_keep(v)
 
         def fold(txn: Transaction) -> None:
             txn.change["rows_folded"] = max(o.fold_dense(txn, keep) for o in ov.made)
@@ -294,8 +302,11 @@ class LocalVersions:
         ``appended`` rows) treats the pending deltas, so that every commit is one version:
         ``"chunks"``, the commit is also the compaction (deltas past COMPACT_FRACTION of
         the rows or COMPACT_BYTES, key deltas past MAX_KEY_DELTAS files or KEYS_FRACTION
-        of the rows); ``"delta"``, one delta file per array in place of more than
-        MAX_DELTA_FILES; None, a delta file of its own (the lock is held)."""
+        of the rows); ``"dense"``, the same for a handle whose ``compaction`` is "dense"
+        (a trainer's checkpoint) but only the units dense in pending rows folded, the rest
+        left in one delta file (:meth:`~.delta.OverlaySource.fold_dense`); ``"delta"``, one
+        delta file per array in place of more than MAX_DELTA_FILES; None, a delta file of
+        its own (the lock is held)."""
         ov = v.overlays
         if not v.versioned or ov is None:
             return None
@@ -307,7 +318,8 @@ class LocalVersions:
                      or _pending_keys(h, v) + keys > KEYS_FRACTION * n):
             too_big = True
         if too_big and (pending or entries or keys):
-            return "chunks"
+            dense = h.compaction() == "dense" and not entries and not keys
+            return "dense" if dense else "chunks"
         return "delta" if len(ov.entries) + 1 > MAX_DELTA_FILES else None
 
     @contextmanager
@@ -321,8 +333,9 @@ class LocalVersions:
         if how is None or ov is None:
             yield
             return
+        keep = _dense_keep(v)
         for o in ov.made:  # a loop per row array (vectors, row_scale, norms)
-            o.combine = how
+            o.combine, o.keep_rows = how, keep
         try:
             yield
             for o in ov.made:
@@ -368,6 +381,13 @@ def _past_threshold(v: Version, rows: int, n: int, fraction: bool) -> bool:
     row_bytes = 8 + v.source.shape[1] * v.source.dtype.itemsize
     return (ov.pending_bytes + rows * row_bytes > COMPACT_BYTES
             or (fraction and ov.pending_rows + rows > COMPACT_FRACTION * n))
+
+
+def _dense_keep(v: Version) -> int:
+    """The rows a dense fold leaves pending at most: half the threshold."""
+    n = max(1, v.source.shape[0])
+    row_bytes = 8 + v.source.shape[1] * v.source.dtype.itemsize
+    return min(int(COMPACT_FRACTION * n) // 2, (COMPACT_BYTES // 2) // row_bytes)
 
 
 def _pending_keys(h: Handle, v: Version) -> int:

@@ -37,6 +37,7 @@ import os
 import re
 from pathlib import Path
 
+
 from ...errors import CorruptStoreError
 from ...fs.checksum import crc32c
 from ...fs.files import open_regular, read_small
@@ -51,7 +52,7 @@ __all__ = ["OBJECTS", "FILES", "SEED", "CRC", "check_names", "in_place", "journa
 OBJECTS = "objects"
 #: the manifest's list of the version's table files (its deltas and manifest aside)
 FILES = "files"
-_BLOCK = 16 << 20
+_BLOCK = 1 << 20  # bytes read (and hashed) at a time
 #: what an object's crc32c starts from (docs/FORMAT.md section 6f)
 SEED = b"embstore-object\n"
 _SEED_CRC = crc32c(SEED)
@@ -65,7 +66,7 @@ def manifest_sha256(doc: dict) -> str:
 
 
 def file_sum(path: Path, *, legacy: bool = False) -> list:
-    """``[size, digest, tail]`` of the regular file at ``path`` (read in pieces of 16 MiB):
+    """``[size, digest, tail]`` of the regular file at ``path`` (read in pieces of 1 MiB):
     ``digest`` is ``"sha256:"`` and the first 16 hex digits of the file's SHA-256, ``tail``
     its last 4 bytes as a little-endian uint32 (0 when shorter): the open-time check reads
     only the size and those.  A crc32c cannot pin a file: over units that each end in
@@ -80,19 +81,22 @@ def file_sum(path: Path, *, legacy: bool = False) -> list:
             return [len(group), f"sha256:{hashlib.sha256(group).hexdigest()[:16]}",
                     _tail(group[-4:])]
     fd = open_regular(path, nofollow=True)
+    buf = bytearray(_BLOCK)  # (one buffer read into: a commit's checksum of a large
+    view = memoryview(buf)  # delta takes a block of memory, not two copies of 16 MiB)
     try:
         h, crc, size, last = hashlib.sha256(), _SEED_CRC, 0, b""
-        while True:  # a loop per 16 MiB
-            block = os.read(fd, _BLOCK)
-            if not block:
+        while True:  # a loop per block
+            n = os.readv(fd, [buf])
+            if not n:
                 digest = crc if legacy else f"sha256:{h.hexdigest()[:16]}"
                 return [size, digest, _tail(last)]
+            block = view[:n]
             if legacy:
                 crc = crc32c(block, crc)
             else:
                 h.update(block)
-            size += len(block)
-            last = (last + block)[-4:]
+            size += n
+            last = (last + block[-4:].tobytes())[-4:]
     finally:
         os.close(fd)
 
