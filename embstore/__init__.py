@@ -75,13 +75,15 @@ __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
 
 def _loads_read_path() -> bool:
     """Whether ``import embstore`` loads the read path now: yes in a program, no in the
-    ``embstore`` command (the console script: ``sys.argv[0]`` is its path), unless
+    ``embstore`` command (the console script: ``sys.argv[0]`` is its path; ``python -m
+    embstore``: ``sys.argv[0]`` is ``-m`` while Python locates the module it runs), unless
     ``EMBSTORE_IMPORT`` says ``eager`` or ``lazy``."""
     how = os.environ.get("EMBSTORE_IMPORT", "").strip().lower()
     if how in ("eager", "lazy"):
         return how == "eager"
     argv = getattr(sys, "argv", None) or [""]
-    return os.path.basename(str(argv[0])) not in ("embstore", "embstore.exe")
+    return str(argv[0]) != "-m" and \
+        os.path.basename(str(argv[0])) not in ("embstore", "embstore.exe")
 
 
 if _loads_read_path():

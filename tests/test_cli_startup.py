@@ -206,6 +206,12 @@ def test_a_program_gets_the_read_path_with_import_embstore(tmp_path):
     assert rows == E[[3, 7]].tolist()
     assert new == []
     assert "embstore.store.table" in _modules_after("import embstore", command=False)
+    lazy_m = subprocess.run([sys.executable, "-m", "embstore", "--help"], capture_output=True,
+                            text=True, timeout=120, check=True,
+                            env={**os.environ, "EMBSTORE_IMPORT": "",
+                                 "PYTHONPROFILEIMPORTTIME": "1"}).stderr
+    assert "embstore.store.table" not in lazy_m and "| numpy" not in lazy_m
+    assert "| embstore.cli" in lazy_m  # (the import-time report names what was imported)
     for lazy in (_modules_after("import embstore"),
                  _modules_after("import embstore", command=False,
                                 env={"EMBSTORE_IMPORT": "lazy"})):
