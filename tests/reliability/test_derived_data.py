@@ -151,7 +151,11 @@ def test_unusable_ngrams_are_reported_and_refused(imported, tmp_path, case):
     with embstore.open(path) as t:
         np.testing.assert_array_equal(t.ids_of(WORDS), np.arange(len(WORDS)))  # words: fine
         assert np.isfinite(t[np.arange(len(WORDS))]).all()
-        with pytest.raises(CorruptStoreError, match=pattern):
+        # (a shard rewritten by zarr-python carries no shard tag: its version's pin of the
+        # tag finds the rewrite first, before the values are read)
+        rewritten = "no shard tag before its index, though the version's manifest pins one"
+        with pytest.raises(CorruptStoreError, match=pattern if case not in (
+                "nan-rows", "inf-rows") else f"{pattern}|{rewritten}"):
             t.lookup_keys(UNKNOWN, oov="subword")
     assert_clean_error(invoke(["similar", path, "unknownword"]))
 
