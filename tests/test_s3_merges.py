@@ -186,6 +186,15 @@ def _append(t, R, keys, new_keys, value: float):
     return np.vstack([R, np.full((len(new_keys), R.shape[1]), value, np.float32)]), first
 
 
+def _two_appends_then_refresh(a, other, R, keys, names):
+    """``a`` appends ``names[0]`` and ``names[1]`` (values 1 and 2), then ``other`` refreshes:
+    the next append by ``a`` makes a key merge ``other`` has not seen."""
+    R, _ = _append(a, R, keys, [names[0]], 1.0)
+    R, _ = _append(a, R, keys, [names[1]], 2.0)
+    other.refresh()
+    return R
+
+
 def test_many_keyed_appends_keep_two_key_deltas_and_every_version_finds_its_keys(s3, rng):
     """18 commits (appends of keys, some with non-ASCII and empty keys, and writes): each
     version lists at most two key deltas (a merge and the append's own) covering its
@@ -263,9 +272,7 @@ def test_a_key_merge_is_left_out_when_the_winner_merged_the_same_and_keys_still_
     url, E, keys = _keyed(s3, rng)
     R = E.copy()
     with embstore.open(url, mode="r+") as a, embstore.open(url, mode="r+") as b:
-        R, _ = _append(a, R, keys, ["x1"], 1.0)
-        R, _ = _append(a, R, keys, ["x2"], 2.0)
-        b.refresh()
+        R = _two_appends_then_refresh(a, b, R, keys, ["x1", "x2"])
         R, _ = _append(a, R, keys, ["x3", "y"], 3.0)  # version 3: merges 1 and 2
         with pytest.raises(embstore.ConflictError, match=r"\('y'\) were appended by version 3"):
             b.append(np.ones((1, 4), np.float32), keys=["y"])  # a merge hides no conflict
@@ -287,9 +294,7 @@ def test_a_compaction_that_loses_to_a_key_merge_is_made_again(s3, rng):
     url, E, keys = _keyed(s3, rng)
     R = E.copy()
     with embstore.open(url, mode="r+") as a, embstore.open(url, mode="r+") as c:
-        R, _ = _append(a, R, keys, ["p"], 1.0)
-        R, _ = _append(a, R, keys, ["q"], 2.0)
-        c.refresh()
+        R = _two_appends_then_refresh(a, c, R, keys, ["p", "q"])
         R, _ = _append(a, R, keys, ["r"], 3.0)  # version 3: a key merge of 1 and 2
         vocab = c._vocab()
         assert compact_objects(c._v, c._versions.deltas, url, None, vocab.keys_between) is None
