@@ -29,10 +29,13 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import InvalidOptionError
+from ..store.rows.source import PagedSource
+from ..store.table import ZarrTable
+from ..store.versions.delta import OverlaySource
 from ..table import Table
 
 __all__ = ["WriteBackCache", "WriteBack", "FlushBack", "Staged", "StagedFor",
-           "CacheTooSmallError"]
+           "CacheTooSmallError", "release_pages"]
 
 #: ``write_back(ids, rows, state)``: persist rows (sorted unique ids) and their state
 WriteBack = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
@@ -49,6 +52,20 @@ StagedFor = Callable[[np.ndarray], "Staged | None"]
 #: rows evicted (and written back) at most at once, and per write-back of a flush: what a
 #: write-back copies and commits stays this size, whatever the cache's
 WRITE_BACK_ROWS = 1 << 15
+
+
+def release_pages(table: Table, ids: np.ndarray) -> int:
+    """After rows ``ids`` were read from ``table`` into the row cache: if the read went to
+    the disk (the page cache does not hold the table), let the page cache drop their pages
+    now rather than when a memory limit forces reclaim (a trained table larger than
+    memory: reclaim under a memory cgroup's limit stalled every read and allocation of a
+    step).  Rows the page cache holds are left there.  Returns the pages released."""
+    if not isinstance(table, ZarrTable):
+        return 0
+    src = table.row_source  # (the chunks, under the deltas' overlay)
+    if not isinstance(src, (OverlaySource, PagedSource)) or not src.reads_cold():
+        return 0
+    return int(src.release(ids))
 
 
 class CacheTooSmallError(InvalidOptionError):
@@ -156,6 +173,7 @@ class WriteBackCache:
             rest, rs = ids[todo], slots[todo]
             rows, state = self._miss_buffers(rest.size)
             self.rows[rs] = self.table.lookup(rest, out=rows)
+            release_pages(self.table, rest)
             if self.state_table is not None:
                 self.state[rs] = self.state_table.lookup(rest, out=state)
         self.slot_of[ids] = slots

@@ -32,7 +32,7 @@ from ..optional import require
 from ..store.table import ZarrTable
 from ..table import Table
 from .cache import WriteBackCache
-from .heap import bound_heap
+from .heap import bound_heap, trim_heap
 from .persist import TrainStore
 from .prefetch import Prefetcher
 from .rules import make_rule, segment_sum
@@ -187,6 +187,7 @@ class Trainer:
         if self.store is None:
             self.cache.flush()
             return int(self.table.version)
+        trim_heap()  # (the steps' freed temporaries, before the flush's blocks)
         return self.store.checkpoint(self.step, self.cache.flush)
 
     def state_of(self, ids) -> np.ndarray:

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from .cache import Staged, WriteBackCache
+from .cache import Staged, WriteBackCache, release_pages
 
 __all__ = ["Prefetcher"]
 
@@ -53,6 +53,7 @@ class Prefetcher:
 
     def _read(self, ids: np.ndarray) -> Staged:
         rows = self.cache.table.lookup(ids, out=self._rows[: ids.size])
+        release_pages(self.cache.table, ids)
         state = self._state[: ids.size]
         if self.cache.state_table is not None:
             self.cache.state_table.lookup(ids, out=state)

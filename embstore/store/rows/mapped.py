@@ -11,11 +11,11 @@ import threading
 import numpy as np
 import numpy.ctypeslib  # (numpy loads it on first use: at open, not in the first lookup)
 
-from ..shard import arena
+from ..shard import arena, prefetch
 from .layout import PAGE, RowLayout, open_chunk
 from ...ids import unique_ints
 
-__all__ = ["MappedChunks"]
+__all__ = ["MappedChunks", "release_rows"]
 
 _HUGE = 2 << 20  # the range's alignment
 
@@ -73,3 +73,20 @@ class MappedChunks:
                     os.close(fd)
                 self.mapped[k] = True
             self.all_mapped = bool(self.mapped.all())
+
+
+def release_rows(src, ids: np.ndarray) -> int:
+    """``PagedSource.release``: let the page cache drop the pages of rows ``ids`` now
+    (``MADV_PAGEOUT``, :func:`~embstore.store.shard.prefetch.pageout`; they stay checked): a
+    training row cache that copied them keeps a memory limit's page cache from filling.
+    Rows of never-written chunks (nothing mapped) and ranged (object storage) sources:
+    nothing done.  Returns the pages advised."""
+    r = src._range
+    if src._ranged is not None or r is None or not ids.size:
+        return 0
+    lazy = src._lazy_chunks()
+    never = None if lazy is None else lazy.mask(ids)
+    if never is not None:
+        ids = ids[~never]
+    at = r.base + ids * src._rl.row_bytes
+    return prefetch.pageout(at, at + src._rl.row_bytes)

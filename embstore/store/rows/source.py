@@ -21,18 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptStoreError, FormatError, ReadOnlyError, unpinned
-from ..shard import prefetch
+from ..shard import arena, prefetch
 from ..codecs import pool
-from ..shard import arena
 from ..base import LayoutSource, Transaction
-from ..meta import set_rows
+from ..meta import read_json, set_rows
 from ..place.base import Place
 from .append import append_rows
 from .stage import stage_chunk
 from .layout import PAGE, RowLayout, crc_array, open_chunk
-from ..meta import read_json
 from .pages import PageChecks, PageMismatch, bad_pages, crcs_at, read_crc_file
-from .mapped import MappedChunks
+from .mapped import MappedChunks, release_rows
 from .lazy import LazyChunks
 from .ranged import RangedRows
 
@@ -50,6 +48,8 @@ class PagedSource(LayoutSource):
     """A row array (``name``, default ``vectors``) of the table at ``place``: mapped and
     gathered in one ``np.take`` where the place maps its files, else read by ranges
     (:class:`~.ranged.RangedRows`)."""
+
+    release = release_rows  # (mapped.release_rows: pages of a trainer's misses let go)
 
     def __init__(self, place: Place, layout: RowLayout, name: str = "vectors",
                  crc_name: str | None = None):

@@ -58,7 +58,7 @@ import numpy as np
 from ..codecs import pool
 
 __all__ = ["available", "advise_random", "advise_sequential", "is_cold", "willneed",
-           "willneed_and", "PAGE", "SAMPLES"]
+           "willneed_and", "pageout", "PAGE", "SAMPLES"]
 
 PAGE = mmap.PAGESIZE
 #: pages per advice at most (4 MiB): the kernel caps one WILLNEED at its read-ahead window
@@ -69,7 +69,7 @@ RUN_PAGES = (4 << 20) // PAGE
 SAMPLES = 16
 #: fewer first-touch chunks than this are not prefetched (their faults read one page each)
 MIN_PAGES = 8
-_MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_WILLNEED = 1, 2, 3
+_MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_WILLNEED, _MADV_PAGEOUT = 1, 2, 3, 21
 _IOV_MAX = 1024
 #: ranges asked for at a time by :func:`willneed_and` while the ones before are used
 ASK_SLICE = 1024
@@ -189,6 +189,34 @@ def willneed(starts: np.ndarray, stops: np.ndarray) -> int:
     for a, n in iov.tolist():
         s.madvise(a, n, _MADV_WILLNEED)
     return total
+
+
+def pageout(starts: np.ndarray, stops: np.ndarray) -> int:
+    """Reclaim the pages of the mapped byte ranges ``[starts, stops)`` (addresses) now
+    (``MADV_PAGEOUT``, Linux 5.4+): clean file pages no other process maps leave the page
+    cache.  A reader under a memory limit (a training row cache in a memory cgroup, whose
+    misses it has just copied out) keeps the page cache from filling the limit, where
+    every further read and allocation would wait for reclaim.  ``process_madvise``, 1,024
+    pages a call; where that is missing or refused, nothing is done (the kernel reclaims
+    them when it must).  Returns the pages advised."""
+    s = _get()
+    if s is None or not s.batched or starts.size == 0:
+        return 0
+    at = np.unique(np.concatenate([starts // PAGE, (stops - 1) // PAGE]))
+    iov = np.empty((at.size, 2), dtype=np.uint64)
+    iov[:, 0] = at * PAGE
+    iov[:, 1] = PAGE
+    try:
+        fd = s.own_pidfd()
+    except OSError:
+        return 0
+    p = iov.ctypes.data
+    for a in range(0, at.size, _IOV_MAX):  # a loop per 1,024 pages
+        k = min(_IOV_MAX, at.size - a)
+        if s.syscall(s.nr, fd, ctypes.c_void_p(p + 16 * a), ctypes.c_size_t(k),
+                     _MADV_PAGEOUT, 0) < 0:
+            return a  # (not supported here, or a range not mapped: the rest left alone)
+    return int(at.size)
 
 
 def willneed_and(starts: np.ndarray, size: int, use: Callable[[int, int], Any]) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import CorruptStoreError
 from ..base import RowsAt, RowSource, Transaction
+from ..shard import prefetch
 from .framed import (MAGIC, check_delta, read_delta, read_framed, sorted_union,
                         write_delta, write_framed)
 from .snapshot import DELTAS
@@ -110,6 +111,40 @@ class OverlaySource(RowSource):
             out[m] = self._parts[k][at[m]]
         return out
 
+    def _addresses(self, pos: np.ndarray) -> np.ndarray:
+        """Where the rows at positions ``pos`` of :attr:`ids` lie in memory (the delta
+        files' maps)."""
+        rb = self._cols * self._dtype.itemsize
+        if self._ptr is None:
+            return self._parts[0].ctypes.data + pos * rb
+        ptr = self._ptr[pos]
+        bases = np.array([p.ctypes.data for p in self._parts], np.int64)  # (per file)
+        return bases[ptr >> np.int64(40)] + (ptr & np.int64((1 << 40) - 1)) * rb
+
+    def _ask(self, pos: np.ndarray) -> None:
+        """Many delta rows to copy whose pages are not in memory (a trainer's misses,
+        written back earlier): their pages asked for all at once (``MADV_WILLNEED``), as
+        the chunks' are, rather than faulted in one at a time."""
+        if pos.size < 64 or not self._parts:
+            return
+        at = self._addresses(pos)
+        if prefetch.is_cold(at):
+            prefetch.willneed(at, at + self._cols * self._dtype.itemsize)
+
+    def release(self, ids: np.ndarray) -> int:
+        """Let the page cache drop the pages of rows ``ids`` (just read: a trainer's row
+        cache holds them now), the delta files' and the chunks' (``release`` of the
+        inner source); returns the pages advised."""
+        d, n = self.ids, 0
+        if d.size and ids.size and self._parts:
+            hit = (self._bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1 == 1
+            if hit.any():
+                at = self._addresses(np.searchsorted(d, ids[hit]))
+                n += prefetch.pageout(at, at + self._cols * self._dtype.itemsize)
+                ids = ids[~hit]
+        release = getattr(self.inner, "release", None)
+        return n + (int(release(ids)) if release is not None and ids.size else 0)
+
     def _over(self, ids: np.ndarray, out: np.ndarray) -> None:
         d = self.ids
         if not d.size or not ids.size:
@@ -117,6 +152,7 @@ class OverlaySource(RowSource):
         hit = np.flatnonzero((self._bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1)
         if hit.size:
             pos = np.searchsorted(d, ids[hit])
+            self._ask(pos)
             out[hit] = self._rows(pos).reshape(-1, out.shape[1])
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
