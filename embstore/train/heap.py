@@ -10,13 +10,11 @@ killed a 1 GiB memory cgroup's run).  A fixed threshold (``mallopt``, which also
 adjustment) makes every block past it a mapping of its own, returned to the system when
 freed: the same 400 steps grew 21 MiB (the batch's buffers).  Other C libraries: nothing done.
 
-The threshold is fixed above a step's temporaries (32 MiB: a batch of 8,192 x 128 float32
-is 4 MiB a tensor), not below them: at 256 KiB every one of them was a fresh mapping,
-faulted in page by page (and charged to a memory cgroup, there at its limit) and unmapped
-again each step: 5,300 page faults a step, the autograd engine's share of a step 2.5x
-PyTorch's own (2M x 128, 600 MiB cgroup, 2026-12-03).  At 32 MiB they are reused from the
-heaps (820 faults a step) for 65 MiB more of anonymous memory, stable over the steps, and a
-checkpoint first hands freed heap memory back (:func:`trim_heap`).
+A fixed threshold above a step's temporaries (32 MiB: reused from the heaps, 820 page faults
+a step instead of 5,300 on 2M x 128 in a 600 MiB cgroup, the backward 2.4x faster) brought
+the growth back at 6.3M x 128 in the 1 GiB cgroup (anonymous memory past 1 GiB within 150
+timed steps, OOM-killed; 2026-12-03), so the threshold stays below them; a checkpoint first
+hands freed heap memory back (:func:`trim_heap`).
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import threading
 __all__ = ["bound_heap", "trim_heap", "MMAP_THRESHOLD"]
 
 #: blocks from this size up are mappings of their own (glibc's initial threshold: 128 KiB)
-MMAP_THRESHOLD = 32 << 20
+MMAP_THRESHOLD = 256 << 10
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _done: bool | None = None
 _lock = threading.Lock()
